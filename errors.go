@@ -1,0 +1,33 @@
+package etcdsync
+
+import "errors"
+
+// Sentinel errors. Every error the package returns wraps one of these, or a
+// context error, or an error from the etcd client; test with errors.Is.
+var (
+	// ErrLocked is returned by TryLock when the lock is held, by anyone,
+	// including the value that calls TryLock.
+	ErrLocked = errors.New("etcdsync: locked by another holder")
+	// ErrSessionExpired means the session's lease is gone (expired, revoked,
+	// or not kept alive within its TTL), or a waiter's own key vanished.
+	ErrSessionExpired = errors.New("etcdsync: session expired")
+	// ErrSessionClosed is the cause of a session that ended by Close or Orphan.
+	ErrSessionClosed = errors.New("etcdsync: session closed")
+	// ErrLockReleased is returned by Unlock when there is no hold to release.
+	// It is also the cause of a hold that ended by Unlock or Resign.
+	ErrLockReleased = errors.New("etcdsync: lock released")
+	// ErrNotHeld is returned by a guarded operation (Do) when the hold it
+	// guards is no longer current; it is also the cause of a hold whose key
+	// was deleted by someone else.
+	ErrNotHeld = errors.New("etcdsync: not held")
+	// ErrElectionNotLeader is returned by Proclaim when not leading.
+	ErrElectionNotLeader = errors.New("etcdsync: not leader")
+	// ErrElectionNoLeader is returned by Leader when there is no leader.
+	ErrElectionNoLeader = errors.New("etcdsync: no leader")
+	// ErrInvalidName is wrapped by every call given an empty name or one with
+	// a NUL byte.
+	ErrInvalidName = errors.New("etcdsync: invalid name")
+	// ErrInvalidArgument is wrapped by every call given another bad argument:
+	// a nil client or session, a TTL below one second, conflicting options.
+	ErrInvalidArgument = errors.New("etcdsync: invalid argument")
+)

@@ -1,0 +1,132 @@
+package etcdsync_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// testTimeout bounds every wait in a test.
+const testTimeout = 20 * time.Second
+
+func single(t *testing.T) *etcdtest.Cluster {
+	return etcdtest.Start(t, etcdtest.Options{})
+}
+
+func three(t *testing.T) *etcdtest.Cluster {
+	if testing.Short() {
+		t.Skip("3-member cluster skipped in -short")
+	}
+	return etcdtest.Start(t, etcdtest.Options{Members: 3})
+}
+
+// clusters runs f on a single member and on a 3-member cluster.
+func clusters(t *testing.T, f func(t *testing.T, c *etcdtest.Cluster)) {
+	t.Run("single", func(t *testing.T) { f(t, single(t)) })
+	t.Run("three", func(t *testing.T) { f(t, three(t)) })
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func session(t *testing.T, cli *clientv3.Client, opts ...etcdsync.SessionOption) *etcdsync.Session {
+	t.Helper()
+	s, err := etcdsync.NewSession(cli, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// keys returns the keys under prefix.
+func keys(t *testing.T, cli *clientv3.Client, prefix string) []string {
+	t.Helper()
+	resp, err := cli.Get(ctxT(t), prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	require.NoError(t, err)
+	var out []string
+	for _, kv := range resp.Kvs {
+		out = append(out, string(kv.Key))
+	}
+	return out
+}
+
+// within fails t unless ch closes within d.
+func within(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("%s: not within %v", what, d)
+	}
+}
+
+// notWithin fails t if ch closes within d (for "must still block" checks).
+func notWithin(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatalf("%s: happened, must not", what)
+	case <-time.After(d):
+	}
+}
+
+// counter counts the unary RPCs, streams and watch events of one client.
+type counter struct {
+	unary, streams, events atomic.Int64
+	mu                     sync.Mutex
+	methods                []string
+}
+
+func (c *counter) dial() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			c.unary.Add(1)
+			c.mu.Lock()
+			c.methods = append(c.methods, method)
+			c.mu.Unlock()
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			c.streams.Add(1)
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil {
+				return nil, err
+			}
+			return &countingStream{ClientStream: s, c: c}, nil
+		}),
+	}
+}
+
+// rpcs returns the unary RPC count and the methods called, and resets both.
+func (c *counter) take() (int64, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, m := c.unary.Swap(0), c.methods
+	c.methods = nil
+	return n, m
+}
+
+type countingStream struct {
+	grpc.ClientStream
+	c *counter
+}
+
+func (s *countingStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if wr, ok := m.(*pb.WatchResponse); ok && err == nil {
+		s.c.events.Add(int64(len(wr.Events)))
+	}
+	return err
+}

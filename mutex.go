@@ -1,0 +1,201 @@
+package etcdsync
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Mutex is a distributed lock on a name. Its key, NAME/<lease-hex>, is the
+// one etcd's concurrency.Mutex, etcdctl lock and the server's lock API write,
+// so they exclude each other. A Mutex is not reentrant, like sync.Mutex: a
+// second Lock on a held Mutex waits for Unlock (from any goroutine). Two
+// Mutex values on one Session and name exclude each other too. All methods
+// are safe for concurrent use.
+type Mutex struct {
+	slot    slot
+	bad     error // why the name or session is unusable, or nil
+	display string
+
+	mu   sync.Mutex
+	h    *hold
+	last error // why the previous hold ended
+}
+
+// NewMutex returns a Mutex on name for session s. It does not touch etcd. An
+// invalid name (empty, or with a NUL byte) or a nil session is reported by
+// every call that uses them, with an error wrapping ErrInvalidName or
+// ErrInvalidArgument.
+func NewMutex(s *Session, name string) *Mutex {
+	sl, err := newSlot(s, name)
+	return &Mutex{slot: sl, bad: err, display: name}
+}
+
+// Lock blocks until the lock is held, ctx ends (the error wraps ctx.Err()) or
+// the session ends (ErrSessionExpired). A waiter whose own key vanishes
+// returns ErrSessionExpired at once. On error no key is left behind.
+func (m *Mutex) Lock(ctx context.Context) error {
+	return m.lock(ctx, waitTurn)
+}
+
+// TryLock takes the lock if nobody holds it, else returns an error wrapping
+// ErrLocked, also when this value itself holds it. On a held lock it costs one
+// RPC and writes nothing. When the name has only nested keys under it
+// (NAME/x/…), it falls back to one more RPC to enqueue. ctx bounds the call.
+func (m *Mutex) TryLock(ctx context.Context) error {
+	return m.lock(ctx, tryTurn)
+}
+
+func (m *Mutex) lock(ctx context.Context, md mode) error {
+	if m.bad != nil {
+		return m.bad
+	}
+	h, _, err := m.slot.acquire(ctx, "", md)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.h = h
+	m.mu.Unlock()
+	return nil
+}
+
+// current returns the live hold, or nil (recording why the last one ended).
+func (m *Mutex) current() *hold {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.h != nil && !m.h.live() {
+		m.last, m.h = m.h.err(), nil
+	}
+	return m.h
+}
+
+// Unlock releases the lock: it deletes the key only at the revision this hold
+// created it, so a retried Unlock never deletes a later hold. It blocks for one
+// RPC bounded by ctx. On an RPC error the hold stays and Unlock can be retried;
+// with nothing to release it returns an error wrapping ErrLockReleased (also
+// after a release that did commit, so callers may treat it as success).
+func (m *Mutex) Unlock(ctx context.Context) error {
+	if m.bad != nil {
+		return m.bad
+	}
+	h := m.current()
+	if h == nil {
+		return fmt.Errorf("%w: %s is not held by this Mutex", ErrLockReleased, m.display)
+	}
+	_, err := h.unhold(ctx)
+	m.current()
+	return err
+}
+
+// Do runs ops in one transaction only while this hold is current (its key
+// still exists at the held create revision), and returns the transaction's
+// response. It blocks for one RPC bounded by ctx. When the hold is gone it
+// returns an error wrapping ErrNotHeld and the Mutex no longer holds.
+func (m *Mutex) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	if m.bad != nil {
+		return nil, m.bad
+	}
+	h := m.current()
+	if h == nil {
+		return nil, fmt.Errorf("%w: %s is not held by this Mutex", ErrNotHeld, m.display)
+	}
+	return h.do(ctx, ops...)
+}
+
+// Key returns the held key, or "" when not held.
+func (m *Mutex) Key() string {
+	if h := m.current(); h != nil {
+		return h.key
+	}
+	return ""
+}
+
+// Rev returns the fencing token of the current hold: the create revision of
+// the held key, strictly increasing from one holder of the name to the next.
+// Pass it to resources outside etcd so they can reject a stale holder. It is 0
+// when not held.
+func (m *Mutex) Rev() int64 {
+	if h := m.current(); h != nil {
+		return h.rev
+	}
+	return 0
+}
+
+// IsOwner returns a comparison that holds while this hold is current, for the
+// caller's own transactions; with no hold it is a comparison that is always
+// false.
+func (m *Mutex) IsOwner() clientv3.Cmp {
+	return m.current().guard(m.slot.prefix)
+}
+
+// Header returns the response header of the revision at which the current
+// hold began, or nil when not held.
+func (m *Mutex) Header() *pb.ResponseHeader {
+	if h := m.current(); h != nil {
+		return h.hdr
+	}
+	return nil
+}
+
+// Done returns a channel closed when the current hold ends: Unlock committed,
+// the session ended, or the key was deleted by anyone. The first call for a
+// hold starts one watch of its key. With no hold it returns a closed channel.
+func (m *Mutex) Done() <-chan struct{} {
+	if h := m.current(); h != nil {
+		return h.done()
+	}
+	return closed
+}
+
+// Err returns nil while a hold is current, else why the last hold ended (an
+// error wrapping ErrLockReleased, ErrNotHeld, ErrSessionExpired or
+// ErrSessionClosed), or ErrNotHeld if there never was one.
+func (m *Mutex) Err() error {
+	if m.current() != nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.last == nil {
+		return ErrNotHeld
+	}
+	return m.last
+}
+
+var closed = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// locker adapts a Mutex to sync.Locker.
+type locker struct{ m *Mutex }
+
+// NewLocker returns a sync.Locker backed by a Mutex on name. Lock blocks until
+// held or the session ends; Unlock is bounded by the session's TTL. As
+// sync.Locker cannot return errors, both panic with the wrapped error.
+func NewLocker(s *Session, name string) sync.Locker {
+	return locker{m: NewMutex(s, name)}
+}
+
+func (l locker) Lock() {
+	if err := l.m.Lock(context.Background()); err != nil {
+		panic(fmt.Errorf("etcdsync: Locker.Lock: %w", err))
+	}
+}
+
+func (l locker) Unlock() {
+	ctx := context.Background()
+	if s := l.m.slot.s; s != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.ttl)
+		defer cancel()
+	}
+	if err := l.m.Unlock(ctx); err != nil {
+		panic(fmt.Errorf("etcdsync: Locker.Unlock: %w", err))
+	}
+}

@@ -1,0 +1,527 @@
+package etcdsync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// exclusionCheck records holds and fails on any overlap or a fencing token
+// that does not increase.
+type exclusionCheck struct {
+	inside  atomic.Int32
+	mu      sync.Mutex
+	lastRev int64
+	holds   int
+}
+
+func (x *exclusionCheck) enter(t *testing.T, rev int64) {
+	if n := x.inside.Add(1); n != 1 {
+		t.Errorf("%d holders at once", n)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if rev <= x.lastRev {
+		t.Errorf("fencing token %d after %d: not increasing", rev, x.lastRev)
+	}
+	x.lastRev = rev
+	x.holds++
+}
+
+func (x *exclusionCheck) leave() { x.inside.Add(-1) }
+
+// Invariant 1 (and 9's token order): sessions, Mutex values on one session
+// and goroutines sharing one *Mutex never hold at once.
+func TestMutualExclusion(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		ctx := ctxT(t)
+		var x exclusionCheck
+		var wg sync.WaitGroup
+		const rounds = 5
+		work := func(m *etcdsync.Mutex) {
+			defer wg.Done()
+			for i := 0; i < rounds; i++ {
+				if err := m.Lock(ctx); err != nil {
+					t.Errorf("lock: %v", err)
+					return
+				}
+				x.enter(t, m.Rev())
+				time.Sleep(time.Millisecond) // widen the window an overlap would show in
+				x.leave()
+				if err := m.Unlock(ctx); err != nil {
+					t.Errorf("unlock: %v", err)
+					return
+				}
+			}
+		}
+		shared := session(t, c.Client(t))
+		sharedMutex := etcdsync.NewMutex(shared, "excl")
+		for i := 0; i < 3; i++ {
+			wg.Add(3)
+			go work(etcdsync.NewMutex(session(t, c.Client(t)), "excl")) // own session
+			go work(etcdsync.NewMutex(shared, "excl"))                  // own value, shared session
+			go work(sharedMutex)                                        // shared value
+		}
+		wg.Wait()
+		require.Equal(t, 9*rounds, x.holds)
+	})
+}
+
+// Invariant 1: two Mutex values on one Session exclude each other (etcd's
+// client lets both hold: etcd-io/etcd#10756); the second joins the queue with
+// a fresh key after the first releases.
+func TestSameSessionMutexesExclude(t *testing.T) {
+	c := single(t)
+	s := session(t, c.Client(t))
+	ctx := ctxT(t)
+	m1, m2 := etcdsync.NewMutex(s, "same"), etcdsync.NewMutex(s, "same")
+	require.NoError(t, m1.Lock(ctx))
+	require.ErrorIs(t, m2.TryLock(ctx), etcdsync.ErrLocked)
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		require.NoError(t, m2.Lock(ctx))
+	}()
+	notWithin(t, got, 300*time.Millisecond, "second Mutex on the same session locked while the first holds")
+	rev1 := m1.Rev()
+	require.NoError(t, m1.Unlock(ctx))
+	within(t, got, testTimeout, "second Mutex lock after release")
+	require.Greater(t, m2.Rev(), rev1)
+	require.NoError(t, m2.Unlock(ctx))
+}
+
+// Invariant 1: a new Session adopting the lease (process restart) resumes
+// the hold at once, at the same revision.
+func TestWithLeaseResumesHold(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
+	require.NoError(t, err)
+	m1 := etcdsync.NewMutex(s1, "restart")
+	require.NoError(t, m1.Lock(ctx))
+	rev := m1.Rev()
+	s1.Orphan() // the process "dies" without releasing
+
+	s2 := session(t, cli, etcdsync.WithLease(s1.Lease()))
+	require.LessOrEqual(t, s2.TTL(), 30*time.Second)
+	m2 := etcdsync.NewMutex(s2, "restart")
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	require.NoError(t, m2.Lock(lctx))
+	require.Equal(t, rev, m2.Rev())
+	require.NoError(t, m2.Unlock(ctx))
+	require.Empty(t, keys(t, cli, "restart/"))
+}
+
+// Invariant 2: our keys are etcd's; etcd's concurrency.Mutex and ours exclude
+// each other on one name.
+func TestInteropWithConcurrencyMutex(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	es, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+	require.NoError(t, err)
+	defer es.Close()
+	theirs := concurrency.NewMutex(es, "interop")
+	s := session(t, cli)
+	ours := etcdsync.NewMutex(s, "interop")
+
+	require.NoError(t, theirs.Lock(ctx))
+	require.ErrorIs(t, ours.TryLock(ctx), etcdsync.ErrLocked)
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		require.NoError(t, ours.Lock(ctx))
+	}()
+	notWithin(t, got, 300*time.Millisecond, "our Lock while etcd's Mutex holds")
+	require.NoError(t, theirs.Unlock(ctx))
+	within(t, got, testTimeout, "our Lock after etcd's Unlock")
+	require.Equal(t, fmt.Sprintf("interop/%x", int64(s.Lease())), ours.Key())
+
+	require.ErrorIs(t, theirs.TryLock(ctx), concurrency.ErrLocked)
+	require.NoError(t, ours.Unlock(ctx))
+	require.NoError(t, theirs.TryLock(ctx))
+	require.Equal(t, fmt.Sprintf("interop/%x", int64(es.Lease())), theirs.Key())
+	require.NoError(t, theirs.Unlock(ctx))
+}
+
+// Invariant 3: a holder of /a/b never blocks /a (seed 002), with our Mutex or
+// etcd's holding the nested name.
+func TestNestedNamesIsolated(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	es, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+	require.NoError(t, err)
+	defer es.Close()
+	require.NoError(t, concurrency.NewMutex(es, "/a/b").Lock(ctx))
+	nested := etcdsync.NewMutex(session(t, cli), "/a/c")
+	require.NoError(t, nested.Lock(ctx))
+
+	outer := etcdsync.NewMutex(session(t, cli), "/a")
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	require.NoError(t, outer.Lock(lctx))
+	require.NoError(t, outer.Unlock(ctx))
+	require.NoError(t, outer.TryLock(lctx), "TryLock falls back to a queue read when only nested keys exist")
+	require.NoError(t, outer.Unlock(ctx))
+}
+
+// Invariant 4: waiters are served in queue order, and each release delivers
+// one watch event to the waiters, whatever the queue length.
+func TestFIFOAndHerdFree(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		ctx := ctxT(t)
+		admin := c.Client(t)
+		holder := etcdsync.NewMutex(session(t, admin), "fifo")
+		require.NoError(t, holder.Lock(ctx))
+
+		var cnt counter
+		cli := c.Client(t, cnt.dial()...)
+		const n = 8
+		order := make(chan int, n)
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			m := etcdsync.NewMutex(session(t, cli), "fifo")
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := m.Lock(ctx); err != nil {
+					t.Errorf("waiter %d: %v", i, err)
+					return
+				}
+				order <- i
+				if err := m.Unlock(ctx); err != nil {
+					t.Errorf("waiter %d unlock: %v", i, err)
+				}
+			}()
+			waitKeys(t, admin, "fifo/", i+2) // queued before the next one starts
+		}
+		before := cnt.events.Load()
+		require.NoError(t, holder.Unlock(ctx))
+		wg.Wait()
+		close(order)
+		var got []int
+		for i := range order {
+			got = append(got, i)
+		}
+		require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, got)
+		require.Equal(t, int64(n), cnt.events.Load()-before, "watch events delivered to waiters for %d releases", n)
+	})
+}
+
+// waitKeys waits until prefix has n keys (watching, not polling).
+func waitKeys(t *testing.T, cli *clientv3.Client, prefix string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	have := int(resp.Count)
+	wch := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	for have < n {
+		wr, ok := <-wch
+		require.True(t, ok, "waiting for %d keys under %s, have %d", n, prefix, have)
+		for _, ev := range wr.Events {
+			if ev.IsCreate() {
+				have++
+			} else if ev.Type == clientv3.EventTypeDelete {
+				have--
+			}
+		}
+	}
+}
+
+// Invariant 5: a cancelled Lock, a Lock whose cancel races the create, and a
+// closed Session leave no key.
+func TestNothingLeftBehind(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	holder := etcdsync.NewMutex(session(t, cli), "left")
+	require.NoError(t, holder.Lock(ctx))
+
+	s := session(t, cli)
+	m := etcdsync.NewMutex(s, "left")
+	lctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- m.Lock(lctx) }()
+	waitKeys(t, cli, "left/", 2)
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	require.Equal(t, []string{holder.Key()}, keys(t, cli, "left/"))
+
+	// The cancel races the create transaction.
+	for i := 0; i < 40; i++ {
+		rctx, rcancel := context.WithTimeout(ctx, time.Duration(i%8)*250*time.Microsecond)
+		err := m.Lock(rctx)
+		rcancel()
+		require.Error(t, err)
+		require.Equal(t, []string{holder.Key()}, keys(t, cli, "left/"), "trial %d", i)
+	}
+
+	s2, err := etcdsync.NewSession(cli)
+	require.NoError(t, err)
+	m2 := etcdsync.NewMutex(s2, "left2")
+	require.NoError(t, m2.Lock(ctx))
+	require.NoError(t, s2.Close())
+	require.Empty(t, keys(t, cli, "left2/"))
+	require.ErrorIs(t, s2.Close(), nil, "Close is idempotent")
+}
+
+// Invariant 6: a waiter whose own key vanishes returns ErrSessionExpired at
+// once, not when the holder goes (etcd-io/etcd#19597).
+func TestWaiterNoticesOwnLoss(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		cli := c.Client(t)
+		ctx := ctxT(t)
+		holder := etcdsync.NewMutex(session(t, cli), "own")
+		require.NoError(t, holder.Lock(ctx))
+		for _, how := range []string{"delete", "revoke"} {
+			s := session(t, cli)
+			m := etcdsync.NewMutex(s, "own")
+			errc := make(chan error, 1)
+			go func() { errc <- m.Lock(ctx) }()
+			waitKeys(t, cli, "own/", 2)
+			if how == "delete" {
+				_, err := cli.Delete(ctx, fmt.Sprintf("own/%x", int64(s.Lease())))
+				require.NoError(t, err)
+			} else {
+				_, err := cli.Revoke(ctx, s.Lease())
+				require.NoError(t, err)
+			}
+			select {
+			case err := <-errc:
+				require.ErrorIs(t, err, etcdsync.ErrSessionExpired, how)
+			case <-time.After(time.Second):
+				t.Fatalf("%s: waiter did not notice its own loss within 1s", how)
+			}
+			require.Equal(t, []string{holder.Key()}, keys(t, cli, "own/"))
+		}
+		require.NoError(t, holder.Unlock(ctx))
+	})
+}
+
+// Invariant 7: Unlock deletes only the key at the revision it holds: a stale
+// Unlock after the key was re-created by a new hold on the same session
+// (same key name) deletes nothing (etcd-io/etcd#22082).
+func TestUnlockIsFenced(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli)
+	old := etcdsync.NewMutex(s, "fence")
+	require.NoError(t, old.Lock(ctx))
+	_, err := cli.Delete(ctx, old.Key()) // the hold is lost behind the value's back
+	require.NoError(t, err)
+	within(t, old.Done(), testTimeout, "Done after the key was deleted")
+
+	newer := etcdsync.NewMutex(s, "fence")
+	require.NoError(t, newer.Lock(ctx))
+	require.ErrorIs(t, old.Unlock(ctx), etcdsync.ErrLockReleased)
+	require.Equal(t, []string{newer.Key()}, keys(t, cli, "fence/"))
+
+	// A retried Unlock after one that committed returns ErrLockReleased.
+	require.NoError(t, newer.Unlock(ctx))
+	require.ErrorIs(t, newer.Unlock(ctx), etcdsync.ErrLockReleased)
+}
+
+// Invariant 8: Done closes when the hold ends, with the cause in Err.
+func TestHolderLearnsOfLoss(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	cases := []struct {
+		name  string
+		end   func(s *etcdsync.Session, m *etcdsync.Mutex)
+		cause error
+	}{
+		{"unlock", func(_ *etcdsync.Session, m *etcdsync.Mutex) { require.NoError(t, m.Unlock(ctx)) }, etcdsync.ErrLockReleased},
+		{"key deleted", func(_ *etcdsync.Session, m *etcdsync.Mutex) {
+			_, err := cli.Delete(ctx, m.Key())
+			require.NoError(t, err)
+		}, etcdsync.ErrNotHeld},
+		{"lease revoked", func(s *etcdsync.Session, _ *etcdsync.Mutex) {
+			_, err := cli.Revoke(ctx, s.Lease())
+			require.NoError(t, err)
+		}, etcdsync.ErrNotHeld},
+		{"session closed", func(s *etcdsync.Session, _ *etcdsync.Mutex) { require.NoError(t, s.Close()) }, etcdsync.ErrSessionClosed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := session(t, cli)
+			m := etcdsync.NewMutex(s, "loss-"+tc.name)
+			require.NoError(t, m.Lock(ctx))
+			done := m.Done()
+			require.NoError(t, m.Err())
+			notWithin(t, done, 50*time.Millisecond, "Done while held")
+			tc.end(s, m)
+			within(t, done, 2*time.Second, "Done after "+tc.name)
+			require.ErrorIs(t, m.Err(), tc.cause)
+			require.Equal(t, int64(0), m.Rev())
+			require.Equal(t, "", m.Key())
+		})
+	}
+}
+
+// Invariant 9: Rev is the fencing token; Do and IsOwner stop working once
+// the hold is gone.
+func TestFencingGuards(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	m := etcdsync.NewMutex(session(t, cli), "guard")
+
+	_, err := m.Do(ctx, clientv3.OpPut("guarded", "x"))
+	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+	resp, err := cli.Txn(ctx).If(m.IsOwner()).Then(clientv3.OpPut("guarded", "x")).Commit()
+	require.NoError(t, err)
+	require.False(t, resp.Succeeded, "IsOwner with no hold must fail")
+
+	require.NoError(t, m.Lock(ctx))
+	first := m.Rev()
+	require.Equal(t, m.Header().Revision, first)
+	_, err = m.Do(ctx, clientv3.OpPut("guarded", "1"))
+	require.NoError(t, err)
+	_, err = cli.Delete(ctx, m.Key())
+	require.NoError(t, err)
+	_, err = m.Do(ctx, clientv3.OpPut("guarded", "2"))
+	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+	got, err := cli.Get(ctx, "guarded")
+	require.NoError(t, err)
+	require.Equal(t, "1", string(got.Kvs[0].Value))
+	require.Equal(t, int64(0), m.Rev(), "a failed guarded call resets the state")
+
+	require.NoError(t, m.Lock(ctx))
+	require.Greater(t, m.Rev(), first)
+	require.NoError(t, m.Unlock(ctx))
+}
+
+// TryLock on a held lock costs one RPC and writes nothing; it fails also for
+// the value that holds.
+func TestTryLockCost(t *testing.T) {
+	c := single(t)
+	var cnt counter
+	cli := c.Client(t, cnt.dial()...)
+	ctx := ctxT(t)
+	holder := etcdsync.NewMutex(session(t, cli), "try")
+	require.NoError(t, holder.Lock(ctx))
+	require.ErrorIs(t, holder.TryLock(ctx), etcdsync.ErrLocked)
+
+	other := etcdsync.NewMutex(session(t, cli), "try")
+	before, err := cli.Get(ctx, "x")
+	require.NoError(t, err)
+	cnt.take()
+	require.ErrorIs(t, other.TryLock(ctx), etcdsync.ErrLocked)
+	n, methods := cnt.take()
+	after, err := cli.Get(ctx, "x")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "RPCs: %v", methods)
+	require.Equal(t, before.Header.Revision, after.Header.Revision, "TryLock on a held lock wrote")
+	require.Equal(t, []string{holder.Key()}, keys(t, cli, "try/"))
+}
+
+// Uncontended Lock and Unlock cost one RPC and one write each.
+func TestUncontendedCost(t *testing.T) {
+	c := single(t)
+	var cnt counter
+	cli := c.Client(t, cnt.dial()...)
+	ctx := ctxT(t)
+	m := etcdsync.NewMutex(session(t, cli), "cost")
+	for i := 0; i < 3; i++ {
+		cnt.take()
+		require.NoError(t, m.Lock(ctx))
+		n, methods := cnt.take()
+		require.Equal(t, int64(1), n, "Lock RPCs: %v", methods)
+		rev := m.Rev()
+		require.NoError(t, m.Unlock(ctx))
+		n, methods = cnt.take()
+		require.Equal(t, int64(1), n, "Unlock RPCs: %v", methods)
+		resp, err := cli.Get(ctx, "x")
+		require.NoError(t, err)
+		require.Equal(t, rev+1, resp.Header.Revision, "one write to lock, one to unlock")
+	}
+}
+
+// The next waiter takes the lock after its predecessor's delete event with no
+// further RPC.
+func TestHandoffNeedsNoRPC(t *testing.T) {
+	c := single(t)
+	ctx := ctxT(t)
+	admin := c.Client(t)
+	holder := etcdsync.NewMutex(session(t, admin), "handoff")
+	require.NoError(t, holder.Lock(ctx))
+	var cnt counter
+	cli := c.Client(t, cnt.dial()...)
+	m := etcdsync.NewMutex(session(t, cli), "handoff")
+	got := make(chan error, 1)
+	go func() { got <- m.Lock(ctx) }()
+	waitKeys(t, admin, "handoff/", 2)
+	cnt.take() // the enqueue transaction
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, <-got)
+	n, methods := cnt.take()
+	require.Equal(t, int64(0), n, "RPCs after the enqueue: %v", methods)
+	require.NoError(t, m.Unlock(ctx))
+}
+
+// Bad input gets errors wrapping sentinels, never a panic, and writes nothing.
+func TestMutexBadInput(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli)
+	for _, name := range []string{"", "a\x00b"} {
+		m := etcdsync.NewMutex(s, name)
+		require.ErrorIs(t, m.Lock(ctx), etcdsync.ErrInvalidName)
+		require.ErrorIs(t, m.TryLock(ctx), etcdsync.ErrInvalidName)
+		require.ErrorIs(t, m.Unlock(ctx), etcdsync.ErrInvalidName)
+		_, err := m.Do(ctx)
+		require.ErrorIs(t, err, etcdsync.ErrInvalidName)
+		require.Equal(t, int64(0), m.Rev())
+	}
+	m := etcdsync.NewMutex(nil, "x")
+	require.ErrorIs(t, m.Lock(ctx), etcdsync.ErrInvalidArgument)
+	resp, err := cli.Get(ctx, "", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Zero(t, resp.Count)
+	require.Panics(t, func() { etcdsync.NewLocker(s, "").Lock() })
+}
+
+// NewLocker is a sync.Locker that excludes like Mutex.
+func TestLocker(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	l1, l2 := etcdsync.NewLocker(session(t, cli), "locker"), etcdsync.NewLocker(session(t, cli), "locker")
+	l1.Lock()
+	got := make(chan struct{})
+	go func() { defer close(got); l2.Lock() }()
+	notWithin(t, got, 200*time.Millisecond, "second Locker while the first holds")
+	l1.Unlock()
+	within(t, got, testTimeout, "second Locker after release")
+	l2.Unlock()
+	require.Panics(t, func() { l2.Unlock() })
+}
+
+// A Lock on an ended session fails at once.
+func TestLockOnEndedSession(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	s, err := etcdsync.NewSession(cli)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	err = etcdsync.NewMutex(s, "ended").Lock(ctxT(t))
+	require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
+	require.True(t, errors.Is(err, etcdsync.ErrSessionClosed))
+}

@@ -1,0 +1,83 @@
+package etcdsync
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultTTL is the session TTL used when WithTTL is not given.
+const DefaultTTL = 60 * time.Second
+
+// SessionOption configures NewSession. Options are made only by the With…
+// functions of this package.
+type SessionOption interface {
+	apply(*sessionOptions)
+}
+
+type sessionOptions struct {
+	ttl     time.Duration // 0 means DefaultTTL
+	ttlSet  bool
+	leaseID clientv3.LeaseID
+	ctx     context.Context // nil means the client's context
+}
+
+type optionFunc func(*sessionOptions)
+
+func (f optionFunc) apply(o *sessionOptions) { f(o) }
+
+// WithTTL sets the session lease's time to live. The default is DefaultTTL
+// (60s). The TTL is rounded up to whole seconds, as etcd counts leases in
+// seconds; a TTL below one second makes NewSession return an error wrapping
+// ErrInvalidArgument. It cannot be combined with WithLease.
+func WithTTL(ttl time.Duration) SessionOption {
+	return optionFunc(func(o *sessionOptions) { o.ttl, o.ttlSet = ttl, true })
+}
+
+// WithLease makes the session adopt an existing lease instead of granting a
+// new one, so that a restarted process continues the holds it had (a Lock on
+// a name whose key exists with this lease resumes that hold). The lease's
+// granted TTL sets the keepalive pace. Adopting a lease that a live process
+// still uses breaks mutual exclusion between the two: it is for restarts only.
+// By default a new lease is granted.
+func WithLease(id clientv3.LeaseID) SessionOption {
+	return optionFunc(func(o *sessionOptions) { o.leaseID = id })
+}
+
+// WithContext sets the context that bounds NewSession and the session's
+// life: cancelling it ends the session (as in etcd). The default is the
+// client's context, and NewSession is then bounded by the TTL.
+func WithContext(ctx context.Context) SessionOption {
+	return optionFunc(func(o *sessionOptions) { o.ctx = ctx })
+}
+
+// resolve applies opts over the defaults and checks them.
+func resolve(client *clientv3.Client, opts []SessionOption) (sessionOptions, error) {
+	o := sessionOptions{ttl: DefaultTTL}
+	for _, opt := range opts {
+		if opt == nil {
+			return o, fmt.Errorf("%w: nil SessionOption", ErrInvalidArgument)
+		}
+		opt.apply(&o)
+	}
+	if o.ttlSet && o.leaseID != clientv3.NoLease {
+		return o, fmt.Errorf("%w: WithTTL and WithLease together (an adopted lease keeps its own TTL)", ErrInvalidArgument)
+	}
+	if o.ttl < time.Second {
+		return o, fmt.Errorf("%w: TTL %v is below one second", ErrInvalidArgument, o.ttl)
+	}
+	o.ttl = o.ttl.Truncate(time.Second) + ceilSecond(o.ttl%time.Second)
+	if o.ctx == nil {
+		o.ctx = client.Ctx()
+	}
+	return o, nil
+}
+
+func ceilSecond(rest time.Duration) time.Duration {
+	if rest > 0 {
+		return time.Second
+	}
+	return 0
+}

@@ -1,0 +1,296 @@
+package etcdsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// cleanupTimeout bounds the library's own cleanup RPCs (deleting a key left
+// by a failed or cancelled acquire) that run after the caller's context ended.
+const cleanupTimeout = 5 * time.Second
+
+// retryPause is the pause between failed keepalives (bounded by TTL/3).
+const retryPause = 500 * time.Millisecond
+
+// Session is a lease kept alive in the background. Every key a primitive
+// writes is bound to the lease, so the keys vanish when the session ends.
+//
+// The session keeps a local deadline: the send time of the last keepalive
+// the server acknowledged plus the TTL. The server cannot expire the lease
+// before that instant, so when keepalives stop getting through, Done closes
+// no later than the server may hand the lock to someone else.
+type Session struct {
+	client *clientv3.Client
+	id     clientv3.LeaseID
+	ttl    time.Duration // granted TTL: sets the keepalive pace
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	loop   chan struct{} // closed when the keepalive loop has returned
+
+	mu       sync.Mutex
+	deadline time.Time                // local deadline, see above
+	keys     map[string]chan struct{} // key in use by a primitive -> closed when released
+	watchers sync.WaitGroup           // hold watchers started by this session
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NewSession grants a lease (or adopts one, see WithLease) and starts keeping
+// it alive. It blocks for one round trip; it is bounded by the WithContext
+// context, or by the TTL when none is given. On error no lease is left
+// behind that this call granted and still could revoke.
+func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
+	}
+	o, err := resolve(client, opts)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(o.ctx)
+	s := &Session{
+		client: client,
+		ctx:    ctx,
+		cancel: cancel,
+		loop:   make(chan struct{}),
+		keys:   make(map[string]chan struct{}),
+	}
+	if err := s.start(o); err != nil {
+		cancel(err)
+		return nil, err
+	}
+	go s.keepAlive()
+	return s, nil
+}
+
+// start grants or adopts the lease and sets the first deadline.
+func (s *Session) start(o sessionOptions) error {
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(s.ctx), o.ttl)
+	defer cancel()
+	sent := time.Now()
+	if o.leaseID != clientv3.NoLease {
+		resp, err := s.client.TimeToLive(ctx, o.leaseID)
+		if err != nil {
+			return fmt.Errorf("etcdsync: adopt lease %x: %w", int64(o.leaseID), err)
+		}
+		if resp.TTL <= 0 {
+			return fmt.Errorf("%w: lease %x not found", ErrSessionExpired, int64(o.leaseID))
+		}
+		// The server truncates the remaining TTL, so this is never late.
+		s.id, s.ttl = o.leaseID, time.Duration(resp.GrantedTTL)*time.Second
+		s.deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
+		return nil
+	}
+	resp, err := s.client.Grant(ctx, int64(o.ttl/time.Second))
+	if err != nil {
+		return fmt.Errorf("etcdsync: grant lease: %w", err)
+	}
+	s.id, s.ttl = resp.ID, time.Duration(resp.TTL)*time.Second
+	s.deadline = sent.Add(s.ttl)
+	return nil
+}
+
+// keepAlive refreshes the lease every TTL/3 until the session ends. It owns
+// the end of the session by lost contact or a lease that vanished.
+func (s *Session) keepAlive() {
+	defer close(s.loop)
+	pace := s.ttl / 3
+	next := time.Now().Add(pace)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		deadline := s.Deadline()
+		wake := next
+		if deadline.Before(wake) {
+			wake = deadline
+		}
+		timer.Reset(time.Until(wake))
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-timer.C:
+		}
+		if !time.Now().Before(deadline) {
+			s.cancel(fmt.Errorf("%w: no keepalive acknowledged within the TTL (%v) of the last one sent; the server may expire the lease now", ErrSessionExpired, s.ttl))
+			return
+		}
+		if time.Now().Before(next) {
+			continue
+		}
+		err := s.beat(deadline)
+		switch {
+		case err == nil:
+			next = time.Now().Add(pace)
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			s.cancel(fmt.Errorf("%w: lease %x not found", ErrSessionExpired, int64(s.id)))
+			return
+		default:
+			next = time.Now().Add(min(retryPause, pace))
+		}
+	}
+}
+
+// beat sends one keepalive, bounded by the local deadline, and on success
+// moves the deadline to its send time plus the TTL.
+func (s *Session) beat(deadline time.Time) error {
+	ctx, cancel := context.WithDeadline(clientv3.WithRequireLeader(s.ctx), deadline)
+	defer cancel()
+	sent := time.Now()
+	resp, err := s.client.KeepAliveOnce(ctx, s.id)
+	if err != nil {
+		return err
+	}
+	if resp.TTL <= 0 {
+		return rpctypes.ErrLeaseNotFound
+	}
+	s.mu.Lock()
+	if d := sent.Add(time.Duration(resp.TTL) * time.Second); d.After(s.deadline) {
+		s.deadline = d
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Client returns the etcd client the session uses.
+func (s *Session) Client() *clientv3.Client { return s.client }
+
+// Lease returns the session's lease ID.
+func (s *Session) Lease() clientv3.LeaseID { return s.id }
+
+// TTL returns the lease's granted TTL.
+func (s *Session) TTL() time.Duration { return s.ttl }
+
+// Deadline returns the session's local deadline: the send time of the last
+// acknowledged keepalive plus the TTL. The server cannot expire the lease
+// before it.
+func (s *Session) Deadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline
+}
+
+// Ctx returns a context cancelled when the session ends; context.Cause tells
+// why: an error wrapping ErrSessionClosed (Close, Orphan), ErrSessionExpired
+// (lease gone, or lost contact past the local deadline), or the cause of the
+// WithContext context.
+func (s *Session) Ctx() context.Context { return s.ctx }
+
+// Done returns a channel closed when the session ends (see Ctx).
+func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Err returns nil while the session lives, else why it ended (see Ctx).
+func (s *Session) Err() error {
+	if s.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(s.ctx)
+}
+
+// Orphan ends the session without revoking its lease: its keys stay until
+// the lease expires on the server (for a hand-over to a process that adopts
+// the lease with WithLease). It does not block on etcd; it is idempotent.
+func (s *Session) Orphan() {
+	s.end(fmt.Errorf("%w: orphaned", ErrSessionClosed))
+	<-s.loop
+	s.watchers.Wait()
+}
+
+// Close ends the session and revokes its lease, which deletes every key the
+// session holds. It blocks for the revoke, bounded by the TTL (and by the time
+// left before the lease expires anyway). It is idempotent: later calls return
+// the first call's result. A lease the server no longer has is not an error.
+func (s *Session) Close() error {
+	s.closeOnce.Do(func() {
+		s.end(ErrSessionClosed)
+		<-s.loop
+		s.watchers.Wait()
+		if errors.Is(context.Cause(s.ctx), ErrSessionExpired) && !time.Now().Before(s.Deadline()) {
+			// Lost contact: a revoke cannot beat the server's own expiry
+			// by more than a round trip; still try, briefly.
+			s.closeErr = s.revoke(time.Second)
+			return
+		}
+		s.closeErr = s.revoke(s.ttl)
+	})
+	return s.closeErr
+}
+
+func (s *Session) revoke(bound time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), bound)
+	defer cancel()
+	_, err := s.client.Revoke(ctx, s.id)
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("etcdsync: revoke lease %x: %w", int64(s.id), err)
+	}
+	return nil
+}
+
+// claimKey reserves key for one primitive of this session: the key name is
+// fixed by interop (NAME/<lease>), so two holders on one session would share
+// a key. With wait it blocks until the key is free or ctx ends; without, it
+// returns ErrLocked at once. The returned release must be called exactly once.
+func (s *Session) claimKey(ctx context.Context, key string, wait bool) (release func(), err error) {
+	for {
+		s.mu.Lock()
+		busy, taken := s.keys[key]
+		if !taken {
+			freed := make(chan struct{})
+			s.keys[key] = freed
+			s.mu.Unlock()
+			return func() {
+				s.mu.Lock()
+				delete(s.keys, key)
+				s.mu.Unlock()
+				close(freed)
+			}, nil
+		}
+		s.mu.Unlock()
+		if !wait {
+			return nil, fmt.Errorf("%w: %s is in use by this session", ErrLocked, key)
+		}
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("etcdsync: waiting for %s held in this session: %w", key, ctx.Err())
+		case <-s.ctx.Done():
+			return nil, s.endedErr()
+		}
+	}
+}
+
+// endedErr is the error for a call on a session that has ended.
+func (s *Session) endedErr() error {
+	return fmt.Errorf("%w: %w", ErrSessionExpired, context.Cause(s.ctx))
+}
+
+// end cancels the session under mu, so that goWatch never adds a goroutine
+// after Close or Orphan started waiting for them.
+func (s *Session) end(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cancel(cause)
+}
+
+// goWatch runs f in a goroutine that Close and Orphan wait for. It runs
+// nothing and returns false when the session has ended.
+func (s *Session) goWatch(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return false
+	}
+	s.watchers.Add(1)
+	go func() {
+		defer s.watchers.Done()
+		f()
+	}()
+	return true
+}
