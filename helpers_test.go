@@ -85,6 +85,7 @@ func notWithin(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
 // counter counts the unary RPCs, streams and watch events of one client.
 type counter struct {
 	unary, streams, events atomic.Int64
+	created                chan struct{} // one send per watch created, if non-nil
 	mu                     sync.Mutex
 	methods                []string
 }
@@ -127,6 +128,9 @@ func (s *countingStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	if wr, ok := m.(*pb.WatchResponse); ok && err == nil {
 		s.c.events.Add(int64(len(wr.Events)))
+		if wr.Created && s.c.created != nil {
+			s.c.created <- struct{}{}
+		}
 	}
 	return err
 }

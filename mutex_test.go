@@ -462,12 +462,14 @@ func TestHandoffNeedsNoRPC(t *testing.T) {
 	admin := c.Client(t)
 	holder := etcdsync.NewMutex(session(t, admin), "handoff")
 	require.NoError(t, holder.Lock(ctx))
-	var cnt counter
+	cnt := counter{created: make(chan struct{}, 2)}
 	cli := c.Client(t, cnt.dial()...)
 	m := etcdsync.NewMutex(session(t, cli), "handoff")
 	got := make(chan error, 1)
 	go func() { got <- m.Lock(ctx) }()
-	waitKeys(t, admin, "handoff/", 2)
+	for i := 0; i < 2; i++ { // own key and predecessor watched
+		within(t, cnt.created, testTimeout, "waiter's watch created")
+	}
 	cnt.take() // the enqueue transaction
 	require.NoError(t, holder.Unlock(ctx))
 	require.NoError(t, <-got)

@@ -200,22 +200,27 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 	return t.hdr, nil
 }
 
-const (
-	ownWatch  = 1
-	nextWatch = 2
-)
+// ownWatch is the watch ID of our own key on a waiter's stream; the keys
+// ahead get IDs from 2 up.
+const ownWatch = 1
 
-// watch opens one watch stream with two watches from the revision after
-// t.hdr: our own key, then the nearest key ahead. It returns nil when the
-// queue moved (t updated), an error wrapping ErrSessionExpired when our key
-// went, or another error when the stream failed.
+// watch opens one watch stream and waits on it: first a watch of our own key,
+// then one of the nearest key ahead. It returns nil when the turn came (t.ahead
+// empty), an error wrapping ErrSessionExpired when our key went, or another
+// error when the stream failed.
 //
-// Zero-RPC handoff: the server sends a synced watcher's events in revision
-// order on its stream. When our own watch was synced at creation (its created
-// response is at a revision below its start) and its created response came
-// before the other watch was asked for, a delete of our key that precedes the
-// predecessor's delete reaches us first. The predecessor's delete then hands
-// us the turn with no further read; in every other case one read settles it.
+// Both watches start at the server's current revision (start 0), so the
+// server puts them in its synced set at once (a watch from a past revision
+// waits up to 100 ms for the server's resync). A synced watcher's events go
+// out on its stream in revision order, and our own watch's created response
+// arrives before the other watch is asked for, so a delete of our key that
+// precedes the predecessor's delete reaches us first. Writes between our last
+// read and a watch's creation (its created response is at a later revision)
+// leave a gap, which one read at or after that revision closes.
+//
+// Handoff: when the predecessor's delete arrives and no key was ahead of it at
+// our last read, the turn is ours with no RPC; when older keys were listed,
+// one serializable read says whether they are gone.
 func (t *turn) watch(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
@@ -223,58 +228,78 @@ func (t *turn) watch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	from := t.hdr.Revision + 1
-	next := t.ahead[len(t.ahead)-1]
-	if err := createWatch(stream, ownWatch, t.key, from); err != nil {
+	if err := createWatch(stream, ownWatch, t.key); err != nil {
 		return err
 	}
-	ownSynced := false
-	asked := false
+	if _, _, err := t.next(ctx, stream, ownWatch, ""); err != nil {
+		return err
+	}
+	for id := int64(ownWatch + 1); len(t.ahead) > 0; id++ {
+		key := string(t.ahead[len(t.ahead)-1].Key)
+		if err := createWatch(stream, id, key); err != nil {
+			return err
+		}
+		gone, hdr, err := t.next(ctx, stream, id, key)
+		switch {
+		case err != nil:
+			return err
+		case gone == 0: // a read moved the queue: watch the new nearest key
+		case len(t.ahead) == 1:
+			t.ahead, t.hdr = nil, &pb.ResponseHeader{ClusterId: hdr.ClusterId, MemberId: hdr.MemberId, Revision: gone, RaftTerm: hdr.RaftTerm}
+		default:
+			if err := t.settle(ctx, gone); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// next reads the stream until watch id reports: for our own watch (key ""),
+// its creation; for a key ahead, the revision of its delete, or 0 when the
+// read that closes the gap before the watch's creation found the queue moved.
+// A delete of our own key is an error wrapping ErrSessionExpired.
+func (t *turn) next(ctx context.Context, stream pb.Watch_WatchClient, id int64, key string) (int64, *pb.ResponseHeader, error) {
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			return err
+			return 0, nil, err
 		}
 		if resp.Canceled {
-			return fmt.Errorf("etcdsync: watch canceled: %s (compacted at %d)", resp.CancelReason, resp.CompactRevision)
+			return 0, nil, fmt.Errorf("etcdsync: watch canceled: %s", resp.CancelReason)
 		}
-		if resp.Created {
-			if resp.WatchId == ownWatch {
-				ownSynced = resp.Header.Revision < from
-				if err := createWatch(stream, nextWatch, string(next.Key), from); err != nil {
-					return err
-				}
-				asked = true
+		if resp.Created && resp.WatchId == id {
+			if key == "" {
+				return 0, resp.Header, nil
 			}
-			continue
+			if resp.Header.Revision > t.hdr.Revision {
+				if err := t.settle(ctx, resp.Header.Revision); err != nil {
+					return 0, nil, err
+				}
+				if len(t.ahead) == 0 || string(t.ahead[len(t.ahead)-1].Key) != key {
+					return 0, resp.Header, nil
+				}
+			}
 		}
 		for _, ev := range resp.Events {
-			if ev.Type != mvccpb.DELETE {
-				continue
-			}
-			if resp.WatchId == ownWatch {
-				return fmt.Errorf("%w (revision %d)", errOwnKeyGone, ev.Kv.ModRevision)
-			}
-			if resp.WatchId == nextWatch && asked {
-				t.ahead = t.ahead[:len(t.ahead)-1]
-				if len(t.ahead) == 0 && ownSynced {
-					t.hdr = &pb.ResponseHeader{ClusterId: resp.Header.ClusterId, MemberId: resp.Header.MemberId,
-						Revision: ev.Kv.ModRevision, RaftTerm: resp.Header.RaftTerm}
-					return nil
-				}
-				return t.settle(ctx, ev.Kv.ModRevision)
+			switch {
+			case ev.Type != mvccpb.DELETE:
+			case resp.WatchId == ownWatch:
+				return 0, nil, fmt.Errorf("%w (revision %d)", errOwnKeyGone, ev.Kv.ModRevision)
+			case resp.WatchId == id:
+				return ev.Kv.ModRevision, resp.Header, nil
 			}
 		}
 	}
 }
 
-func createWatch(stream pb.Watch_WatchClient, id int64, key string, from int64) error {
+// createWatch asks for a watch of key's deletes from the current revision.
+func createWatch(stream pb.Watch_WatchClient, id int64, key string) error {
 	return stream.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
 		CreateRequest: &pb.WatchCreateRequest{
-			Key:           []byte(key),
-			StartRevision: from,
-			WatchId:       id,
-			Filters:       []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT},
+			Key:     []byte(key),
+			WatchId: id,
+			Filters: []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT},
 		}}})
 }
 

@@ -1,0 +1,192 @@
+package etcdsync_test
+
+import (
+	"context"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func TestSessionBadInput(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	_, err := etcdsync.NewSession(nil)
+	require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+	for _, opts := range [][]etcdsync.SessionOption{
+		{etcdsync.WithTTL(999 * time.Millisecond)},
+		{etcdsync.WithTTL(-time.Second)},
+		{etcdsync.WithTTL(5 * time.Second), etcdsync.WithLease(1)},
+		{nil},
+	} {
+		_, err := etcdsync.NewSession(cli, opts...)
+		require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+	}
+	_, err = etcdsync.NewSession(cli, etcdsync.WithLease(12345))
+	require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "adopting a lease that does not exist")
+	leases, err := cli.Leases(ctxT(t))
+	require.NoError(t, err)
+	require.Empty(t, leases.Leases, "a failed NewSession left a lease")
+}
+
+func TestSessionTTLRoundsUp(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	s := session(t, cli, etcdsync.WithTTL(1500*time.Millisecond))
+	require.Equal(t, 2*time.Second, s.TTL())
+	resp, err := cli.TimeToLive(ctxT(t), s.Lease())
+	require.NoError(t, err)
+	require.Equal(t, int64(2), resp.GrantedTTL)
+}
+
+// The lease outlives several TTLs while the session runs; Close revokes it,
+// Orphan leaves it to expire.
+func TestSessionKeepAliveCloseOrphan(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli, etcdsync.WithTTL(time.Second))
+	notWithin(t, s.Done(), 3500*time.Millisecond, "session with keepalives ended")
+	ttl, err := cli.TimeToLive(ctx, s.Lease())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, ttl.TTL, int64(0), "lease still exists")
+	require.True(t, s.Deadline().After(time.Now()))
+
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close())
+	s.Orphan()
+	require.ErrorIs(t, s.Err(), etcdsync.ErrSessionClosed)
+	ttl, err = cli.TimeToLive(ctx, s.Lease())
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), ttl.TTL, "Close revokes")
+
+	o := session(t, cli, etcdsync.WithTTL(30*time.Second))
+	o.Orphan()
+	o.Orphan()
+	within(t, o.Done(), time.Second, "Done after Orphan")
+	require.ErrorIs(t, context.Cause(o.Ctx()), etcdsync.ErrSessionClosed)
+	ttl, err = cli.TimeToLive(ctx, o.Lease())
+	require.NoError(t, err)
+	require.Greater(t, ttl.TTL, int64(0), "Orphan keeps the lease")
+	_, err = cli.Revoke(ctx, o.Lease())
+	require.NoError(t, err)
+}
+
+// Invariant 8: a lease revoked by someone else ends the session at the next
+// keepalive; cancelling the WithContext context ends it at once.
+func TestSessionEnds(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli, etcdsync.WithTTL(3*time.Second))
+	_, err := cli.Revoke(ctx, s.Lease())
+	require.NoError(t, err)
+	within(t, s.Done(), 3*time.Second, "session Done after its lease was revoked")
+	require.ErrorIs(t, s.Err(), etcdsync.ErrSessionExpired)
+	require.NoError(t, s.Close(), "closing a session whose lease is gone")
+
+	sctx, cancel := context.WithCancel(ctx)
+	s2 := session(t, cli, etcdsync.WithContext(sctx))
+	cancel()
+	within(t, s2.Done(), time.Second, "session Done after its context was cancelled")
+	require.ErrorIs(t, s2.Err(), context.Canceled)
+}
+
+// Invariant 8: when keepalives stop getting through (blackhole), the
+// session's Done, and a hold's Done, close before the server deletes the
+// key (watched from another client).
+func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		ctx := ctxT(t)
+		admin := c.Client(t)
+		u, err := url.Parse(c.Members()[0].Endpoint())
+		require.NoError(t, err)
+		p := etcdtest.NewProxy(t, u.Host)
+		cli := etcdtest.NewClient(t, []string{p.Endpoint()})
+		s := session(t, cli, etcdsync.WithTTL(2*time.Second))
+		m := etcdsync.NewMutex(s, "blackhole")
+		require.NoError(t, m.Lock(ctx))
+		holdDone := m.Done()
+
+		wch := admin.Watch(ctx, m.Key(), clientv3.WithRev(m.Rev()+1))
+		p.Blackhole(true)
+		var deleted time.Time
+		for deleted.IsZero() {
+			wr, ok := <-wch
+			require.True(t, ok, "admin watch ended")
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					deleted = time.Now()
+				}
+			}
+		}
+		select {
+		case <-s.Done():
+		default:
+			t.Fatal("the server deleted the key before the session's Done closed")
+		}
+		select {
+		case <-holdDone:
+		default:
+			t.Fatal("the server deleted the key before the hold's Done closed")
+		}
+		require.ErrorIs(t, s.Err(), etcdsync.ErrSessionExpired)
+		require.ErrorIs(t, m.Err(), etcdsync.ErrSessionExpired)
+		t.Logf("lead of the local deadline over the server's delete (as seen by a watcher): %v", deleted.Sub(s.Deadline()))
+		p.Blackhole(false)
+	})
+}
+
+// NewSession never waits past its context (etcd-io/etcd#14631), nor, without
+// one, past the TTL.
+func TestNewSessionBounded(t *testing.T) {
+	c := single(t)
+	u, err := url.Parse(c.Members()[0].Endpoint())
+	require.NoError(t, err)
+	p := etcdtest.NewProxy(t, u.Host)
+	p.Blackhole(true)
+	cli := etcdtest.NewClient(t, []string{p.Endpoint()})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := etcdsync.NewSession(cli, etcdsync.WithContext(ctx))
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	}()
+	within(t, done, 5*time.Second, "NewSession with a 300ms context")
+
+	done = make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := etcdsync.NewSession(cli, etcdsync.WithTTL(time.Second))
+		require.Error(t, err)
+	}()
+	within(t, done, 5*time.Second, "NewSession with a 1s TTL")
+	p.Blackhole(false)
+}
+
+// The session keeps its lease while the raft leader is stopped and restarted.
+func TestSessionSurvivesLeaderStop(t *testing.T) {
+	c := three(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli, etcdsync.WithTTL(3*time.Second))
+	m := etcdsync.NewMutex(s, "leader-stop")
+	require.NoError(t, m.Lock(ctx))
+	leader := c.Leader()
+	require.NotNil(t, leader)
+	c.Stop(leader)
+	notWithin(t, s.Done(), 7*time.Second, "session ended while a quorum was up")
+	require.NoError(t, c.Restart(leader))
+	resp, err := cli.Get(ctx, m.Key())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	require.Equal(t, m.Rev(), resp.Kvs[0].CreateRevision)
+	require.NoError(t, m.Unlock(ctx))
+}
