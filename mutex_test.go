@@ -263,8 +263,8 @@ func TestNothingLeftBehind(t *testing.T) {
 	require.Equal(t, []string{holder.Key()}, keys(t, cli, "left/"))
 
 	// The cancel races the create transaction.
-	for i := 0; i < 40; i++ {
-		rctx, rcancel := context.WithTimeout(ctx, time.Duration(i%8)*250*time.Microsecond)
+	for i := 0; i < 100; i++ {
+		rctx, rcancel := context.WithTimeout(ctx, time.Duration(i%10)*250*time.Microsecond)
 		err := m.Lock(rctx)
 		rcancel()
 		require.Error(t, err)
@@ -526,4 +526,54 @@ func TestLockOnEndedSession(t *testing.T) {
 	err = etcdsync.NewMutex(s, "ended").Lock(ctxT(t))
 	require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
 	require.True(t, errors.Is(err, etcdsync.ErrSessionClosed))
+}
+
+// A waiter keeps its place while the raft leader is stopped and restarted,
+// and takes the lock when the holder releases.
+func TestWaiterSurvivesLeaderStop(t *testing.T) {
+	c := three(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	holder := etcdsync.NewMutex(session(t, cli, etcdsync.WithTTL(5*time.Second)), "weather")
+	require.NoError(t, holder.Lock(ctx))
+	waiter := etcdsync.NewMutex(session(t, cli, etcdsync.WithTTL(5*time.Second)), "weather")
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		require.NoError(t, waiter.Lock(ctx))
+	}()
+	waitKeys(t, cli, "weather/", 2)
+	leader := c.Leader()
+	require.NotNil(t, leader)
+	c.Stop(leader)
+	notWithin(t, got, time.Second, "waiter took the lock while it is held")
+	require.NoError(t, c.Restart(leader))
+	held := holder.Rev()
+	require.NoError(t, holder.Unlock(ctx))
+	within(t, got, testTimeout, "waiter lock after the release")
+	require.Greater(t, waiter.Rev(), held)
+	require.NoError(t, waiter.Unlock(ctx))
+}
+
+// Done keeps watching across a compaction of the revisions it started from.
+func TestDoneSurvivesCompaction(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	m := etcdsync.NewMutex(session(t, cli), "compact")
+	require.NoError(t, m.Lock(ctx))
+	var last int64
+	for i := 0; i < 5; i++ {
+		resp, err := cli.Put(ctx, "compact-filler", fmt.Sprint(i))
+		require.NoError(t, err)
+		last = resp.Header.Revision
+	}
+	_, err := cli.Compact(ctx, last)
+	require.NoError(t, err)
+	done := m.Done() // its watch starts from a compacted revision
+	notWithin(t, done, 700*time.Millisecond, "Done while still held")
+	_, err = cli.Delete(ctx, m.Key())
+	require.NoError(t, err)
+	within(t, done, 3*time.Second, "Done after the key was deleted")
+	require.ErrorIs(t, m.Err(), etcdsync.ErrNotHeld)
 }

@@ -364,15 +364,23 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 	stop := context.AfterFunc(sl.s.ctx, cancel)
 	defer stop()
 
+	// The create is not cancelled with ctx: a cancelled request may still be
+	// applied by the server after a cleanup sent behind it (the server can
+	// propose it after its context ended), which would leave a key behind.
+	// Waiting for its outcome, briefly, lets the cleanup know what to delete.
+	ectx, ecancel := context.WithTimeout(context.WithoutCancel(wctx), createBound(ctx))
+	defer ecancel()
 	var t turn
 	if m == tryTurn {
-		t, err = sl.tryEnqueue(wctx)
+		t, err = sl.tryEnqueue(ectx)
 	} else {
-		t, err = sl.enqueue(wctx, val)
+		t, err = sl.enqueue(ectx, val)
 	}
 	hdr := t.hdr
 	switch {
 	case err != nil:
+	case wctx.Err() != nil:
+		err = wctx.Err()
 	case len(t.ahead) > 0 && m == tryTurn:
 		err = fmt.Errorf("%w: %s", ErrLocked, sl.prefix)
 	case len(t.ahead) > 0:
@@ -388,6 +396,17 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 		return nil, nil, err
 	}
 	return newHold(sl, t.rev, hdr, release), t.value, nil
+}
+
+// createBound is how long an acquire's create may take: the time left on
+// ctx, but at least one second (so a context that ends while the create is in
+// flight still learns the create's outcome) and at most cleanupTimeout.
+func createBound(ctx context.Context) time.Duration {
+	bound := cleanupTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		bound = min(max(time.Until(deadline), time.Second), cleanupTimeout)
+	}
+	return bound
 }
 
 // why wraps err with what ended the call: the caller's context, or the session.
