@@ -113,6 +113,9 @@ func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
 		holdDone := m.Done()
 
 		wch := admin.Watch(ctx, m.Key(), clientv3.WithRev(m.Rev()+1))
+		doneAt := make(chan time.Time, 1)
+		go func() { <-s.Done(); doneAt <- time.Now() }()
+		cut := time.Now()
 		p.Blackhole(true)
 		var deleted time.Time
 		for deleted.IsZero() {
@@ -134,6 +137,9 @@ func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
 		default:
 			t.Fatal("the server deleted the key before the hold's Done closed")
 		}
+		closed := <-doneAt
+		require.False(t, s.Deadline().After(cut.Add(s.TTL())), "deadline later than the cut plus the TTL")
+		require.False(t, closed.After(s.Deadline().Add(250*time.Millisecond)), "Done closed %v after the local deadline", closed.Sub(s.Deadline()))
 		require.ErrorIs(t, s.Err(), etcdsync.ErrSessionExpired)
 		require.ErrorIs(t, m.Err(), etcdsync.ErrSessionExpired)
 		t.Logf("lead of the local deadline over the server's delete (as seen by a watcher): %v", deleted.Sub(s.Deadline()))

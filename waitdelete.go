@@ -116,7 +116,7 @@ func (sl slot) enqueue(ctx context.Context, val string) (turn, error) {
 		if clientv3.LeaseID(kv.Lease) != lease {
 			return t, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, kv.Lease, int64(lease))
 		}
-		t.rev, t.value = kv.CreateRevision, kv.Value
+		t.rev, t.value, t.wrote = kv.CreateRevision, kv.Value, true
 	}
 	t.ahead = ahead(sl.prefix, resp.Responses[1].GetResponseRange().Kvs, t.rev)
 	return t, nil
@@ -566,12 +566,16 @@ func (h *hold) unhold(ctx context.Context) (*pb.ResponseHeader, error) {
 	h.releasing.Store(true)
 	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(clientv3.OpDelete(h.key)).Commit()
 	if err != nil {
-		h.releasing.Store(false)
+		// The delete may have committed: a Done watch that sees it reports
+		// a release. The hold stays, so Unlock can be retried.
 		return nil, fmt.Errorf("etcdsync: release %s: %w", h.key, err)
 	}
-	h.stop(ErrLockReleased)
 	if !resp.Succeeded {
+		h.releasing.Store(false)
+		h.lost(resp.Header.Revision)
+		h.stop(nil)
 		return resp.Header, fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
 	}
+	h.stop(ErrLockReleased)
 	return resp.Header, nil
 }
