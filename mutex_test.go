@@ -87,11 +87,7 @@ func TestSameSessionMutexesExclude(t *testing.T) {
 	m1, m2 := etcdsync.NewMutex(s, "same"), etcdsync.NewMutex(s, "same")
 	require.NoError(t, m1.Lock(ctx))
 	require.ErrorIs(t, m2.TryLock(ctx), etcdsync.ErrLocked)
-	got := make(chan struct{})
-	go func() {
-		defer close(got)
-		require.NoError(t, m2.Lock(ctx))
-	}()
+	got := lockAsync(t, ctx, m2)
 	notWithin(t, got, 300*time.Millisecond, "second Mutex on the same session locked while the first holds")
 	rev1 := m1.Rev()
 	require.NoError(t, m1.Unlock(ctx))
@@ -139,11 +135,7 @@ func TestInteropWithConcurrencyMutex(t *testing.T) {
 
 	require.NoError(t, theirs.Lock(ctx))
 	require.ErrorIs(t, ours.TryLock(ctx), etcdsync.ErrLocked)
-	got := make(chan struct{})
-	go func() {
-		defer close(got)
-		require.NoError(t, ours.Lock(ctx))
-	}()
+	got := lockAsync(t, ctx, ours)
 	notWithin(t, got, 300*time.Millisecond, "our Lock while etcd's Mutex holds")
 	require.NoError(t, theirs.Unlock(ctx))
 	within(t, got, testTimeout, "our Lock after etcd's Unlock")
@@ -545,11 +537,7 @@ func TestWaiterSurvivesLeaderStop(t *testing.T) {
 	holder := etcdsync.NewMutex(session(t, cli, etcdsync.WithTTL(5*time.Second)), "weather")
 	require.NoError(t, holder.Lock(ctx))
 	waiter := etcdsync.NewMutex(session(t, cli, etcdsync.WithTTL(5*time.Second)), "weather")
-	got := make(chan struct{})
-	go func() {
-		defer close(got)
-		require.NoError(t, waiter.Lock(ctx))
-	}()
+	got := lockAsync(t, ctx, waiter)
 	waitKeys(t, cli, "weather/", 2)
 	leader := c.Leader()
 	require.NotNil(t, leader)
@@ -584,4 +572,17 @@ func TestDoneSurvivesCompaction(t *testing.T) {
 	require.NoError(t, err)
 	within(t, done, 3*time.Second, "Done after the key was deleted")
 	require.ErrorIs(t, m.Err(), etcdsync.ErrNotHeld)
+}
+
+// lockAsync locks m in a goroutine; the channel closes when Lock returned
+// (a failure is reported on t).
+func lockAsync(t *testing.T, ctx context.Context, m *etcdsync.Mutex) <-chan struct{} {
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		if err := m.Lock(ctx); err != nil {
+			t.Errorf("Lock: %v", err)
+		}
+	}()
+	return got
 }
