@@ -68,6 +68,7 @@ func (m *Mutex) current() *hold {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.h != nil && !m.h.live() {
+		m.h.finish(nil) // frees the key's reservation when the session ended
 		m.last, m.h = m.h.err(), nil
 	}
 	return m.h

@@ -89,11 +89,7 @@ func TestSameSessionMutexesExclude(t *testing.T) {
 	require.ErrorIs(t, m2.TryLock(ctx), etcdsync.ErrLocked)
 	got := lockAsync(t, ctx, m2)
 	notWithin(t, got, 300*time.Millisecond, "second Mutex on the same session locked while the first holds")
-	rev1 := m1.Rev()
-	require.NoError(t, m1.Unlock(ctx))
-	within(t, got, testTimeout, "second Mutex lock after release")
-	require.Greater(t, m2.Rev(), rev1)
-	require.NoError(t, m2.Unlock(ctx))
+	handOver(t, ctx, m1, m2, got)
 }
 
 // Invariant 1: a new Session adopting the lease (process restart) resumes
@@ -544,11 +540,7 @@ func TestWaiterSurvivesLeaderStop(t *testing.T) {
 	c.Stop(leader)
 	notWithin(t, got, time.Second, "waiter took the lock while it is held")
 	require.NoError(t, c.Restart(leader))
-	held := holder.Rev()
-	require.NoError(t, holder.Unlock(ctx))
-	within(t, got, testTimeout, "waiter lock after the release")
-	require.Greater(t, waiter.Rev(), held)
-	require.NoError(t, waiter.Unlock(ctx))
+	handOver(t, ctx, holder, waiter, got)
 }
 
 // Done keeps watching across a compaction of the revisions it started from.
@@ -585,4 +577,15 @@ func lockAsync(t *testing.T, ctx context.Context, m *etcdsync.Mutex) <-chan stru
 		}
 	}()
 	return got
+}
+
+// handOver releases from, waits for the Lock of to (got closes when it
+// returned), checks the fencing token grew and releases to.
+func handOver(t *testing.T, ctx context.Context, from, to *etcdsync.Mutex, got <-chan struct{}) {
+	t.Helper()
+	held := from.Rev()
+	require.NoError(t, from.Unlock(ctx))
+	within(t, got, testTimeout, "waiter's Lock after the release")
+	require.Greater(t, to.Rev(), held)
+	require.NoError(t, to.Unlock(ctx))
 }

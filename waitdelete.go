@@ -140,6 +140,7 @@ func (sl slot) tryEnqueue(ctx context.Context) (turn, error) {
 	if resp.Succeeded {
 		return turn{slot: sl, hdr: resp.Header, wrote: true, rev: resp.Header.Revision}, nil
 	}
+	// Without a key of ours, every direct child is ahead of where ours would be.
 	t := turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
 	if own := resp.Responses[0].GetResponseRange().Kvs; len(own) > 0 {
 		if clientv3.LeaseID(own[0].Lease) != lease {
