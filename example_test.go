@@ -53,7 +53,7 @@ func ExampleMutex() {
 	fmt.Println("after Unlock:", err)
 	// Output:
 	// locked; fencing token > 0: true
-	// after Unlock: etcdsync: not held: /jobs/nightly-report is not held by this Mutex
+	// after Unlock: etcdsync: not held: /jobs/nightly-report is not held by this value
 }
 
 func ExampleMutex_TryLock() {

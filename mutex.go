@@ -16,13 +16,7 @@ import (
 // Mutex values on one Session and name exclude each other too. All methods
 // are safe for concurrent use.
 type Mutex struct {
-	slot    slot
-	bad     error // why the name or session is unusable, or nil
-	display string
-
-	mu   sync.Mutex
-	h    *hold
-	last error // why the previous hold ended
+	hr holder
 }
 
 // NewMutex returns a Mutex on name for session s. It does not touch etcd. An
@@ -30,15 +24,15 @@ type Mutex struct {
 // every call that uses them, with an error wrapping ErrInvalidName or
 // ErrInvalidArgument.
 func NewMutex(s *Session, name string) *Mutex {
-	sl, err := newSlot(s, name)
-	return &Mutex{slot: sl, bad: err, display: name}
+	return &Mutex{hr: newHolder(s, name)}
 }
 
 // Lock blocks until the lock is held, ctx ends (the error wraps ctx.Err()) or
 // the session ends (ErrSessionExpired). A waiter whose own key vanishes
 // returns ErrSessionExpired at once. On error no key is left behind.
 func (m *Mutex) Lock(ctx context.Context) error {
-	return m.lock(ctx, waitTurn)
+	_, err := m.hr.take(ctx, "", waitTurn)
+	return err
 }
 
 // TryLock takes the lock if nobody holds it, else returns an error wrapping
@@ -46,32 +40,8 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // RPC and writes nothing. When the name has only nested keys under it
 // (NAME/x/…), it falls back to one more RPC to enqueue. ctx bounds the call.
 func (m *Mutex) TryLock(ctx context.Context) error {
-	return m.lock(ctx, tryTurn)
-}
-
-func (m *Mutex) lock(ctx context.Context, md mode) error {
-	if m.bad != nil {
-		return m.bad
-	}
-	h, _, err := m.slot.acquire(ctx, "", md)
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	m.h = h
-	m.mu.Unlock()
-	return nil
-}
-
-// current returns the live hold, or nil (recording why the last one ended).
-func (m *Mutex) current() *hold {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.h != nil && !m.h.live() {
-		m.h.finish(nil) // frees the key's reservation when the session ended
-		m.last, m.h = m.h.err(), nil
-	}
-	return m.h
+	_, err := m.hr.take(ctx, "", tryTurn)
+	return err
 }
 
 // Unlock releases the lock: it deletes the key only at the revision this hold
@@ -80,15 +50,11 @@ func (m *Mutex) current() *hold {
 // with nothing to release it returns an error wrapping ErrLockReleased (also
 // after a release that did commit, so callers may treat it as success).
 func (m *Mutex) Unlock(ctx context.Context) error {
-	if m.bad != nil {
-		return m.bad
+	h, err := m.hr.held(ErrLockReleased)
+	if err != nil {
+		return err
 	}
-	h := m.current()
-	if h == nil {
-		return fmt.Errorf("%w: %s is not held by this Mutex", ErrLockReleased, m.display)
-	}
-	_, err := h.unhold(ctx)
-	m.current()
+	_, err = h.unhold(ctx)
 	return err
 }
 
@@ -97,81 +63,36 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 // response. It blocks for one RPC bounded by ctx. When the hold is gone it
 // returns an error wrapping ErrNotHeld and the Mutex no longer holds.
 func (m *Mutex) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	if m.bad != nil {
-		return nil, m.bad
-	}
-	h := m.current()
-	if h == nil {
-		return nil, fmt.Errorf("%w: %s is not held by this Mutex", ErrNotHeld, m.display)
-	}
-	return h.do(ctx, ops...)
+	return m.hr.do(ctx, ops...)
 }
 
 // Key returns the held key, or "" when not held.
-func (m *Mutex) Key() string {
-	if h := m.current(); h != nil {
-		return h.key
-	}
-	return ""
-}
+func (m *Mutex) Key() string { return m.hr.key() }
 
 // Rev returns the fencing token of the current hold: the create revision of
 // the held key, strictly increasing from one holder of the name to the next.
 // Pass it to resources outside etcd so they can reject a stale holder. It is 0
 // when not held.
-func (m *Mutex) Rev() int64 {
-	if h := m.current(); h != nil {
-		return h.rev
-	}
-	return 0
-}
+func (m *Mutex) Rev() int64 { return m.hr.rev() }
 
 // IsOwner returns a comparison that holds while this hold is current, for the
 // caller's own transactions; with no hold it is a comparison that is always
 // false.
-func (m *Mutex) IsOwner() clientv3.Cmp {
-	return m.current().guard(m.slot.prefix)
-}
+func (m *Mutex) IsOwner() clientv3.Cmp { return m.hr.guard() }
 
 // Header returns the response header of the revision at which the current
 // hold began, or nil when not held.
-func (m *Mutex) Header() *pb.ResponseHeader {
-	if h := m.current(); h != nil {
-		return h.hdr
-	}
-	return nil
-}
+func (m *Mutex) Header() *pb.ResponseHeader { return m.hr.header() }
 
 // Done returns a channel closed when the current hold ends: Unlock committed,
 // the session ended, or the key was deleted by anyone. The first call for a
 // hold starts one watch of its key. With no hold it returns a closed channel.
-func (m *Mutex) Done() <-chan struct{} {
-	if h := m.current(); h != nil {
-		return h.done()
-	}
-	return closed
-}
+func (m *Mutex) Done() <-chan struct{} { return m.hr.done() }
 
 // Err returns nil while a hold is current, else why the last hold ended (an
 // error wrapping ErrLockReleased, ErrNotHeld, ErrSessionExpired or
 // ErrSessionClosed), or ErrNotHeld if there never was one.
-func (m *Mutex) Err() error {
-	if m.current() != nil {
-		return nil
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.last == nil {
-		return ErrNotHeld
-	}
-	return m.last
-}
-
-var closed = func() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}()
+func (m *Mutex) Err() error { return m.hr.err() }
 
 // locker adapts a Mutex to sync.Locker.
 type locker struct{ m *Mutex }
@@ -191,7 +112,7 @@ func (l locker) Lock() {
 
 func (l locker) Unlock() {
 	ctx := context.Background()
-	if s := l.m.slot.s; s != nil {
+	if s := l.m.hr.slot.s; s != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.ttl)
 		defer cancel()

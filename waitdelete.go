@@ -91,7 +91,7 @@ func listOp(prefix string) clientv3.Op {
 type turn struct {
 	slot
 	rev   int64
-	value []byte // our key's value when it already existed
+	value []byte // our key's value when it already existed (non-nil), else nil
 	ahead []*mvccpb.KeyValue
 	hdr   *pb.ResponseHeader
 	wrote bool // this call may have written the key
@@ -116,7 +116,7 @@ func (sl slot) enqueue(ctx context.Context, val string) (turn, error) {
 		if clientv3.LeaseID(kv.Lease) != lease {
 			return t, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, kv.Lease, int64(lease))
 		}
-		t.rev, t.value, t.wrote = kv.CreateRevision, kv.Value, true
+		t.rev, t.value, t.wrote = kv.CreateRevision, append([]byte{}, kv.Value...), true
 	}
 	t.ahead = ahead(sl.prefix, resp.Responses[1].GetResponseRange().Kvs, t.rev)
 	return t, nil
@@ -146,7 +146,7 @@ func (sl slot) tryEnqueue(ctx context.Context) (turn, error) {
 		if clientv3.LeaseID(own[0].Lease) != lease {
 			return t, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, own[0].Lease, int64(lease))
 		}
-		t.rev, t.value, t.wrote = own[0].CreateRevision, own[0].Value, true
+		t.rev, t.value, t.wrote = own[0].CreateRevision, append([]byte{}, own[0].Value...), true
 	}
 	t.ahead = ahead(sl.prefix, resp.Responses[1].GetResponseRange().Kvs, t.rev)
 	if len(t.ahead) == 0 && !t.wrote {
@@ -580,3 +580,115 @@ func (h *hold) unhold(ctx context.Context) (*pb.ResponseHeader, error) {
 	h.stop(ErrLockReleased)
 	return resp.Header, nil
 }
+
+// holder is the state every primitive value (Mutex, Election) keeps: its
+// slot, and its current hold, if any. A primitive is "which keys, which
+// guard" on top of it.
+type holder struct {
+	slot slot
+	bad  error // why the name or session is unusable, or nil
+	name string
+
+	mu   sync.Mutex
+	h    *hold
+	last error // why the previous hold ended
+}
+
+func newHolder(s *Session, name string) holder {
+	sl, err := newSlot(s, name)
+	return holder{slot: sl, bad: err, name: name}
+}
+
+// take acquires a hold (see slot.acquire) and makes it current. It returns
+// the value the key already had when it existed.
+func (hr *holder) take(ctx context.Context, val string, md mode) ([]byte, error) {
+	if hr.bad != nil {
+		return nil, hr.bad
+	}
+	h, value, err := hr.slot.acquire(ctx, val, md)
+	if err != nil {
+		return nil, err
+	}
+	hr.mu.Lock()
+	hr.h = h
+	hr.mu.Unlock()
+	return value, nil
+}
+
+// current returns the live hold, or nil (recording why the last one ended).
+func (hr *holder) current() *hold {
+	hr.mu.Lock()
+	defer hr.mu.Unlock()
+	if hr.h != nil && !hr.h.live() {
+		hr.h.finish(nil) // frees the key's reservation when the session ended
+		hr.last, hr.h = hr.h.err(), nil
+	}
+	return hr.h
+}
+
+// held returns the live hold, or an error wrapping notHeld.
+func (hr *holder) held(notHeld error) (*hold, error) {
+	if hr.bad != nil {
+		return nil, hr.bad
+	}
+	if h := hr.current(); h != nil {
+		return h, nil
+	}
+	return nil, fmt.Errorf("%w: %s is not held by this value", notHeld, hr.name)
+}
+
+func (hr *holder) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	h, err := hr.held(ErrNotHeld)
+	if err != nil {
+		return nil, err
+	}
+	return h.do(ctx, ops...)
+}
+
+func (hr *holder) key() string {
+	if h := hr.current(); h != nil {
+		return h.key
+	}
+	return ""
+}
+
+func (hr *holder) rev() int64 {
+	if h := hr.current(); h != nil {
+		return h.rev
+	}
+	return 0
+}
+
+func (hr *holder) header() *pb.ResponseHeader {
+	if h := hr.current(); h != nil {
+		return h.hdr
+	}
+	return nil
+}
+
+func (hr *holder) guard() clientv3.Cmp { return hr.current().guard(hr.slot.prefix) }
+
+func (hr *holder) done() <-chan struct{} {
+	if h := hr.current(); h != nil {
+		return h.done()
+	}
+	return closed
+}
+
+func (hr *holder) err() error {
+	if hr.current() != nil {
+		return nil
+	}
+	hr.mu.Lock()
+	defer hr.mu.Unlock()
+	if hr.last == nil {
+		return ErrNotHeld
+	}
+	return hr.last
+}
+
+var closed = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()

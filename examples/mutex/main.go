@@ -11,9 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -38,11 +36,14 @@ func main() {
 }
 
 func run(workers, rounds int, ttl time.Duration) error {
-	endpoints, stop, err := etcd()
+	endpoints, embedded, stop, err := etcdtest.FromEnv()
 	if err != nil {
 		return err
 	}
 	defer stop()
+	if embedded {
+		fmt.Printf("started an embedded etcd at %s (set ETCD_ENDPOINTS to use a real cluster)\n", endpoints[0])
+	}
 	cli, err := clientv3.New(etcdtest.ClientConfig(endpoints))
 	if err != nil {
 		return err
@@ -116,19 +117,4 @@ func worker(ctx context.Context, cli *clientv3.Client, id, rounds int, ttl time.
 		}
 	}
 	return nil
-}
-
-// etcd returns ETCD_ENDPOINTS, or starts an embedded single-member etcd.
-func etcd() ([]string, func(), error) {
-	if eps := os.Getenv("ETCD_ENDPOINTS"); eps != "" {
-		return strings.Split(eps, ","), func() {}, nil
-	}
-	dir, remove := etcdtest.MustDir()
-	c, err := etcdtest.StartCluster(dir, etcdtest.Options{})
-	if err != nil {
-		remove()
-		return nil, nil, err
-	}
-	fmt.Printf("started an embedded etcd at %s (set ETCD_ENDPOINTS to use a real cluster)\n", c.Endpoints()[0])
-	return c.Endpoints(), func() { c.Close(); remove() }, nil
 }

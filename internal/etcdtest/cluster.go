@@ -261,3 +261,18 @@ func MustDir() (string, func()) {
 	}
 	return dir, func() { os.RemoveAll(dir) }
 }
+
+// FromEnv returns the endpoints in ETCD_ENDPOINTS (comma-separated), or
+// starts an embedded single member for an example. stop ends what it started.
+func FromEnv() (endpoints []string, embedded bool, stop func(), err error) {
+	if eps := os.Getenv("ETCD_ENDPOINTS"); eps != "" {
+		return strings.Split(eps, ","), false, func() {}, nil
+	}
+	dir, remove := MustDir()
+	c, err := StartCluster(dir, Options{})
+	if err != nil {
+		remove()
+		return nil, false, nil, err
+	}
+	return c.Endpoints(), true, func() { c.Close(); remove() }, nil
+}

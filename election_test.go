@@ -1,0 +1,445 @@
+package etcdsync_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// campaignAsync campaigns in a goroutine; the channel gets Campaign's result.
+func campaignAsync(ctx context.Context, e *etcdsync.Election, val string) <-chan error {
+	errc := make(chan error, 1)
+	go func() { errc <- e.Campaign(ctx, val) }()
+	return errc
+}
+
+// leaderValue returns the current leader's value, or "" with no leader.
+func leaderValue(t *testing.T, e *etcdsync.Election) string {
+	t.Helper()
+	resp, err := e.Leader(ctxT(t))
+	if err != nil {
+		require.ErrorIs(t, err, etcdsync.ErrElectionNoLeader)
+		return ""
+	}
+	return string(resp.Kvs[0].Value)
+}
+
+// Campaign blocks until this candidate's key is the oldest direct child;
+// Leader reports the leader; Rev increases from term to term; Done closes on
+// Resign.
+func TestCampaignAndLeader(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		cli := c.Client(t)
+		ctx := ctxT(t)
+		a := etcdsync.NewElection(session(t, cli), "elect")
+		b := etcdsync.NewElection(session(t, cli), "elect")
+		require.Equal(t, "", leaderValue(t, a))
+		require.NoError(t, a.Campaign(ctx, "a"))
+		require.Equal(t, "a", leaderValue(t, b))
+		done := a.Done()
+
+		errc := campaignAsync(ctx, b, "b")
+		waitKeys(t, cli, "elect/", 2)
+		select {
+		case err := <-errc:
+			t.Fatalf("second candidate returned while the first leads: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		term := a.Rev()
+		require.NoError(t, a.Resign(ctx))
+		within(t, done, time.Second, "Done after Resign")
+		require.ErrorIs(t, a.Err(), etcdsync.ErrLockReleased)
+		require.NoError(t, <-errc)
+		require.Greater(t, b.Rev(), term)
+		require.Equal(t, "b", leaderValue(t, a))
+		require.NoError(t, a.Resign(ctx), "Resign when not leading is nil")
+		require.NoError(t, b.Resign(ctx))
+		require.Empty(t, keys(t, cli, "elect/"))
+	})
+}
+
+// A cancelled or failed Campaign leaves no candidate key (etcd-io/etcd#21128);
+// a candidate whose key vanishes returns ErrSessionExpired at once (#19597).
+func TestCampaignCancelAndOwnLoss(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		cli := c.Client(t)
+		ctx := ctxT(t)
+		leader := etcdsync.NewElection(session(t, cli), "cancel")
+		require.NoError(t, leader.Campaign(ctx, "l"))
+
+		s := session(t, cli)
+		e := etcdsync.NewElection(s, "cancel")
+		cctx, cancel := context.WithCancel(ctx)
+		errc := campaignAsync(cctx, e, "c")
+		waitKeys(t, cli, "cancel/", 2)
+		cancel()
+		require.ErrorIs(t, <-errc, context.Canceled)
+		require.Equal(t, []string{leader.Key()}, keys(t, cli, "cancel/"))
+
+		for i := 0; i < 40; i++ { // the cancel races the create
+			rctx, rcancel := context.WithTimeout(ctx, time.Duration(i%10)*250*time.Microsecond)
+			require.Error(t, e.Campaign(rctx, "c"))
+			rcancel()
+			require.Equal(t, []string{leader.Key()}, keys(t, cli, "cancel/"), "trial %d", i)
+		}
+
+		errc = campaignAsync(ctx, e, "c")
+		waitKeys(t, cli, "cancel/", 2)
+		_, err := cli.Delete(ctx, fmt.Sprintf("cancel/%x", int64(s.Lease())))
+		require.NoError(t, err)
+		select {
+		case err := <-errc:
+			require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
+		case <-time.After(time.Second):
+			t.Fatal("candidate did not notice its own loss within 1s")
+		}
+		require.NoError(t, leader.Resign(ctx))
+	})
+}
+
+// Proclaim changes the value only while leading; a second Campaign on the
+// leading value proclaims and returns at once.
+func TestProclaim(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	e := etcdsync.NewElection(session(t, cli), "proclaim")
+	require.ErrorIs(t, e.Proclaim(ctx, "x"), etcdsync.ErrElectionNotLeader)
+
+	require.NoError(t, e.Campaign(ctx, "v1"))
+	term := e.Rev()
+	require.NoError(t, e.Proclaim(ctx, "v2"))
+	require.Equal(t, "v2", leaderValue(t, e))
+	require.Greater(t, e.Header().Revision, term)
+	require.NoError(t, e.Campaign(ctx, "v3"))
+	require.Equal(t, "v3", leaderValue(t, e))
+	require.Equal(t, term, e.Rev(), "same term")
+
+	_, err := cli.Delete(ctx, e.Key()) // leadership lost behind the value's back
+	require.NoError(t, err)
+	before, err := cli.Get(ctx, "x")
+	require.NoError(t, err)
+	require.ErrorIs(t, e.Proclaim(ctx, "v4"), etcdsync.ErrElectionNotLeader)
+	after, err := cli.Get(ctx, "x")
+	require.NoError(t, err)
+	require.Equal(t, before.Header.Revision, after.Header.Revision, "a failed Proclaim wrote")
+	require.Equal(t, "", e.Key(), "state reset")
+	require.Empty(t, keys(t, cli, "proclaim/"))
+}
+
+// Resign deletes only the key at the held revision; a failed Resign keeps the
+// leadership and can be retried (etcd-io/etcd#22123).
+func TestResignFencedAndRetryable(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli)
+	e := etcdsync.NewElection(s, "resign")
+	require.NoError(t, e.Campaign(ctx, "v"))
+
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	require.Error(t, e.Resign(dead))
+	require.NotEqual(t, "", e.Key(), "a failed Resign keeps the leadership")
+	require.NoError(t, e.Resign(ctx))
+	require.Empty(t, keys(t, cli, "resign/"))
+
+	// A stale term's Resign never deletes a newer term on the same key.
+	require.NoError(t, e.Campaign(ctx, "v"))
+	_, err := cli.Delete(ctx, e.Key())
+	require.NoError(t, err)
+	newer := etcdsync.NewElection(session(t, cli, etcdsync.WithLease(s.Lease())), "resign")
+	require.NoError(t, newer.Campaign(ctx, "w"))
+	require.Equal(t, e.Key(), newer.Key())
+	require.NoError(t, e.Resign(ctx))
+	require.Equal(t, "w", leaderValue(t, newer))
+	require.NoError(t, newer.Resign(ctx))
+}
+
+// Two Election values on one Session exclude each other.
+func TestSameSessionElectionsExclude(t *testing.T) {
+	c := single(t)
+	s := session(t, c.Client(t))
+	ctx := ctxT(t)
+	a, b := etcdsync.NewElection(s, "same-e"), etcdsync.NewElection(s, "same-e")
+	require.NoError(t, a.Campaign(ctx, "a"))
+	errc := campaignAsync(ctx, b, "b")
+	select {
+	case err := <-errc:
+		t.Fatalf("second Election on the same session returned while the first leads: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, a.Resign(ctx))
+	require.NoError(t, <-errc)
+	require.Equal(t, "b", leaderValue(t, a))
+	require.NoError(t, b.Resign(ctx))
+}
+
+// observed collects what Observe delivers until stop is called.
+type observed struct {
+	mu   sync.Mutex
+	got  []*clientv3.GetResponse
+	more chan struct{} // one send per delivery
+	done chan struct{}
+}
+
+func observe(t *testing.T, e *etcdsync.Election) (*observed, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	o := &observed{more: make(chan struct{}, 1000), done: make(chan struct{})}
+	ch := e.Observe(ctx)
+	go func() {
+		defer close(o.done)
+		for resp := range ch {
+			o.mu.Lock()
+			o.got = append(o.got, resp)
+			o.mu.Unlock()
+			o.more <- struct{}{}
+		}
+	}()
+	stop := func() {
+		cancel()
+		within(t, o.done, testTimeout, "Observe's channel closes when ctx ends")
+	}
+	t.Cleanup(stop)
+	return o, stop
+}
+
+// next waits for the next delivery and returns its value.
+func (o *observed) next(t *testing.T) string {
+	t.Helper()
+	select {
+	case <-o.more:
+	case <-time.After(testTimeout):
+		t.Fatal("Observe delivered nothing")
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return string(o.got[len(o.got)-1].Kvs[0].Value)
+}
+
+// Observe delivers leaders and proclamations in revision order, never a
+// candidate that is not the leader (etcd-io/etcd#18163), never a nested or
+// outside key (#10297), across compaction and a leader's session expiry.
+func TestObserve(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		cli := c.Client(t)
+		ctx := ctxT(t)
+		watcher := etcdsync.NewElection(session(t, cli), "obs")
+		o, stop := observe(t, watcher)
+
+		// Keys that are not candidates of "obs".
+		_, err := cli.Put(ctx, "obs/x/1", "nested")
+		require.NoError(t, err)
+		_, err = cli.Put(ctx, "obsx/1", "outside")
+		require.NoError(t, err)
+
+		as := session(t, cli, etcdsync.WithTTL(2*time.Second))
+		a := etcdsync.NewElection(as, "obs")
+		require.NoError(t, a.Campaign(ctx, "a1"))
+		require.Equal(t, "a1", o.next(t))
+		require.NoError(t, a.Proclaim(ctx, "a2"))
+		require.Equal(t, "a2", o.next(t))
+
+		// A waiting candidate is never reported.
+		b := etcdsync.NewElection(session(t, cli), "obs")
+		errc := campaignAsync(ctx, b, "b1")
+		waitKeys(t, cli, "obs/", 3) // nested key, a, b
+
+		// Compaction: the observer re-reads and still tells the truth.
+		resp, err := cli.Put(ctx, "obs-filler", "x")
+		require.NoError(t, err)
+		_, err = cli.Compact(ctx, resp.Header.Revision)
+		require.NoError(t, err)
+		require.NoError(t, a.Proclaim(ctx, "a3"))
+		require.Equal(t, "a3", o.next(t))
+
+		// The leader's session expires (orphaned, never resigned): b leads.
+		as.Orphan()
+		require.NoError(t, <-errc)
+		require.Equal(t, "b1", o.next(t))
+		require.NoError(t, b.Resign(ctx))
+		stop()
+
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		var last int64
+		for _, r := range o.got {
+			k := string(r.Kvs[0].Key)
+			require.Regexp(t, `^obs/[0-9a-f]+$`, k)
+			require.Greater(t, r.Header.Revision, last, "revision order")
+			last = r.Header.Revision
+		}
+		require.Equal(t, []string{"a1", "a2", "a3", "b1"}, values(o.got))
+	})
+}
+
+func values(rs []*clientv3.GetResponse) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, string(r.Kvs[0].Value))
+	}
+	return out
+}
+
+// Observe on an invalid name closes at once.
+func TestElectionBadInput(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli)
+	for _, name := range []string{"", "a\x00b"} {
+		e := etcdsync.NewElection(s, name)
+		require.ErrorIs(t, e.Campaign(ctx, "v"), etcdsync.ErrInvalidName)
+		require.ErrorIs(t, e.Proclaim(ctx, "v"), etcdsync.ErrInvalidName)
+		require.ErrorIs(t, e.Resign(ctx), etcdsync.ErrInvalidName)
+		_, err := e.Leader(ctx)
+		require.ErrorIs(t, err, etcdsync.ErrInvalidName)
+		_, ok := <-e.Observe(ctx)
+		require.False(t, ok)
+		r := etcdsync.ResumeElection(s, name, "k", 1)
+		require.ErrorIs(t, r.Campaign(ctx, "v"), etcdsync.ErrInvalidName)
+	}
+	require.ErrorIs(t, etcdsync.NewElection(nil, "x").Campaign(ctx, "v"), etcdsync.ErrInvalidArgument)
+	resp, err := cli.Get(ctx, "", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Zero(t, resp.Count)
+}
+
+// ResumeElection names keys as NewElection does and resumes the term.
+func TestResumeElection(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
+	require.NoError(t, err)
+	e := etcdsync.NewElection(s1, "resume")
+	require.NoError(t, e.Campaign(ctx, "v"))
+	key, rev := e.Key(), e.Rev()
+	s1.Orphan()
+
+	s2 := session(t, cli, etcdsync.WithLease(s1.Lease()))
+	r := etcdsync.ResumeElection(s2, "resume", key, rev)
+	require.Equal(t, key, r.Key())
+	require.Equal(t, rev, r.Rev())
+	require.NoError(t, r.Proclaim(ctx, "w"))
+	require.Equal(t, "w", leaderValue(t, r))
+	require.NoError(t, r.Resign(ctx))
+	require.Empty(t, keys(t, cli, "resume/"))
+
+	bad := etcdsync.ResumeElection(s2, "resume", "resume/other", 5)
+	require.Equal(t, "", bad.Key())
+	require.ErrorIs(t, bad.Err(), etcdsync.ErrInvalidArgument)
+}
+
+// IsLeader and Do guard writes; both fail once leadership is gone.
+func TestElectionGuards(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	e := etcdsync.NewElection(session(t, cli), "guard-e")
+	_, err := e.Do(ctx, clientv3.OpPut("g", "x"))
+	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+	require.NoError(t, e.Campaign(ctx, "v"))
+	resp, err := cli.Txn(ctx).If(e.IsLeader()).Then(clientv3.OpPut("g", "1")).Commit()
+	require.NoError(t, err)
+	require.True(t, resp.Succeeded)
+	_, err = e.Do(ctx, clientv3.OpPut("g", "2"))
+	require.NoError(t, err)
+	cmp := e.IsLeader()
+	require.NoError(t, e.Resign(ctx))
+	resp, err = cli.Txn(ctx).If(cmp).Then(clientv3.OpPut("g", "3")).Commit()
+	require.NoError(t, err)
+	require.False(t, resp.Succeeded, "a stale IsLeader must fail")
+	_, err = e.Do(ctx, clientv3.OpPut("g", "4"))
+	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+}
+
+// Interop: etcd's concurrency.Election sees our leader and we see theirs.
+func TestElectionInterop(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	es, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
+	require.NoError(t, err)
+	defer es.Close()
+	theirs := concurrency.NewElection(es, "interop-e")
+	ours := etcdsync.NewElection(session(t, cli), "interop-e")
+
+	require.NoError(t, ours.Campaign(ctx, "ours"))
+	resp, err := theirs.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "ours", string(resp.Kvs[0].Value))
+
+	errc := make(chan error, 1)
+	go func() { errc <- theirs.Campaign(ctx, "theirs") }()
+	waitKeys(t, cli, "interop-e/", 2)
+	require.NoError(t, ours.Resign(ctx))
+	require.NoError(t, <-errc)
+	require.Equal(t, "theirs", leaderValue(t, ours))
+	require.NoError(t, theirs.Resign(ctx))
+}
+
+// Failover on 3 members: a leader that dies without resigning is replaced
+// within TTL + 1s; after a Resign, within a round trip.
+func TestFailover(t *testing.T) {
+	c := three(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const ttl = 2 * time.Second
+	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
+	require.NoError(t, err)
+	defer s1.Close()
+	first := etcdsync.NewElection(s1, "failover")
+	require.NoError(t, first.Campaign(ctx, "1"))
+	next := etcdsync.NewElection(session(t, cli, etcdsync.WithTTL(ttl)), "failover")
+	errc := campaignAsync(ctx, next, "2")
+	waitKeys(t, cli, "failover/", 2)
+
+	start := time.Now()
+	s1.Orphan() // the process dies
+	select {
+	case err := <-errc:
+		require.NoError(t, err)
+	case <-time.After(ttl + time.Second):
+		t.Fatalf("no failover within TTL + 1s")
+	}
+	t.Logf("failover after a crash: %v (TTL %v)", time.Since(start), ttl)
+
+	third := etcdsync.NewElection(session(t, cli), "failover")
+	errc = campaignAsync(ctx, third, "3")
+	waitKeys(t, cli, "failover/", 2)
+	start = time.Now()
+	require.NoError(t, next.Resign(ctx))
+	select {
+	case err := <-errc:
+		require.NoError(t, err)
+	case <-time.After(time.Second):
+		t.Fatal("no failover within 1s of a Resign")
+	}
+	t.Logf("failover after a Resign: %v", time.Since(start))
+	require.NoError(t, third.Resign(ctx))
+}
+
+// Uncontended Campaign costs one RPC.
+func TestCampaignCost(t *testing.T) {
+	c := single(t)
+	var cnt counter
+	cli := c.Client(t, cnt.dial()...)
+	ctx := ctxT(t)
+	e := etcdsync.NewElection(session(t, cli), "cost-e")
+	cnt.take()
+	require.NoError(t, e.Campaign(ctx, "v"))
+	n, methods := cnt.take()
+	require.Equal(t, int64(1), n, "Campaign RPCs: %v", methods)
+	require.NoError(t, e.Resign(ctx))
+	n, methods = cnt.take()
+	require.Equal(t, int64(1), n, "Resign RPCs: %v", methods)
+}
