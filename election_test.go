@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
 )
 
 // campaignAsync campaigns in a goroutine; the channel gets Campaign's result.
@@ -442,4 +443,30 @@ func TestCampaignCost(t *testing.T) {
 	require.NoError(t, e.Resign(ctx))
 	n, methods = cnt.take()
 	require.Equal(t, int64(1), n, "Resign RPCs: %v", methods)
+}
+
+// Interop: the server's election API sees our leader, and we see its leader.
+func TestElectionInteropServerAPI(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	srv := v3electionpb.NewElectionClient(cli.ActiveConnection())
+	ours := etcdsync.NewElection(session(t, cli), "srv-elect")
+	require.NoError(t, ours.Campaign(ctx, "ours"))
+	resp, err := srv.Leader(ctx, &v3electionpb.LeaderRequest{Name: []byte("srv-elect")})
+	require.NoError(t, err)
+	require.Equal(t, "ours", string(resp.Kv.Value))
+	require.Equal(t, ours.Key(), string(resp.Kv.Key))
+	require.NoError(t, ours.Resign(ctx))
+
+	lease, err := cli.Grant(ctx, 30)
+	require.NoError(t, err)
+	// The server's API keeps this lease alive in-process; end it.
+	t.Cleanup(func() { cli.Revoke(context.Background(), lease.ID) })
+	camp, err := srv.Campaign(ctx, &v3electionpb.CampaignRequest{Name: []byte("srv-elect"), Lease: int64(lease.ID), Value: []byte("theirs")})
+	require.NoError(t, err)
+	require.Equal(t, "theirs", leaderValue(t, ours))
+	_, err = srv.Resign(ctx, &v3electionpb.ResignRequest{Leader: camp.Leader})
+	require.NoError(t, err)
+	require.Equal(t, "", leaderValue(t, ours))
 }

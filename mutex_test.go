@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
 )
 
 // exclusionCheck records holds and fails on any overlap or a fencing token
@@ -588,4 +589,29 @@ func handOver(t *testing.T, ctx context.Context, from, to *etcdsync.Mutex, got <
 	within(t, got, testTimeout, "waiter's Lock after the release")
 	require.Greater(t, to.Rev(), held)
 	require.NoError(t, to.Unlock(ctx))
+}
+
+// Invariant 2: the server's lock API (v3lock, as etcdctl lock --endpoint
+// uses through the gateway) and our Mutex exclude each other.
+func TestInteropWithServerLockAPI(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	lease, err := cli.Grant(ctx, 30)
+	require.NoError(t, err)
+	// The server's API keeps this lease alive in-process; end it.
+	t.Cleanup(func() { cli.Revoke(context.Background(), lease.ID) })
+	srv := v3lockpb.NewLockClient(cli.ActiveConnection())
+	held, err := srv.Lock(ctx, &v3lockpb.LockRequest{Name: []byte("srv-lock"), Lease: int64(lease.ID)})
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("srv-lock/%x", int64(lease.ID)), string(held.Key))
+
+	ours := etcdsync.NewMutex(session(t, cli), "srv-lock")
+	require.ErrorIs(t, ours.TryLock(ctx), etcdsync.ErrLocked)
+	got := lockAsync(t, ctx, ours)
+	notWithin(t, got, 300*time.Millisecond, "our Lock while the server's lock holds")
+	_, err = srv.Unlock(ctx, &v3lockpb.UnlockRequest{Key: held.Key})
+	require.NoError(t, err)
+	within(t, got, testTimeout, "our Lock after the server's unlock")
+	require.NoError(t, ours.Unlock(ctx))
 }
