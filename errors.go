@@ -11,6 +11,10 @@ var (
 	// ErrSessionExpired means the session's lease is gone (expired, revoked,
 	// or not kept alive within its TTL), or a waiter's own key vanished.
 	ErrSessionExpired = errors.New("etcdsync: session expired")
+	// ErrLostContact is wrapped, beside ErrSessionExpired, by the cause of a
+	// session that ended because no keepalive was acknowledged within the TTL
+	// of the last one sent: the server may expire the lease from then on.
+	ErrLostContact = errors.New("etcdsync: lost contact with etcd")
 	// ErrSessionClosed is the cause of a session that ended by Close or Orphan.
 	ErrSessionClosed = errors.New("etcdsync: session closed")
 	// ErrLockReleased is returned by Unlock when there is no hold to release.

@@ -33,6 +33,7 @@ type Session struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	loop   chan struct{} // closed when the keepalive loop has returned
+	check  chan struct{} // asks the keepalive loop for a beat now
 
 	mu       sync.Mutex
 	deadline time.Time                // local deadline, see above
@@ -61,6 +62,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		ctx:    ctx,
 		cancel: cancel,
 		loop:   make(chan struct{}),
+		check:  make(chan struct{}, 1),
 		keys:   make(map[string]chan struct{}),
 	}
 	if err := s.start(o); err != nil {
@@ -117,9 +119,11 @@ func (s *Session) keepAlive() {
 		case <-s.ctx.Done():
 			return
 		case <-timer.C:
+		case <-s.check:
+			next = time.Now() // a hold lost its key: is the lease gone?
 		}
 		if !time.Now().Before(deadline) {
-			s.cancel(fmt.Errorf("%w: no keepalive acknowledged within the TTL (%v) of the last one sent; the server may expire the lease now", ErrSessionExpired, s.ttl))
+			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of the last one sent; the server may expire the lease now", ErrSessionExpired, ErrLostContact, s.ttl))
 			return
 		}
 		if time.Now().Before(next) {
@@ -269,6 +273,15 @@ func (s *Session) claimKey(ctx context.Context, key string, wait bool) (release 
 // endedErr is the error for a call on a session that has ended.
 func (s *Session) endedErr() error {
 	return fmt.Errorf("%w: %w", ErrSessionExpired, context.Cause(s.ctx))
+}
+
+// checkLease asks for a keepalive now, so that a revoked lease ends the
+// session within a round trip of a hold noticing its key deleted.
+func (s *Session) checkLease() {
+	select {
+	case s.check <- struct{}{}:
+	default:
+	}
 }
 
 // end cancels the session under mu, so that goWatch never adds a goroutine

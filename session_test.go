@@ -142,7 +142,8 @@ func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
 		require.False(t, s.Deadline().After(cut.Add(s.TTL())), "deadline later than the cut plus the TTL")
 		require.False(t, closed.After(s.Deadline().Add(250*time.Millisecond)), "Done closed %v after the local deadline", closed.Sub(s.Deadline()))
 		require.ErrorIs(t, s.Err(), etcdsync.ErrSessionExpired)
-		require.ErrorIs(t, m.Err(), etcdsync.ErrSessionExpired)
+		require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
+		require.ErrorIs(t, m.Err(), etcdsync.ErrLostContact)
 		t.Logf("lead of the local deadline over the server's delete (as seen by a watcher): %v", deleted.Sub(s.Deadline()))
 		p.Blackhole(false)
 	})
@@ -196,4 +197,23 @@ func TestSessionSurvivesLeaderStop(t *testing.T) {
 	require.Len(t, resp.Kvs, 1)
 	require.Equal(t, m.Rev(), resp.Kvs[0].CreateRevision)
 	require.NoError(t, m.Unlock(ctx))
+}
+
+// Invariant 8: a lease revoked by someone else ends a session that holds a
+// watched lock within a round trip, not at the next keepalive (TTL/3 = 20s
+// at the default TTL).
+func TestSessionEndsSoonAfterRevoke(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli) // default 60s TTL
+	m := etcdsync.NewMutex(s, "revoke-soon")
+	require.NoError(t, m.Lock(ctx))
+	m.Done()
+	_, err := cli.Revoke(ctx, s.Lease())
+	require.NoError(t, err)
+	within(t, m.Done(), time.Second, "hold Done after the revoke")
+	within(t, s.Done(), time.Second, "session Done after the revoke")
+	require.ErrorIs(t, s.Err(), etcdsync.ErrSessionExpired)
+	require.NotErrorIs(t, s.Err(), etcdsync.ErrLostContact)
 }

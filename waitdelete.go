@@ -493,6 +493,7 @@ func (h *hold) lost(rev int64) {
 		return
 	}
 	h.finish(fmt.Errorf("%w: key %s gone by revision %d (lease expired or revoked, or deleted by someone)", ErrNotHeld, h.key, rev))
+	h.s.checkLease()
 }
 
 // watchKey ends the hold when its key is deleted. It survives compaction,
