@@ -74,3 +74,52 @@ func ExampleMutex_TryLock() {
 	// Output:
 	// etcdsync: locked by another holder: cron/backup/
 }
+
+// fencedStore stands for a resource outside etcd that remembers the highest
+// fencing token it has seen and rejects writes carrying an older one.
+type fencedStore struct{ highest int64 }
+
+func (f *fencedStore) write(token int64, what string) error {
+	if token < f.highest {
+		return fmt.Errorf("rejected %q: token %d is older than %d", what, token, f.highest)
+	}
+	f.highest = token
+	return nil
+}
+
+func ExampleMutex_Rev() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	store := &fencedStore{}
+
+	s1, _ := etcdsync.NewSession(cli)
+	defer s1.Close()
+	old := etcdsync.NewMutex(s1, "/jobs/export")
+	if err := old.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	staleToken := old.Rev()
+	fmt.Println(store.write(staleToken, "first holder"))
+
+	// The first holder stalls (a long GC pause, say) and loses its lease;
+	// here we revoke it to show the effect.
+	if _, err := cli.Revoke(ctx, s1.Lease()); err != nil {
+		log.Fatal(err)
+	}
+	s2, _ := etcdsync.NewSession(cli)
+	defer s2.Close()
+	next := etcdsync.NewMutex(s2, "/jobs/export")
+	if err := next.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(store.write(next.Rev(), "second holder"))
+
+	// The first holder wakes up and writes with its old token: rejected.
+	fmt.Println(store.write(staleToken, "first holder, after its pause") != nil)
+	// Output:
+	// <nil>
+	// <nil>
+	// true
+}

@@ -308,6 +308,8 @@ func createWatch(stream pb.Watch_WatchClient, id int64, key string) error {
 // (serializable when the member is that recent, else linearizable) and
 // updates t. It returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
+	defer func() {
+	}()
 	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(t.rev),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
 	resp, err := t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)

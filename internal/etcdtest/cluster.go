@@ -4,6 +4,7 @@
 package etcdtest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -28,8 +29,9 @@ type TB interface {
 
 // Options tune a cluster.
 type Options struct {
-	Members int  // 1 when zero
-	Fsync   bool // keep fsync on (benchmarks); off by default for speed
+	Members int    // 1 when zero
+	Fsync   bool   // keep fsync on (benchmarks); off by default for speed
+	TLS     *Certs // serve clients over TLS with these certificates
 }
 
 // Cluster is a set of embedded etcd members.
@@ -48,6 +50,7 @@ type Member struct {
 	peer      url.URL
 	initial   string
 	fsync     bool
+	tls       *Certs
 	etcd      *embed.Etcd
 	restarted bool
 }
@@ -81,6 +84,10 @@ func StartCluster(dir string, opts Options) (*Cluster, error) {
 			client: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])},
 			peer:   url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])},
 			fsync:  opts.Fsync,
+			tls:    opts.TLS,
+		}
+		if m.tls != nil {
+			m.client.Scheme = "https"
 		}
 		initial = append(initial, m.Name+"="+m.peer.String())
 		c.members = append(c.members, m)
@@ -139,6 +146,9 @@ func (m *Member) start() error {
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.LogLevel = "fatal"
 	cfg.ListenMetricsUrls = nil
+	if m.tls != nil {
+		cfg.ClientTLSInfo.CertFile, cfg.ClientTLSInfo.KeyFile = m.tls.CertFile, m.tls.KeyFile
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", m.Name, err)
@@ -275,4 +285,39 @@ func FromEnv() (endpoints []string, embedded bool, stop func(), err error) {
 		return nil, false, nil, err
 	}
 	return c.Endpoints(), true, func() { c.Close(); remove() }, nil
+}
+
+// TransferLeader moves raft leadership from the current leader to another
+// running member.
+func (c *Cluster) TransferLeader(ctx context.Context) error {
+	leader := c.Leader()
+	if leader == nil {
+		return fmt.Errorf("no leader")
+	}
+	c.mu.Lock()
+	var to *Member
+	for _, m := range c.members {
+		if m != leader && m.etcd != nil {
+			to = m
+			break
+		}
+	}
+	c.mu.Unlock()
+	if to == nil {
+		return fmt.Errorf("no other running member")
+	}
+	srv := leader.etcd.Server
+	return srv.MoveLeader(ctx, uint64(srv.MemberID()), uint64(to.etcd.Server.MemberID()))
+}
+
+// Follower returns a running member that is not the leader, or nil.
+func (c *Cluster) Follower() *Member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.members {
+		if m.etcd != nil && !m.IsLeader() {
+			return m
+		}
+	}
+	return nil
 }

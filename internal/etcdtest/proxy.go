@@ -3,20 +3,22 @@ package etcdtest
 import (
 	"net"
 	"sync"
-	"sync/atomic"
 )
 
 // Proxy forwards TCP connections from 127.0.0.1 to one target. Blackhole
-// makes it swallow every byte in both directions while keeping connections
-// open, as a network partition looks to the client.
+// stalls every connection in both directions, as a network partition does:
+// nothing gets through, connections stay open, and what was in flight is
+// delivered in order once the partition heals (TCP would retransmit it).
 type Proxy struct {
-	ln        net.Listener
-	target    string
-	blackhole atomic.Bool
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	healed chan struct{} // nil while traffic flows; closed on heal
+	wg     sync.WaitGroup
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	closeOnce sync.Once
+	closing   chan struct{}
 }
 
 // NewProxy starts a proxy to target ("host:port") and closes it in tb's cleanup.
@@ -26,7 +28,7 @@ func NewProxy(tb TB, target string) *Proxy {
 	if err != nil {
 		tb.Fatalf("etcdtest: proxy: %v", err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: make(map[net.Conn]struct{})}
+	p := &Proxy{ln: ln, target: target, conns: make(map[net.Conn]struct{}), closing: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	tb.Cleanup(p.Close)
@@ -36,8 +38,34 @@ func NewProxy(tb TB, target string) *Proxy {
 // Endpoint returns the proxy's client URL.
 func (p *Proxy) Endpoint() string { return "http://" + p.ln.Addr().String() }
 
-// Blackhole drops all traffic (or, with false, forwards it again).
-func (p *Proxy) Blackhole(on bool) { p.blackhole.Store(on) }
+// Blackhole stalls all traffic (or, with false, lets it flow again).
+func (p *Proxy) Blackhole(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case on && p.healed == nil:
+		p.healed = make(chan struct{})
+	case !on && p.healed != nil:
+		close(p.healed)
+		p.healed = nil
+	}
+}
+
+// stall blocks while the proxy is blackholed; false when closing.
+func (p *Proxy) stall(closing <-chan struct{}) bool {
+	p.mu.Lock()
+	healed := p.healed
+	p.mu.Unlock()
+	if healed == nil {
+		return true
+	}
+	select {
+	case <-healed:
+		return true
+	case <-closing:
+		return false
+	}
+}
 
 // DropConnections closes every open connection; new ones are accepted.
 func (p *Proxy) DropConnections() {
@@ -50,6 +78,7 @@ func (p *Proxy) DropConnections() {
 
 // Close stops the proxy and waits for its goroutines.
 func (p *Proxy) Close() {
+	p.closeOnce.Do(func() { close(p.closing) })
 	p.ln.Close()
 	p.DropConnections()
 	p.wg.Wait()
@@ -85,7 +114,7 @@ func (p *Proxy) accept() {
 	}
 }
 
-// pipe copies src to dst, dropping bytes while blackholed.
+// pipe copies src to dst, holding bytes back while blackholed.
 func (p *Proxy) pipe(src, dst net.Conn) {
 	defer p.wg.Done()
 	defer func() {
@@ -97,7 +126,10 @@ func (p *Proxy) pipe(src, dst net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !p.blackhole.Load() {
+		if n > 0 {
+			if !p.stall(p.closing) {
+				return
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}

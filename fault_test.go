@@ -1,0 +1,436 @@
+package etcdsync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The fault suite: on a 3-member cluster, K workers each make M guarded
+// increments of one counter while a fault strikes, and the run checks that the
+// count equals the successful increments, fencing tokens never go back, no
+// two holds overlap in revision order, every lost hold's Done fired in time,
+// and no key is left.
+
+const (
+	faultTTL     = 2 * time.Second
+	faultWorkers = 3
+	faultIncs    = 50 // per worker: 7 faults x 3 x 50 = 1050 guarded increments
+)
+
+type fault struct {
+	name string
+	// inject starts the fault against victim (worker 0's proxies and
+	// session); heal, if any, ends it after dur.
+	inject func(t *testing.T, r *faultRun, victim *faultWorker)
+	heal   func(t *testing.T, r *faultRun, victim *faultWorker)
+	dur    time.Duration
+	// onHold: strike while the victim holds the lock.
+	onHold bool
+	// pause: the victim freezes while holding (ignores Done) until healed,
+	// then writes with the guard it took before, as a stopped process would.
+	pause bool
+	// contact: lost holds come from lost contact, so Done must fire no
+	// later than the server deletes the key; else within a watch round trip.
+	contact bool
+}
+
+func TestFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault suite skipped in -short")
+	}
+	var stopped *etcdtest.Member
+	cut := func(_ *testing.T, _ *faultRun, v *faultWorker) { v.blackhole(true) }
+	mend := func(_ *testing.T, _ *faultRun, v *faultWorker) { v.blackhole(false) }
+	restart := func(t *testing.T, r *faultRun, _ *faultWorker) { require.NoError(t, r.c.Restart(stopped)) }
+	faults := []fault{
+		{name: "follower-restart", dur: time.Second, heal: restart, inject: func(t *testing.T, r *faultRun, _ *faultWorker) {
+			stopped = r.c.Follower()
+			r.c.Stop(stopped)
+		}},
+		{name: "leader-restart", dur: time.Second, heal: restart, inject: func(t *testing.T, r *faultRun, _ *faultWorker) {
+			stopped = r.c.Leader()
+			require.NotNil(t, stopped)
+			r.c.Stop(stopped)
+		}},
+		{name: "leader-transfer", inject: func(t *testing.T, r *faultRun, _ *faultWorker) {
+			require.NoError(t, r.c.TransferLeader(r.ctx))
+		}},
+		{name: "blackhole-short", onHold: true, contact: true, dur: faultTTL / 3, inject: cut, heal: mend},
+		{name: "blackhole-long", onHold: true, contact: true, dur: faultTTL + 1500*time.Millisecond, inject: cut, heal: mend},
+		{name: "lease-revoked", onHold: true, inject: func(t *testing.T, r *faultRun, v *faultWorker) {
+			_, err := r.admin.Revoke(r.ctx, v.lease())
+			require.NoError(t, err)
+		}},
+		{name: "process-pause", onHold: true, pause: true, contact: true, dur: faultTTL + 1500*time.Millisecond, inject: cut, heal: mend},
+	}
+	var report []string
+	total := 0
+	for _, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
+			r := runFault(t, f)
+			total += r.incs
+			report = append(report, r.String())
+		})
+	}
+	t.Logf("fault | increments | violations | Done lead over server delete (min / median) | orphan keys")
+	for _, line := range report {
+		t.Log(line)
+	}
+	t.Logf("total guarded increments: %d", total)
+	if !t.Failed() && len(report) == len(faults) {
+		require.GreaterOrEqual(t, total, 1000)
+	}
+}
+
+type holdRec struct {
+	worker     int
+	start, rev int64 // revision at which the hold began; create revision of its key
+	lost       bool  // ended otherwise than by our Unlock
+	doneAt     time.Time
+}
+
+type incRec struct {
+	token, commit int64
+}
+
+type faultRun struct {
+	f     fault
+	c     *etcdtest.Cluster
+	admin *clientv3.Client
+	ctx   context.Context
+	name  string
+
+	mu       sync.Mutex
+	holds    []holdRec
+	incs     []incRec
+	deletes  map[int64]deleteRec // create revision -> its delete
+	armed    atomic.Bool         // the victim should report its next hold
+	holding  chan struct{}       // closed when it holds, armed
+	injected chan struct{}       // closed when the fault has started
+	healed   chan struct{}       // closed when it is over
+
+	staleWrites int // writes by the paused victim that got through
+}
+
+type deleteRec struct {
+	rev  int64
+	seen time.Time
+}
+
+type faultResult struct {
+	name       string
+	incs       int
+	violations int
+	leads      []time.Duration
+	orphans    int
+}
+
+func (r faultResult) String() string {
+	lead := "no lost holds"
+	if len(r.leads) > 0 {
+		slices.Sort(r.leads)
+		lead = fmt.Sprintf("%v / %v (%d lost)", r.leads[0].Round(time.Millisecond), r.leads[len(r.leads)/2].Round(time.Millisecond), len(r.leads))
+	}
+	return fmt.Sprintf("%s | %d | %d | %s | %d", r.name, r.incs, r.violations, lead, r.orphans)
+}
+
+func runFault(t *testing.T, f fault) faultResult {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 3})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r := &faultRun{f: f, c: c, admin: c.Client(t), ctx: ctx, name: "fault/" + f.name,
+		deletes: make(map[int64]deleteRec), holding: make(chan struct{}), injected: make(chan struct{}), healed: make(chan struct{})}
+	counter := r.name + "/counter"
+	_, err := r.admin.Put(ctx, counter, "0")
+	require.NoError(t, err)
+
+	// The admin watches every delete under the lock's name.
+	wctx, wcancel := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for wr := range r.admin.Watch(wctx, r.name+"/lock/", clientv3.WithPrefix(), clientv3.WithPrevKV()) {
+			now := time.Now()
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete && ev.PrevKv != nil {
+					r.mu.Lock()
+					r.deletes[ev.PrevKv.CreateRevision] = deleteRec{rev: ev.Kv.ModRevision, seen: now}
+					r.mu.Unlock()
+				}
+			}
+		}
+	}()
+
+	workers := make([]*faultWorker, faultWorkers)
+	for i := range workers {
+		workers[i] = newFaultWorker(t, r, i)
+	}
+	var wg sync.WaitGroup
+	progress := make(chan struct{}, faultWorkers*faultIncs)
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(t, progress)
+		}()
+	}
+	// Strike once the workers are busy, then heal.
+	for i := 0; i < 10; i++ {
+		select {
+		case <-progress:
+		case <-ctx.Done():
+			t.Fatal("no progress before the fault")
+		}
+	}
+	if f.onHold {
+		r.armed.Store(true)
+		select {
+		case <-r.holding:
+		case <-ctx.Done():
+			t.Fatal("the victim never held")
+		}
+	}
+	f.inject(t, r, workers[0])
+	close(r.injected)
+	if f.heal != nil {
+		time.Sleep(f.dur) // the fault's duration, not a synchronisation
+		f.heal(t, r, workers[0])
+	}
+	close(r.healed)
+	wg.Wait()
+	for _, w := range workers {
+		w.close()
+	}
+
+	// Every key goes with its session; wait for the admin to see the deletes.
+	res := faultResult{name: f.name}
+	left := keys(t, r.admin, r.name+"/lock/")
+	res.orphans = len(left)
+	wcancel()
+	<-watched
+
+	resp, err := r.admin.Get(ctx, counter)
+	require.NoError(t, err)
+	got, err := strconv.Atoi(string(resp.Kvs[0].Value))
+	require.NoError(t, err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res.incs = len(r.incs)
+	violate := func(format string, args ...any) {
+		res.violations++
+		t.Errorf(format, args...)
+	}
+	if got != len(r.incs) {
+		violate("counter %d, but %d guarded increments succeeded", got, len(r.incs))
+	}
+	sort.Slice(r.incs, func(i, j int) bool { return r.incs[i].commit < r.incs[j].commit })
+	for i := 1; i < len(r.incs); i++ {
+		if r.incs[i].token < r.incs[i-1].token {
+			violate("fencing token went back: %d after %d", r.incs[i].token, r.incs[i-1].token)
+		}
+	}
+	sort.Slice(r.holds, func(i, j int) bool { return r.holds[i].start < r.holds[j].start })
+	for i, h := range r.holds {
+		del, ok := r.deletes[h.rev]
+		if !ok {
+			violate("hold at %d: its key's delete was not seen", h.rev)
+			continue
+		}
+		if i+1 < len(r.holds) && del.rev > r.holds[i+1].start {
+			violate("holds overlap: %d (worker %d, began %d) held until %d, %d (worker %d) began at %d", h.rev, h.worker, h.start, del.rev, r.holds[i+1].rev, r.holds[i+1].worker, r.holds[i+1].start)
+		}
+		if !h.lost {
+			continue
+		}
+		lead := del.seen.Sub(h.doneAt)
+		res.leads = append(res.leads, lead)
+		if f.contact && lead < 0 {
+			violate("hold %d lost contact: Done fired %v after the server deleted its key", h.rev, -lead)
+		}
+		if !f.contact && lead < -time.Second {
+			violate("hold %d: Done fired %v after its key was deleted", h.rev, -lead)
+		}
+	}
+	if r.staleWrites > 0 {
+		violate("%d writes of a paused holder got through its stale guard", r.staleWrites)
+	}
+	if res.orphans > 0 {
+		violate("keys left: %v", left)
+	}
+	return res
+}
+
+// faultWorker is one client with proxies to every member, so that its
+// connection can be cut on its own.
+type faultWorker struct {
+	id      int
+	r       *faultRun
+	proxies []*etcdtest.Proxy
+	cli     *clientv3.Client
+
+	mu sync.Mutex
+	s  *etcdsync.Session
+}
+
+func newFaultWorker(t *testing.T, r *faultRun, id int) *faultWorker {
+	w := &faultWorker{id: id, r: r}
+	var eps []string
+	for _, m := range r.c.Members() {
+		u, err := url.Parse(m.Endpoint())
+		require.NoError(t, err)
+		p := etcdtest.NewProxy(t, u.Host)
+		w.proxies = append(w.proxies, p)
+		eps = append(eps, p.Endpoint())
+	}
+	w.cli = etcdtest.NewClient(t, eps)
+	return w
+}
+
+func (w *faultWorker) blackhole(on bool) {
+	for _, p := range w.proxies {
+		p.Blackhole(on)
+	}
+}
+
+func (w *faultWorker) lease() clientv3.LeaseID {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.s.Lease()
+}
+
+func (w *faultWorker) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.s != nil {
+		w.s.Close()
+	}
+}
+
+// session returns a live session, replacing an ended one.
+func (w *faultWorker) session(ctx context.Context) (*etcdsync.Session, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.s != nil && w.s.Err() == nil {
+		return w.s, nil
+	}
+	if w.s != nil {
+		w.s.Close()
+	}
+	// Without WithContext, NewSession is bounded by the TTL.
+	s, err := etcdsync.NewSession(w.cli, etcdsync.WithTTL(faultTTL))
+	if err != nil {
+		return nil, err
+	}
+	w.s = s
+	return s, nil
+}
+
+func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
+	r := w.r
+	counter := r.name + "/counter"
+	for done := 0; done < faultIncs; {
+		if r.ctx.Err() != nil {
+			t.Errorf("worker %d: %d of %d increments before the deadline", w.id, done, faultIncs)
+			return
+		}
+		s, err := w.session(r.ctx)
+		if err != nil {
+			continue
+		}
+		m := etcdsync.NewMutex(s, r.name+"/lock")
+		lctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+		err = m.Lock(lctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		rec := holdRec{worker: w.id, start: m.Header().Revision, rev: m.Rev()}
+		guard := m.IsOwner()
+		fired := make(chan time.Time, 1)
+		go func(done <-chan struct{}) { <-done; fired <- time.Now() }(m.Done())
+
+		ok := w.increment(m, guard, counter, rec.rev)
+		if ok {
+			done++
+			progress <- struct{}{}
+		}
+		w.unlock(m)
+		select {
+		case rec.doneAt = <-fired:
+		case <-time.After(faultTTL + 10*time.Second):
+			t.Errorf("worker %d: hold %d: Done never fired", w.id, rec.rev)
+		}
+		rec.lost = !errors.Is(m.Err(), etcdsync.ErrLockReleased)
+		r.mu.Lock()
+		r.holds = append(r.holds, rec)
+		r.mu.Unlock()
+	}
+}
+
+// increment reads the counter and writes it plus one, guarded by the hold.
+// The paused victim freezes while holding and then writes with the guard it
+// took before the pause, as a process waking from a stop would.
+func (w *faultWorker) increment(m *etcdsync.Mutex, guard clientv3.Cmp, counter string, token int64) bool {
+	r := w.r
+	paused := false
+	if w.id == 0 && r.armed.CompareAndSwap(true, false) {
+		close(r.holding)
+		<-r.injected
+		if r.f.pause {
+			<-r.healed // frozen while holding: Done is not looked at
+			paused = true
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+	defer cancel()
+	resp, err := w.cli.Get(ctx, counter)
+	if err != nil {
+		return false
+	}
+	n, _ := strconv.Atoi(string(resp.Kvs[0].Value))
+	put := clientv3.OpPut(counter, strconv.Itoa(n+1))
+	var commit int64
+	if paused {
+		tr, err := w.cli.Txn(ctx).If(guard).Then(put).Commit()
+		if err == nil && tr.Succeeded {
+			r.mu.Lock()
+			r.staleWrites++
+			r.mu.Unlock()
+		}
+		return false
+	} else {
+		tr, err := m.Do(ctx, put)
+		if err != nil {
+			return false
+		}
+		commit = tr.Header.Revision
+	}
+	r.mu.Lock()
+	r.incs = append(r.incs, incRec{token: token, commit: commit})
+	r.mu.Unlock()
+	return true
+}
+
+// unlock releases the hold, retrying while it is held and the release fails
+// (cut off from etcd), as a careful user does.
+func (w *faultWorker) unlock(m *etcdsync.Mutex) {
+	for w.r.ctx.Err() == nil && m.Err() == nil {
+		ctx, cancel := context.WithTimeout(w.r.ctx, 2*time.Second)
+		m.Unlock(ctx) // an error wrapping ErrLockReleased: the hold was gone
+		cancel()
+	}
+}

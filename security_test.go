@@ -1,0 +1,96 @@
+package etcdsync_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// secureCluster starts a member serving clients over TLS (certificates made
+// here) with auth enabled: root, "rw" (read-write on locks/), "ro" (read on
+// locks/) and "none" (no permission). It returns a client factory.
+func secureCluster(t *testing.T) func(user string) *clientv3.Client {
+	certs, err := etcdtest.MakeCerts(t.TempDir())
+	require.NoError(t, err)
+	c := etcdtest.Start(t, etcdtest.Options{TLS: certs})
+	connect := func(user string) *clientv3.Client {
+		cfg := etcdtest.ClientConfig(c.Endpoints())
+		cfg.TLS = certs.ClientTLS()
+		if user != "" {
+			cfg.Username, cfg.Password = user, user+"-password"
+		}
+		cli, err := clientv3.New(cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	ctx := ctxT(t)
+	admin := connect("")
+	for _, user := range []string{"root", "rw", "ro", "none"} {
+		_, err := admin.UserAdd(ctx, user, user+"-password")
+		require.NoError(t, err)
+	}
+	for role, perm := range map[string]clientv3.PermissionType{"locks-rw": clientv3.PermissionType(clientv3.PermReadWrite), "locks-ro": clientv3.PermissionType(clientv3.PermRead)} {
+		_, err := admin.RoleAdd(ctx, role)
+		require.NoError(t, err)
+		_, err = admin.RoleGrantPermission(ctx, role, "locks/", clientv3.GetPrefixRangeEnd("locks/"), perm)
+		require.NoError(t, err)
+	}
+	_, err = admin.RoleAdd(ctx, "root")
+	require.NoError(t, err)
+	for user, role := range map[string]string{"root": "root", "rw": "locks-rw", "ro": "locks-ro"} {
+		_, err := admin.UserGrantRole(ctx, user, role)
+		require.NoError(t, err)
+	}
+	_, err = admin.AuthEnable(ctx)
+	require.NoError(t, err)
+	return connect
+}
+
+func TestAuthAndTLS(t *testing.T) {
+	connect := secureCluster(t)
+	ctx := ctxT(t)
+	root, rw, ro, none := connect("root"), connect("rw"), connect("ro"), connect("none")
+
+	// A read-write user locks, waits in the queue (the watch stream carries
+	// its credentials), elects and releases.
+	holder := etcdsync.NewMutex(session(t, rw), "locks/job")
+	require.NoError(t, holder.Lock(ctx))
+	waiter := etcdsync.NewMutex(session(t, rw), "locks/job")
+	got := lockAsync(t, ctx, waiter)
+	waitKeys(t, root, "locks/job/", 2)
+	require.NoError(t, holder.Unlock(ctx))
+	within(t, got, testTimeout, "rw waiter after the release")
+	e := etcdsync.NewElection(session(t, rw), "locks/elect")
+	require.NoError(t, e.Campaign(ctx, "rw"))
+	resp, err := e.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "rw", string(resp.Kvs[0].Value))
+
+	// A read-only user gets a permission error and leaves no key.
+	roSession := session(t, ro)
+	require.ErrorIs(t, etcdsync.NewMutex(roSession, "locks/ro").Lock(ctx), rpctypes.ErrPermissionDenied)
+	require.ErrorIs(t, etcdsync.NewElection(roSession, "locks/ro").Campaign(ctx, "x"), rpctypes.ErrPermissionDenied)
+	require.Empty(t, keys(t, root, "locks/ro/"))
+
+	// A user with no access can neither delete nor take over a hold.
+	_, err = none.Delete(ctx, waiter.Key())
+	require.ErrorIs(t, err, rpctypes.ErrPermissionDenied)
+	noneSession := session(t, none)
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	require.ErrorIs(t, etcdsync.NewMutex(noneSession, "locks/job").TryLock(tctx), rpctypes.ErrPermissionDenied)
+	require.ErrorIs(t, etcdsync.NewMutex(noneSession, "locks/job").Lock(tctx), rpctypes.ErrPermissionDenied)
+	_, err = waiter.Do(ctx, clientv3.OpPut("locks/job-state", "still mine"))
+	require.NoError(t, err, "the hold survives")
+	require.NoError(t, waiter.Unlock(ctx))
+	require.NoError(t, e.Resign(ctx))
+	require.Empty(t, keys(t, root, "locks/job/"))
+	require.Empty(t, keys(t, root, "locks/elect/"))
+}
