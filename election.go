@@ -46,13 +46,12 @@ func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Electi
 		e.hr.last = fmt.Errorf("%w: leader key %q at revision %d is not this session's key %q", ErrInvalidArgument, leaderKey, leaderRev, e.hr.slot.key)
 		return e
 	}
-	release, err := s.claimKey(context.Background(), leaderKey, false)
-	if err != nil {
+	if err := s.claimKey(context.Background(), leaderKey, false); err != nil {
 		e.hr.last = err
 		return e
 	}
 	hdr := &pb.ResponseHeader{Revision: leaderRev}
-	e.hr.h, e.hdr = newHold(e.hr.slot, leaderRev, hdr, release), hdr
+	e.hr.h, e.hdr = newHold(e.hr.slot, leaderRev, hdr), hdr
 	return e
 }
 

@@ -37,7 +37,7 @@ type Session struct {
 
 	mu       sync.Mutex
 	deadline time.Time                // local deadline, see above
-	keys     map[string]chan struct{} // key in use by a primitive -> closed when released
+	keys     map[string]chan struct{} // key in use by a primitive -> closed when released (nil until someone waits)
 	watchers sync.WaitGroup           // hold watchers started by this session
 
 	closeOnce sync.Once
@@ -240,33 +240,42 @@ func (s *Session) revoke(bound time.Duration) error {
 // claimKey reserves key for one primitive of this session: the key name is
 // fixed by interop (NAME/<lease>), so two holders on one session would share
 // a key. With wait it blocks until the key is free or ctx ends; without, it
-// returns ErrLocked at once. The returned release must be called exactly once.
-func (s *Session) claimKey(ctx context.Context, key string, wait bool) (release func(), err error) {
+// returns ErrLocked at once. A reservation is freed by releaseKey, once.
+func (s *Session) claimKey(ctx context.Context, key string, wait bool) error {
 	for {
 		s.mu.Lock()
-		busy, taken := s.keys[key]
+		freed, taken := s.keys[key]
 		if !taken {
-			freed := make(chan struct{})
-			s.keys[key] = freed
+			s.keys[key] = nil // a channel is made only when someone waits
 			s.mu.Unlock()
-			return func() {
-				s.mu.Lock()
-				delete(s.keys, key)
-				s.mu.Unlock()
-				close(freed)
-			}, nil
+			return nil
+		}
+		if freed == nil && wait {
+			freed = make(chan struct{})
+			s.keys[key] = freed
 		}
 		s.mu.Unlock()
 		if !wait {
-			return nil, fmt.Errorf("%w: %s is in use by this session", ErrLocked, key)
+			return fmt.Errorf("%w: %s is in use by this session", ErrLocked, key)
 		}
 		select {
-		case <-busy:
+		case <-freed:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("etcdsync: waiting for %s held in this session: %w", key, ctx.Err())
+			return fmt.Errorf("etcdsync: waiting for %s held in this session: %w", key, ctx.Err())
 		case <-s.ctx.Done():
-			return nil, s.endedErr()
+			return s.endedErr()
 		}
+	}
+}
+
+// releaseKey frees a reservation made by claimKey.
+func (s *Session) releaseKey(key string) {
+	s.mu.Lock()
+	freed := s.keys[key]
+	delete(s.keys, key)
+	s.mu.Unlock()
+	if freed != nil {
+		close(freed)
 	}
 }
 

@@ -358,8 +358,7 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 	if err := sl.s.Err(); err != nil {
 		return nil, nil, sl.s.endedErr()
 	}
-	release, err := sl.s.claimKey(ctx, sl.key, m == waitTurn)
-	if err != nil {
+	if err := sl.s.claimKey(ctx, sl.key, m == waitTurn); err != nil {
 		return nil, nil, err
 	}
 	wctx, cancel := context.WithCancel(ctx)
@@ -374,6 +373,7 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 	ectx, ecancel := context.WithTimeout(context.WithoutCancel(wctx), createBound(ctx))
 	defer ecancel()
 	var t turn
+	var err error
 	if m == tryTurn {
 		t, err = sl.tryEnqueue(ectx)
 	} else {
@@ -395,10 +395,10 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 		} else {
 			err = sl.why(ctx, err)
 		}
-		release()
+		sl.s.releaseKey(sl.key)
 		return nil, nil, err
 	}
-	return newHold(sl, t.rev, hdr, release), t.value, nil
+	return newHold(sl, t.rev, hdr), t.value, nil
 }
 
 // createBound is how long an acquire's create may take: the time left on
@@ -432,7 +432,6 @@ type hold struct {
 	hdr       *pb.ResponseHeader
 	ctx       context.Context
 	end       context.CancelCauseFunc
-	release   func() // frees the session's reservation of the key
 	releasing atomic.Bool
 
 	once      sync.Once     // finish
@@ -440,9 +439,11 @@ type hold struct {
 	watched   chan struct{} // closed when the watch returns; nil if never started
 }
 
-func newHold(sl slot, rev int64, hdr *pb.ResponseHeader, release func()) *hold {
+// newHold makes the hold of a key this session reserved (claimKey); the hold
+// frees the reservation when it finishes.
+func newHold(sl slot, rev int64, hdr *pb.ResponseHeader) *hold {
 	ctx, end := context.WithCancelCause(sl.s.ctx)
-	return &hold{slot: sl, rev: rev, hdr: hdr, ctx: ctx, end: end, release: release}
+	return &hold{slot: sl, rev: rev, hdr: hdr, ctx: ctx, end: end}
 }
 
 // live reports whether h is a hold that has not ended.
@@ -452,7 +453,7 @@ func (h *hold) live() bool { return h != nil && h.ctx.Err() == nil }
 func (h *hold) finish(cause error) {
 	h.once.Do(func() {
 		h.end(cause)
-		h.release()
+		h.s.releaseKey(h.key)
 	})
 }
 

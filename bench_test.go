@@ -1,0 +1,653 @@
+package etcdsync_test
+
+// Benchmarks, ours and etcd's concurrency package side by side on one
+// embedded member with fsync on. Counts (rpcs/op, writes/op, events/op) do
+// not depend on machine noise; latencies are reported as p50/p90 in ms, and
+// the floor (one delete committed plus its watch event delivered to another
+// client) is measured in the same run. BENCHMARKS.md has the figures.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+type benchMutex interface {
+	Lock(context.Context) error
+	TryLock(context.Context) error
+	Unlock(context.Context) error
+}
+
+type benchElection interface {
+	Campaign(context.Context, string) error
+	Proclaim(context.Context, string) error
+	Resign(context.Context) error
+}
+
+type lib struct {
+	name        string
+	waitWatches int // watches a queued waiter creates
+	newMutex    func(b *testing.B, cli *clientv3.Client, name string) benchMutex
+	newElection func(b *testing.B, cli *clientv3.Client, name string) benchElection
+}
+
+var libs = []lib{
+	{
+		name:        "etcdsync",
+		waitWatches: 2, // own key and predecessor
+		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
+			return etcdsync.NewMutex(benchSession(b, cli), name)
+		},
+		newElection: func(b *testing.B, cli *clientv3.Client, name string) benchElection {
+			return etcdsync.NewElection(benchSession(b, cli), name)
+		},
+	},
+	{
+		name:        "concurrency",
+		waitWatches: 1,
+		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
+			return concurrency.NewMutex(etcdSession(b, cli), name)
+		},
+		newElection: func(b *testing.B, cli *clientv3.Client, name string) benchElection {
+			return concurrency.NewElection(etcdSession(b, cli), name)
+		},
+	},
+}
+
+func benchSession(b *testing.B, cli *clientv3.Client) *etcdsync.Session {
+	s, err := etcdsync.NewSession(cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+func etcdSession(b *testing.B, cli *clientv3.Client) *concurrency.Session {
+	s, err := concurrency.NewSession(cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// benchEtcd starts one member with fsync on and returns a counted client
+// and an uncounted admin client.
+func benchEtcd(b *testing.B) (*clientv3.Client, *counter, *clientv3.Client) {
+	c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+	var cnt counter
+	return c.Client(b, cnt.dial()...), &cnt, c.Client(b)
+}
+
+func must(b *testing.B, err error) {
+	if err != nil {
+		b.Helper()
+		b.Fatal(err)
+	}
+}
+
+// rev returns the store's revision: writes are its differences.
+func rev(b *testing.B, admin *clientv3.Client) int64 {
+	resp, err := admin.Get(context.Background(), "\x00")
+	must(b, err)
+	return resp.Header.Revision
+}
+
+// reportLatency reports p50 and p90 of samples in milliseconds.
+func reportLatency(b *testing.B, samples []time.Duration, prefix string) {
+	if len(samples) == 0 {
+		return
+	}
+	slices.Sort(samples)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(samples[len(samples)/2]), prefix+"p50-ms")
+	b.ReportMetric(ms(samples[len(samples)*9/10]), prefix+"p90-ms")
+}
+
+// Uncontended Lock, then Unlock: RPCs and writes of each, and latency.
+func BenchmarkLockUnlock(b *testing.B) {
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			cli, cnt, admin := benchEtcd(b)
+			ctx := context.Background()
+			m := l.newMutex(b, cli, "bench-lock")
+			var lockRPC, unlockRPC int64
+			start := rev(b, admin)
+			cnt.take()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, m.Lock(ctx))
+				n, _ := cnt.take()
+				lockRPC += n
+				must(b, m.Unlock(ctx))
+				n, _ = cnt.take()
+				unlockRPC += n
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(lockRPC)/float64(b.N), "lock-rpcs/op")
+			b.ReportMetric(float64(unlockRPC)/float64(b.N), "unlock-rpcs/op")
+			b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+		})
+	}
+}
+
+// TryLock on a held lock.
+func BenchmarkTryLockHeld(b *testing.B) {
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			cli, cnt, admin := benchEtcd(b)
+			ctx := context.Background()
+			must(b, l.newMutex(b, admin, "bench-try").Lock(ctx))
+			m := l.newMutex(b, cli, "bench-try")
+			start := rev(b, admin)
+			cnt.take()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := m.TryLock(ctx); err == nil {
+					b.Fatal("TryLock took a held lock")
+				}
+			}
+			b.StopTimer()
+			n, _ := cnt.take()
+			b.ReportMetric(float64(n)/float64(b.N), "rpcs/op")
+			b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+		})
+	}
+}
+
+// Uncontended Campaign, Proclaim, Resign.
+func BenchmarkCampaignProclaimResign(b *testing.B) {
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			cli, cnt, admin := benchEtcd(b)
+			ctx := context.Background()
+			e := l.newElection(b, cli, "bench-elect")
+			var campaign, proclaim, resign int64
+			start := rev(b, admin)
+			cnt.take()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, e.Campaign(ctx, "a"))
+				n, _ := cnt.take()
+				campaign += n
+				must(b, e.Proclaim(ctx, "b"))
+				n, _ = cnt.take()
+				proclaim += n
+				must(b, e.Resign(ctx))
+				n, _ = cnt.take()
+				resign += n
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(campaign)/float64(b.N), "campaign-rpcs/op")
+			b.ReportMetric(float64(proclaim)/float64(b.N), "proclaim-rpcs/op")
+			b.ReportMetric(float64(resign)/float64(b.N), "resign-rpcs/op")
+			b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+		})
+	}
+}
+
+// A queued waiter's Lock, split at its predecessor's delete event: RPCs
+// before (enqueue and setting up the wait) and after (taking the turn), for
+// a waiter with one key ahead and with two (the older released first).
+func BenchmarkWaiterCost(b *testing.B) {
+	for _, l := range libs {
+		for _, ahead := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%s/ahead=%d", l.name, ahead), func(b *testing.B) {
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+				admin := c.Client(b)
+				cnt := counter{created: make(chan struct{}, 16)}
+				cli := c.Client(b, cnt.dial()...)
+				ctx := context.Background()
+				holders := make([]benchMutex, ahead)
+				for i := range holders {
+					holders[i] = l.newMutex(b, admin, "bench-waiter")
+				}
+				m := l.newMutex(b, cli, "bench-waiter")
+				var before, after int64
+				for i := 0; i < b.N; i++ {
+					locked := make([]chan error, ahead)
+					for j, h := range holders {
+						locked[j] = make(chan error, 1)
+						go func() { locked[j] <- h.Lock(ctx) }()
+						waitKeysB(b, admin, "bench-waiter/", j+1)
+					}
+					cnt.take()
+					got := make(chan error, 1)
+					go func() { got <- m.Lock(ctx) }()
+					for w := 0; w < l.waitWatches; w++ { // the waiter is in its watch
+						<-cnt.created
+					}
+					n, _ := cnt.take()
+					before += n
+					for j, h := range holders { // release oldest first
+						must(b, <-locked[j])
+						must(b, h.Unlock(ctx))
+					}
+					must(b, <-got)
+					n, _ = cnt.take()
+					after += n
+					must(b, m.Unlock(ctx))
+				}
+				b.ReportMetric(float64(before)/float64(b.N), "before-rpcs/op")
+				b.ReportMetric(float64(after)/float64(b.N), "after-event-rpcs/op")
+			})
+		}
+	}
+}
+
+// waitKeysB waits until prefix has at least n keys.
+func waitKeysB(b *testing.B, cli *clientv3.Client, prefix string, n int) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		resp, err := cli.Get(context.Background(), prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		must(b, err)
+		if int(resp.Count) >= n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	b.Fatalf("%s: fewer than %d keys after a minute", prefix, n)
+}
+
+// The floor of a handoff: one delete committed plus its watch event
+// delivered to another client (watch set up in advance).
+func BenchmarkFloor(b *testing.B) {
+	watcher, _, admin := benchEtcd(b)
+	var samples []time.Duration
+	ctx := context.Background()
+	for i := 0; i < b.N; i++ {
+		p, err := admin.Put(ctx, "floor", "x")
+		must(b, err)
+		wctx, cancel := context.WithCancel(ctx)
+		wch := watcher.Watch(wctx, "floor", clientv3.WithRev(p.Header.Revision+1), clientv3.WithCreatedNotify())
+		<-wch // created: synced
+		start := time.Now()
+		_, err = admin.Delete(ctx, "floor")
+		must(b, err)
+		for wr := range wch {
+			if len(wr.Events) > 0 {
+				break
+			}
+		}
+		samples = append(samples, time.Since(start))
+		cancel()
+	}
+	reportLatency(b, samples, "floor-")
+}
+
+// Handoff latency with N waiters queued: holder's Unlock start to the next
+// waiter's Lock return. N waiters queue (each in its watch) behind a holder;
+// then each new holder unlocks at once, and the first half of the chain is
+// sampled (so the queue is between N and N/2 long), setup after setup.
+func BenchmarkHandoff(b *testing.B) {
+	for _, n := range []int{1, 10, 100, 500} {
+		for _, l := range libs {
+			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+				admin := c.Client(b)
+				cnt := counter{created: make(chan struct{}, n*l.waitWatches+16)}
+				cli := c.Client(b, cnt.dial()...)
+				var samples []time.Duration
+				b.ResetTimer()
+				for len(samples) < b.N {
+					samples = append(samples, handoffQueue(b, admin, cli, &cnt, l, n)...)
+				}
+				b.StopTimer()
+				reportLatency(b, samples[:b.N], "handoff-")
+			})
+		}
+	}
+}
+
+// handoffQueue queues n waiters behind a holder, releases the holder and
+// lets the chain run; it returns the first max(1, n/2) handoff latencies.
+func handoffQueue(b *testing.B, admin, cli *clientv3.Client, cnt *counter, l lib, n int) []time.Duration {
+	b.StopTimer()
+	defer b.StartTimer()
+	ctx := context.Background()
+	holder := l.newMutex(b, admin, "bench-handoff")
+	must(b, holder.Lock(ctx))
+	var (
+		mu        sync.Mutex
+		samples   []time.Duration
+		lastStart time.Time
+		wg        sync.WaitGroup
+	)
+	for i := 0; i < n; i++ {
+		m := l.newMutex(b, cli, "bench-handoff")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.Lock(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+			mu.Lock()
+			samples = append(samples, time.Since(lastStart))
+			lastStart = time.Now()
+			mu.Unlock()
+			if err := m.Unlock(ctx); err != nil {
+				b.Error(err)
+			}
+		}()
+		if i < 10 || i%50 == 0 {
+			waitKeysB(b, admin, "bench-handoff/", i+2) // queue in order
+		}
+	}
+	for w := 0; w < n*l.waitWatches; w++ { // every waiter in its watch
+		<-cnt.created
+	}
+	b.StartTimer()
+	mu.Lock()
+	lastStart = time.Now()
+	mu.Unlock()
+	must(b, holder.Unlock(ctx))
+	wg.Wait()
+	b.StopTimer()
+	return samples[:max(1, n/2)]
+}
+
+// Handoff under steady contention: N+1 contenders loop Lock, Unlock, Lock
+// again, so the queue stays N long and the released holder's next enqueue
+// competes with the handoff.
+func BenchmarkHandoffSteady(b *testing.B) {
+	for _, n := range []int{1, 10, 100, 500} {
+		for _, l := range libs {
+			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+				_, _, admin := benchEtcd(b)
+				samples := handoffChain(b, admin, l, n)
+				reportLatency(b, samples, "handoff-")
+			})
+		}
+	}
+}
+
+// handoffChain runs b.N handoffs among n+1 contenders and returns the samples.
+// Sampling starts once all n+1 are queued.
+func handoffChain(b *testing.B, cli *clientv3.Client, l lib, n int) []time.Duration {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ms := make([]benchMutex, n+1)
+	for i := range ms {
+		ms[i] = l.newMutex(b, cli, "bench-handoff")
+	}
+	first := ms[0]
+	must(b, first.Lock(ctx))
+	var (
+		mu        sync.Mutex
+		samples   []time.Duration
+		lastStart time.Time // when the last holder began its Unlock
+		left      = int64(b.N)
+		wg        sync.WaitGroup
+	)
+	contend := func(m benchMutex, held bool) {
+		defer wg.Done()
+		for {
+			if !held {
+				if err := m.Lock(ctx); err != nil {
+					return
+				}
+			}
+			held = false
+			now := time.Now()
+			mu.Lock()
+			if !lastStart.IsZero() {
+				samples = append(samples, now.Sub(lastStart))
+			}
+			done := atomic.AddInt64(&left, -1) < 0
+			lastStart = time.Now()
+			mu.Unlock()
+			if done {
+				cancel()
+			}
+			if err := m.Unlock(context.Background()); err != nil || done {
+				return
+			}
+		}
+	}
+	for _, m := range ms[1:] {
+		wg.Add(1)
+		go contend(m, false)
+	}
+	waitKeysB(b, cli, "bench-handoff/", n+1)
+	b.ResetTimer()
+	wg.Add(1)
+	go contend(first, true)
+	wg.Wait()
+	b.StopTimer()
+	if len(samples) > b.N {
+		samples = samples[:b.N]
+	}
+	return samples
+}
+
+// Election handoff: Resign to the next Campaign's return, two candidates.
+func BenchmarkElectionHandoff(b *testing.B) {
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			_, _, admin := benchEtcd(b)
+			ctx := context.Background()
+			es := []benchElection{l.newElection(b, admin, "bench-eh"), l.newElection(b, admin, "bench-eh")}
+			must(b, es[0].Campaign(ctx, "0"))
+			var samples []time.Duration
+			for i := 0; i < b.N; i++ {
+				leader, next := es[i%2], es[(i+1)%2]
+				got := make(chan error, 1)
+				go func() { got <- next.Campaign(ctx, "x") }()
+				waitKeysB(b, admin, "bench-eh/", 2)
+				start := time.Now()
+				must(b, leader.Resign(ctx))
+				must(b, <-got)
+				samples = append(samples, time.Since(start))
+			}
+			reportLatency(b, samples, "handoff-")
+		})
+	}
+}
+
+// Watch events delivered to all waiters per release, with N queued.
+func BenchmarkEventsPerRelease(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		for _, l := range libs {
+			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+				admin := c.Client(b)
+				cnt := counter{created: make(chan struct{}, n*l.waitWatches+16)}
+				cli := c.Client(b, cnt.dial()...)
+				var releases atomic.Int64
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				holder := l.newMutex(b, admin, "bench-events")
+				must(b, holder.Lock(ctx))
+				var wg sync.WaitGroup
+				order := make(chan benchMutex, n)
+				for i := 0; i < n; i++ {
+					m := l.newMutex(b, cli, "bench-events")
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if m.Lock(ctx) == nil {
+							order <- m
+						}
+					}()
+				}
+				for w := 0; w < n*l.waitWatches; w++ { // every waiter in its watch
+					<-cnt.created
+				}
+				before := cnt.events.Load()
+				b.ResetTimer()
+				must(b, holder.Unlock(context.Background()))
+				releases.Add(1)
+				for i := 1; i < b.N && i < n; i++ {
+					must(b, (<-order).Unlock(context.Background()))
+					releases.Add(1)
+				}
+				got := <-order // the last handoff's waiter took the lock
+				b.StopTimer()
+				events := cnt.events.Load() - before
+				b.ReportMetric(float64(events)/float64(releases.Load()), "events/release")
+				must(b, got.Unlock(context.Background()))
+				cancel()
+				wg.Wait()
+			})
+		}
+	}
+}
+
+// Throughput: 64 goroutines lock and unlock distinct names, against raw
+// put+delete pairs.
+func BenchmarkThroughput64(b *testing.B) {
+	const workers = 64
+	run := func(b *testing.B, op func(i int) error) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		b.ResetTimer()
+		start := time.Now()
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= int64(b.N) {
+					if err := op(w); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
+	}
+	b.Run("raw-put-delete", func(b *testing.B) {
+		_, _, admin := benchEtcd(b)
+		ctx := context.Background()
+		run(b, func(i int) error {
+			k := fmt.Sprintf("raw/%d", i)
+			if _, err := admin.Put(ctx, k, ""); err != nil {
+				return err
+			}
+			_, err := admin.Delete(ctx, k)
+			return err
+		})
+	})
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			_, _, admin := benchEtcd(b)
+			ctx := context.Background()
+			ms := make([]benchMutex, workers)
+			for i := range ms {
+				ms[i] = l.newMutex(b, admin, fmt.Sprintf("tp/%d", i))
+			}
+			run(b, func(i int) error {
+				if err := ms[i].Lock(ctx); err != nil {
+					return err
+				}
+				return ms[i].Unlock(ctx)
+			})
+		})
+	}
+}
+
+// Scale: one session holding 10,000 locks nobody asked Done of: heap and
+// goroutines per held lock. etcd runs in a child process here, so that the
+// heap counts the client side only.
+func BenchmarkHold10k(b *testing.B) {
+	const locks = 10000
+	for i := 0; i < b.N; i++ {
+		cli := clientOfChildEtcd(b)
+		s := benchSession(b, cli)
+		ms := make([]*etcdsync.Mutex, locks)
+		names := make([]string, locks)
+		for j := range names {
+			names[j] = fmt.Sprintf("scale/%d", j)
+		}
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		g0 := runtime.NumGoroutine()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		var failed atomic.Value
+		for w := 0; w < 64; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := next.Add(1) - 1; j < locks; j = next.Add(1) - 1 {
+					ms[j] = etcdsync.NewMutex(s, names[j])
+					if err := ms[j].Lock(context.Background()); err != nil {
+						failed.Store(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			b.Fatal(err)
+		}
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		heap := float64(after.HeapAlloc) - float64(before.HeapAlloc)
+		b.ReportMetric(heap/locks, "heap-bytes/lock")
+		b.ReportMetric(heap/(1<<20), "heap-MiB")
+		b.ReportMetric(float64(runtime.NumGoroutine()-g0)/locks, "goroutines/lock")
+		runtime.KeepAlive(ms)
+		must(b, s.Close())
+	}
+}
+
+// clientOfChildEtcd starts an embedded etcd in a child process (this test
+// binary, running TestChildEtcd) and returns a client of it; both end in b's
+// cleanup.
+func clientOfChildEtcd(b *testing.B) *clientv3.Client {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestChildEtcd$")
+	cmd.Env = append(os.Environ(), "ETCDSYNC_CHILD_ETCD="+b.TempDir())
+	stdin, err := cmd.StdinPipe()
+	must(b, err)
+	stdout, err := cmd.StdoutPipe()
+	must(b, err)
+	must(b, cmd.Start())
+	b.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if ep, ok := strings.CutPrefix(sc.Text(), "ENDPOINT "); ok {
+			go io.Copy(io.Discard, stdout)
+			return etcdtest.NewClient(b, []string{ep})
+		}
+	}
+	b.Fatal("child etcd printed no endpoint")
+	return nil
+}
+
+// TestChildEtcd serves an embedded etcd for clientOfChildEtcd until its
+// standard input closes; without ETCDSYNC_CHILD_ETCD it is skipped.
+func TestChildEtcd(t *testing.T) {
+	dir := os.Getenv("ETCDSYNC_CHILD_ETCD")
+	if dir == "" {
+		t.Skip("runs only as a benchmark's child process")
+	}
+	c, err := etcdtest.StartCluster(dir, etcdtest.Options{})
+	require.NoError(t, err)
+	defer c.Close()
+	fmt.Println("ENDPOINT " + c.Endpoints()[0])
+	io.Copy(io.Discard, os.Stdin)
+}
