@@ -615,3 +615,37 @@ func TestInteropWithServerLockAPI(t *testing.T) {
 	within(t, got, testTimeout, "our Lock after the server's unlock")
 	require.NoError(t, ours.Unlock(ctx))
 }
+
+// Invariant 4 with give-ups: when the waiter ahead gives up, or keys ahead
+// vanish out of order, the next waiter keeps waiting while an older key is
+// held, and takes the lock when the holder goes.
+func TestQueueSurvivesGiveUps(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	holder := etcdsync.NewMutex(session(t, cli), "giveup")
+	require.NoError(t, holder.Lock(ctx))
+	var quitters []context.CancelFunc
+	var quitErrs []chan error
+	for i := 0; i < 3; i++ { // three waiters that will give up
+		qctx, cancel := context.WithCancel(ctx)
+		quitters = append(quitters, cancel)
+		errc := make(chan error, 1)
+		m := etcdsync.NewMutex(session(t, cli), "giveup")
+		go func() { errc <- m.Lock(qctx) }()
+		quitErrs = append(quitErrs, errc)
+		waitKeys(t, cli, "giveup/", i+2)
+	}
+	last := etcdsync.NewMutex(session(t, cli), "giveup")
+	got := lockAsync(t, ctx, last)
+	waitKeys(t, cli, "giveup/", 5)
+
+	// The nearest waiter gives up first, then the farthest, then the middle.
+	for _, i := range []int{2, 0, 1} {
+		quitters[i]()
+		require.ErrorIs(t, <-quitErrs[i], context.Canceled)
+		notWithin(t, got, 200*time.Millisecond, "the last waiter took the lock while it is held")
+	}
+	require.Len(t, keys(t, cli, "giveup/"), 2)
+	handOver(t, ctx, holder, last, got)
+}

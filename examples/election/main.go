@@ -37,19 +37,11 @@ func main() {
 }
 
 func run(ttl time.Duration) error {
-	endpoints, embedded, stop, err := etcdtest.FromEnv()
+	cli, closeAll, err := etcdtest.Connect()
 	if err != nil {
 		return err
 	}
-	defer stop()
-	if embedded {
-		fmt.Printf("started an embedded etcd at %s (set ETCD_ENDPOINTS to use a real cluster)\n", endpoints[0])
-	}
-	cli, err := clientv3.New(etcdtest.ClientConfig(endpoints))
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
+	defer closeAll()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 

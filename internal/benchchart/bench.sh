@@ -4,6 +4,7 @@
 # tables for BENCHMARKS.md. Takes about 20 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+mkdir -p docs
 out=docs/bench.txt
 {
   go test -run '^$' -bench 'LockUnlock|TryLockHeld|CampaignProclaimResign|Floor|Handoff|ElectionHandoff|Throughput64' -benchtime 100x -count 3 -timeout 60m .

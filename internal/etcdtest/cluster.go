@@ -272,6 +272,24 @@ func MustDir() (string, func()) {
 	return dir, func() { os.RemoveAll(dir) }
 }
 
+// Connect returns a client for an example: of ETCD_ENDPOINTS, or of an
+// embedded member it starts (and says so). close ends both.
+func Connect() (cli *clientv3.Client, close func(), err error) {
+	endpoints, embedded, stop, err := FromEnv()
+	if err != nil {
+		return nil, nil, err
+	}
+	if embedded {
+		fmt.Printf("started an embedded etcd at %s (set ETCD_ENDPOINTS to use a real cluster)\n", endpoints[0])
+	}
+	cli, err = clientv3.New(ClientConfig(endpoints))
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return cli, func() { cli.Close(); stop() }, nil
+}
+
 // FromEnv returns the endpoints in ETCD_ENDPOINTS (comma-separated), or
 // starts an embedded single member for an example. stop ends what it started.
 func FromEnv() (endpoints []string, embedded bool, stop func(), err error) {
