@@ -226,7 +226,7 @@ func BenchmarkWaiterCost(b *testing.B) {
 					for j, h := range holders {
 						locked[j] = make(chan error, 1)
 						go func() { locked[j] <- h.Lock(ctx) }()
-						waitKeysB(b, admin, "bench-waiter/", j+1)
+						waitKeys(b, admin, "bench-waiter/", j+1)
 					}
 					cnt.take()
 					got := make(chan error, 1)
@@ -250,20 +250,6 @@ func BenchmarkWaiterCost(b *testing.B) {
 			})
 		}
 	}
-}
-
-// waitKeysB waits until prefix has at least n keys.
-func waitKeysB(b *testing.B, cli *clientv3.Client, prefix string, n int) {
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
-		resp, err := cli.Get(context.Background(), prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-		must(b, err)
-		if int(resp.Count) >= n {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-	b.Fatalf("%s: fewer than %d keys after a minute", prefix, n)
 }
 
 // The floor of a handoff: one delete committed plus its watch event
@@ -348,7 +334,7 @@ func handoffQueue(b *testing.B, admin, cli *clientv3.Client, cnt *counter, l lib
 			}
 		}()
 		if i < 10 || i%50 == 0 {
-			waitKeysB(b, admin, "bench-handoff/", i+2) // queue in order
+			waitKeys(b, admin, "bench-handoff/", i+2) // queue in order
 		}
 	}
 	for w := 0; w < n*l.waitWatches; w++ { // every waiter in its watch
@@ -426,7 +412,7 @@ func handoffChain(b *testing.B, cli *clientv3.Client, l lib, n int) []time.Durat
 		wg.Add(1)
 		go contend(m, false)
 	}
-	waitKeysB(b, cli, "bench-handoff/", n+1)
+	waitKeys(b, cli, "bench-handoff/", n+1)
 	b.ResetTimer()
 	wg.Add(1)
 	go contend(first, true)
@@ -442,16 +428,20 @@ func handoffChain(b *testing.B, cli *clientv3.Client, l lib, n int) []time.Durat
 func BenchmarkElectionHandoff(b *testing.B) {
 	for _, l := range libs {
 		b.Run(l.name, func(b *testing.B) {
-			_, _, admin := benchEtcd(b)
+			c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+			cnt := counter{created: make(chan struct{}, 16)}
+			cli := c.Client(b, cnt.dial()...)
 			ctx := context.Background()
-			es := []benchElection{l.newElection(b, admin, "bench-eh"), l.newElection(b, admin, "bench-eh")}
+			es := []benchElection{l.newElection(b, cli, "bench-eh"), l.newElection(b, cli, "bench-eh")}
 			must(b, es[0].Campaign(ctx, "0"))
 			var samples []time.Duration
 			for i := 0; i < b.N; i++ {
 				leader, next := es[i%2], es[(i+1)%2]
 				got := make(chan error, 1)
 				go func() { got <- next.Campaign(ctx, "x") }()
-				waitKeysB(b, admin, "bench-eh/", 2)
+				for w := 0; w < l.waitWatches; w++ { // the candidate is in its watch
+					<-cnt.created
+				}
 				start := time.Now()
 				must(b, leader.Resign(ctx))
 				must(b, <-got)

@@ -211,7 +211,7 @@ func TestFIFOAndHerdFree(t *testing.T) {
 }
 
 // waitKeys waits until prefix has n keys (watching, not polling).
-func waitKeys(t *testing.T, cli *clientv3.Client, prefix string, n int) {
+func waitKeys(t testing.TB, cli *clientv3.Client, prefix string, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
