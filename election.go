@@ -18,17 +18,18 @@ import (
 // two Election values on one Session exclude each other like Mutexes. All
 // methods are safe for concurrent use.
 type Election struct {
-	hr holder
+	hr          holder
+	campaigning chan struct{} // one Campaign at a time on this value
 
 	mu  sync.Mutex
-	hdr *pb.ResponseHeader // of the last successful Campaign or Proclaim
+	hdr *pb.ResponseHeader // of the last successful Proclaim, if later than the term's start
 }
 
 // NewElection returns an Election on name for session s. It does not touch
 // etcd. An invalid name or a nil session is reported by every call that uses
 // them (Observe's channel closes at once).
 func NewElection(s *Session, name string) *Election {
-	return &Election{hr: newHolder(s, name)}
+	return &Election{hr: newHolder(s, name), campaigning: make(chan struct{}, 1)}
 }
 
 // ResumeElection returns an Election on name that leads with leaderKey at
@@ -50,8 +51,7 @@ func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Electi
 		e.hr.last = err
 		return e
 	}
-	hdr := &pb.ResponseHeader{Revision: leaderRev}
-	e.hr.h, e.hdr = newHold(e.hr.slot, leaderRev, hdr), hdr
+	e.hr.h = newHold(e.hr.slot, leaderRev, &pb.ResponseHeader{Revision: leaderRev})
 	return e
 }
 
@@ -59,24 +59,33 @@ func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Electi
 // wraps ctx.Err()) or the session ends (ErrSessionExpired). A candidate whose
 // own key vanishes returns ErrSessionExpired at once. On error no candidate
 // key is left behind. On a value that already leads it returns at once after
-// proclaiming val. Uncontended, it costs one RPC.
+// proclaiming val; Campaigns on one value run one at a time, so a second one
+// started while the first waits proclaims once the first leads. Uncontended,
+// it costs one RPC. To withdraw a waiting candidacy, cancel ctx.
 func (e *Election) Campaign(ctx context.Context, val string) error {
 	if e.hr.bad != nil {
 		return e.hr.bad
 	}
+	select {
+	case e.campaigning <- struct{}{}:
+		defer func() { <-e.campaigning }()
+	case <-ctx.Done():
+		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.name, ctx.Err())
+	}
 	if e.hr.current() != nil {
-		return e.Proclaim(ctx, val)
+		err := e.Proclaim(ctx, val)
+		if !errors.Is(err, ErrElectionNotLeader) {
+			return err
+		}
+		// The leadership was gone behind our back: campaign anew.
 	}
 	old, err := e.hr.take(ctx, val, waitTurn)
 	if err != nil {
 		return err
 	}
-	e.setHeader(e.hr.header())
 	if old != nil && string(old) != val { // a resumed key with another value
 		if err := e.Proclaim(ctx, val); err != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-			defer cancel()
-			return errors.Join(err, e.Resign(rctx))
+			return errors.Join(err, e.hr.abandon())
 		}
 	}
 	return nil
@@ -102,7 +111,7 @@ func (e *Election) Proclaim(ctx context.Context, val string) error {
 	return nil
 }
 
-// Resign ends the leadership (or candidacy): it deletes the key only at the
+// Resign ends the leadership: it deletes the key only at the
 // revision it was created, so a retried Resign never deletes a later term.
 // It blocks for one RPC bounded by ctx. It returns nil when not leading (as
 // etcd does); on an RPC error the leadership stays and Resign can be retried.
@@ -114,12 +123,9 @@ func (e *Election) Resign(ctx context.Context) error {
 	if h == nil {
 		return nil
 	}
-	hdr, err := h.unhold(ctx)
+	_, err := h.unhold(ctx)
 	if errors.Is(err, ErrLockReleased) {
 		return nil
-	}
-	if err == nil {
-		e.setHeader(hdr)
 	}
 	return err
 }
@@ -196,8 +202,8 @@ func (e *Election) observe(ctx context.Context, ch chan<- *clientv3.GetResponse)
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 		if err != nil {
-			if sleep(ctx, retryPause) != nil {
-				return
+			if cli.Ctx().Err() != nil || sleep(ctx, retryPause) != nil {
+				return // the client is closed, or ctx ended
 			}
 			continue
 		}
@@ -206,9 +212,11 @@ func (e *Election) observe(ctx context.Context, ch chan<- *clientv3.GetResponse)
 		if leader == nil {
 			// Wait for a candidate's create, then read again: the first
 			// create seen need not be the leader.
-			watchUntil(wctx, cli, prefix, from, true, func(ev *clientv3.Event) bool {
+			if !watchUntil(wctx, cli, prefix, from, true, func(ev *clientv3.Event) bool {
 				return ev.IsCreate() && isChild(prefix, string(ev.Kv.Key))
-			})
+			}) && sleep(ctx, retryPause) != nil {
+				return
+			}
 			continue
 		}
 		if !send(resp.Header, resp.Header.Revision, leader) {
@@ -216,18 +224,21 @@ func (e *Election) observe(ctx context.Context, ch chan<- *clientv3.GetResponse)
 		}
 		// Follow the leader's key: each put is a proclamation; a delete
 		// ends the term, and a read finds the next leader.
-		watchUntil(wctx, cli, string(leader.Key), from, false, func(ev *clientv3.Event) bool {
+		if !watchUntil(wctx, cli, string(leader.Key), from, false, func(ev *clientv3.Event) bool {
 			if ev.Type == mvccpb.DELETE {
 				return true
 			}
 			return !send(resp.Header, ev.Kv.ModRevision, ev.Kv)
-		})
+		}) && sleep(ctx, retryPause) != nil {
+			return
+		}
 	}
 }
 
 // watchUntil watches key (a prefix with prefix) from revision from until stop
-// returns true for an event, or the watch ends (ctx, compaction, lost leader).
-func watchUntil(ctx context.Context, cli *clientv3.Client, key string, from int64, prefix bool, stop func(*clientv3.Event) bool) {
+// returns true for an event (then it returns true), or the watch ends (ctx,
+// compaction, lost leader: false).
+func watchUntil(ctx context.Context, cli *clientv3.Client, key string, from int64, prefix bool, stop func(*clientv3.Event) bool) bool {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	opts := []clientv3.OpOption{clientv3.WithRev(from)}
@@ -236,20 +247,24 @@ func watchUntil(ctx context.Context, cli *clientv3.Client, key string, from int6
 	}
 	for wr := range cli.Watch(ctx, key, opts...) {
 		if wr.Canceled {
-			return
+			return false
 		}
 		for _, ev := range wr.Events {
 			if stop(ev) {
-				return
+				return true
 			}
 		}
 	}
+	return false
 }
 
+// setHeader records a Proclaim's header; headers only move forward.
 func (e *Election) setHeader(hdr *pb.ResponseHeader) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.hdr = hdr
+	if e.hdr == nil || hdr.Revision > e.hdr.Revision {
+		e.hdr = hdr
+	}
 }
 
 // Do runs ops in one transaction only while this value leads (its key still
@@ -267,14 +282,18 @@ func (e *Election) Key() string { return e.hr.key() }
 func (e *Election) Rev() int64 { return e.hr.rev() }
 
 // Header returns the response header of the last successful Campaign or
-// Proclaim while leading, else nil.
+// Proclaim of the current term, else nil.
 func (e *Election) Header() *pb.ResponseHeader {
-	if e.hr.current() == nil {
+	h := e.hr.current()
+	if h == nil {
 		return nil
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.hdr
+	if e.hdr != nil && e.hdr.Revision > h.hdr.Revision {
+		return e.hdr
+	}
+	return h.hdr
 }
 
 // IsLeader returns a comparison that holds while this value leads, for the

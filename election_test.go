@@ -303,8 +303,15 @@ func TestElectionBadInput(t *testing.T) {
 		require.ErrorIs(t, e.Resign(ctx), etcdsync.ErrInvalidName)
 		_, err := e.Leader(ctx)
 		require.ErrorIs(t, err, etcdsync.ErrInvalidName)
-		_, ok := <-e.Observe(ctx)
-		require.False(t, ok)
+		obs := e.Observe(ctx)
+		closedAt := make(chan struct{})
+		go func() {
+			defer close(closedAt)
+			for range obs {
+				t.Error("Observe delivered on an invalid name")
+			}
+		}()
+		within(t, closedAt, time.Second, "Observe's channel closes at once on an invalid name")
 		r := etcdsync.ResumeElection(s, name, "k", 1)
 		require.ErrorIs(t, r.Campaign(ctx, "v"), etcdsync.ErrInvalidName)
 	}
@@ -345,7 +352,8 @@ func TestElectionGuards(t *testing.T) {
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
-	e := etcdsync.NewElection(session(t, cli), "guard-e")
+	s := session(t, cli)
+	e := etcdsync.NewElection(s, "guard-e")
 	_, err := e.Do(ctx, clientv3.OpPut("g", "x"))
 	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
 	require.NoError(t, e.Campaign(ctx, "v"))
@@ -361,6 +369,21 @@ func TestElectionGuards(t *testing.T) {
 	require.False(t, resp.Succeeded, "a stale IsLeader must fail")
 	_, err = e.Do(ctx, clientv3.OpPut("g", "4"))
 	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+
+	// A guard checks the term, not just that the key exists: a new term on
+	// the same key name (the lease adopted by another session) is not ours.
+	require.NoError(t, e.Campaign(ctx, "v"))
+	stale := e.IsLeader()
+	_, err = cli.Delete(ctx, e.Key())
+	require.NoError(t, err)
+	newer := etcdsync.NewElection(session(t, cli, etcdsync.WithLease(s.Lease())), "guard-e")
+	require.NoError(t, newer.Campaign(ctx, "w"))
+	resp, err = cli.Txn(ctx).If(stale).Then(clientv3.OpPut("g", "5")).Commit()
+	require.NoError(t, err)
+	require.False(t, resp.Succeeded, "the old term's IsLeader passed on the new term")
+	_, err = e.Do(ctx, clientv3.OpPut("g", "6"))
+	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+	require.NoError(t, newer.Resign(ctx))
 }
 
 // Interop: etcd's concurrency.Election sees our leader and we see theirs.
@@ -469,4 +492,119 @@ func TestElectionInteropServerAPI(t *testing.T) {
 	_, err = srv.Resign(ctx, &v3electionpb.ResignRequest{Leader: camp.Leader})
 	require.NoError(t, err)
 	require.Equal(t, "", leaderValue(t, ours))
+}
+
+// A second Campaign after the leadership was lost behind the value's back
+// campaigns anew instead of failing.
+func TestCampaignAfterSilentLoss(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	e := etcdsync.NewElection(session(t, cli), "silent")
+	require.NoError(t, e.Campaign(ctx, "v1"))
+	term := e.Rev()
+	_, err := cli.Delete(ctx, e.Key())
+	require.NoError(t, err)
+	require.NoError(t, e.Campaign(ctx, "v2"))
+	require.Greater(t, e.Rev(), term)
+	require.Equal(t, "v2", leaderValue(t, e))
+	require.NoError(t, e.Resign(ctx))
+}
+
+// Campaigns on one value run one at a time: a second one started while the
+// first waits proclaims its value once the first leads.
+func TestConcurrentCampaignsOnOneValue(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	other := etcdsync.NewElection(session(t, cli), "conc")
+	require.NoError(t, other.Campaign(ctx, "other"))
+	e := etcdsync.NewElection(session(t, cli), "conc")
+	first := campaignAsync(ctx, e, "first")
+	waitKeys(t, cli, "conc/", 2)
+	second := campaignAsync(ctx, e, "second")
+	require.NoError(t, other.Resign(ctx))
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	require.Equal(t, "second", leaderValue(t, e))
+	require.Len(t, keys(t, cli, "conc/"), 1)
+	require.NoError(t, e.Resign(ctx))
+}
+
+// Election.Done closes, with the cause in Err, when the term ends by a
+// deleted key or a revoked lease (invariant 8).
+func TestElectionDoneOnLoss(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	for _, how := range []string{"delete", "revoke"} {
+		s := session(t, cli)
+		e := etcdsync.NewElection(s, "eloss-"+how)
+		require.NoError(t, e.Campaign(ctx, "v"))
+		done := e.Done()
+		notWithin(t, done, 50*time.Millisecond, "Done while leading")
+		if how == "delete" {
+			_, err := cli.Delete(ctx, e.Key())
+			require.NoError(t, err)
+		} else {
+			_, err := cli.Revoke(ctx, s.Lease())
+			require.NoError(t, err)
+		}
+		within(t, done, 2*time.Second, "Done after "+how)
+		require.ErrorIs(t, e.Err(), etcdsync.ErrNotHeld)
+		require.Equal(t, "", e.Key())
+		require.ErrorIs(t, e.Proclaim(ctx, "x"), etcdsync.ErrElectionNotLeader)
+	}
+}
+
+// Observe re-reads after a compaction of the revisions it would watch from,
+// and Observe outlives the observer's session.
+func TestObserveAcrossCompactionAndSessionEnd(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s, err := etcdsync.NewSession(cli)
+	require.NoError(t, err)
+	octx, cancel := context.WithCancel(ctx)
+	obs := etcdsync.NewElection(s, "ocompact").Observe(octx)
+	closed := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		for range obs {
+		}
+		<-closed
+	})
+	go func() { <-octx.Done(); close(closed) }()
+	require.NoError(t, s.Close()) // the observer needs no lease
+
+	a := etcdsync.NewElection(session(t, cli), "ocompact")
+	require.NoError(t, a.Campaign(ctx, "a1"))
+	got := <-obs
+	require.Equal(t, "a1", string(got.Kvs[0].Value))
+
+	// While nobody reads, the leader changes (Observe blocks sending the new
+	// leader), a proclamation follows and the store is compacted past both.
+	b := etcdsync.NewElection(session(t, cli), "ocompact")
+	errc := campaignAsync(ctx, b, "b1")
+	waitKeys(t, cli, "ocompact/", 2)
+	require.NoError(t, a.Resign(ctx))
+	require.NoError(t, <-errc)
+	require.NoError(t, b.Proclaim(ctx, "b2"))
+	resp, err := cli.Put(ctx, "ocompact-filler", "x")
+	require.NoError(t, err)
+	_, err = cli.Compact(ctx, resp.Header.Revision)
+	require.NoError(t, err)
+
+	var values []string
+	for len(values) == 0 || values[len(values)-1] != "b2" {
+		select {
+		case r := <-obs:
+			require.LessOrEqual(t, r.Kvs[0].ModRevision, r.Header.Revision)
+			values = append(values, string(r.Kvs[0].Value))
+		case <-time.After(testTimeout):
+			t.Fatalf("Observe did not deliver the latest value; got %v", values)
+		}
+	}
+	require.NotContains(t, values, "a1", "a resigned leader reported again")
+	require.NoError(t, b.Resign(ctx))
 }

@@ -25,6 +25,7 @@ func TestNoLeftoversProperty(t *testing.T) {
 	holder := etcdsync.NewMutex(session(t, cli), "prop")
 	s, err := etcdsync.NewSession(cli)
 	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
 	mine := func() []string {
 		var out []string
 		for _, k := range keys(t, cli, "prop/") {

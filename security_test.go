@@ -10,17 +10,18 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // secureCluster starts a member serving clients over TLS (certificates made
 // here) with auth enabled: root, "rw" (read-write on locks/), "ro" (read on
 // locks/) and "none" (no permission). It returns a client factory.
-func secureCluster(t *testing.T) func(user string) *clientv3.Client {
+func secureCluster(t *testing.T) func(user string, dial ...grpc.DialOption) *clientv3.Client {
 	certs, err := etcdtest.MakeCerts(t.TempDir())
 	require.NoError(t, err)
 	c := etcdtest.Start(t, etcdtest.Options{TLS: certs})
-	connect := func(user string) *clientv3.Client {
-		cfg := etcdtest.ClientConfig(c.Endpoints())
+	connect := func(user string, dial ...grpc.DialOption) *clientv3.Client {
+		cfg := etcdtest.ClientConfig(c.Endpoints(), dial...)
 		cfg.TLS = certs.ClientTLS()
 		if user != "" {
 			cfg.Username, cfg.Password = user, user+"-password"
@@ -62,11 +63,17 @@ func TestAuthAndTLS(t *testing.T) {
 	// its credentials), elects and releases.
 	holder := etcdsync.NewMutex(session(t, rw), "locks/job")
 	require.NoError(t, holder.Lock(ctx))
-	waiter := etcdsync.NewMutex(session(t, rw), "locks/job")
+	cnt := counter{created: make(chan struct{}, 4)}
+	waiter := etcdsync.NewMutex(session(t, connect("rw", cnt.dial()...)), "locks/job")
 	got := lockAsync(t, ctx, waiter)
-	waitKeys(t, root, "locks/job/", 2)
+	for i := 0; i < 2; i++ { // own key and predecessor watched, with credentials
+		within(t, cnt.created, testTimeout, "waiter's watch created")
+	}
+	cnt.take()
 	require.NoError(t, holder.Unlock(ctx))
 	within(t, got, testTimeout, "rw waiter after the release")
+	n, methods := cnt.take()
+	require.Zero(t, n, "the handoff fell back to reads: %v", methods)
 	e := etcdsync.NewElection(session(t, rw), "locks/elect")
 	require.NoError(t, e.Campaign(ctx, "rw"))
 	resp, err := e.Leader(ctx)

@@ -619,6 +619,19 @@ func (hr *holder) take(ctx context.Context, val string, md mode) ([]byte, error)
 	return value, nil
 }
 
+// abandon ends the current hold after a failure that leaves it unwanted: it
+// removes the key (bounded, as a cleanup) and frees the reservation.
+func (hr *holder) abandon() error {
+	h := hr.current()
+	if h == nil {
+		return nil
+	}
+	err := h.slot.withdraw(h.rev)
+	h.stop(fmt.Errorf("%w: abandoned after a failed campaign", ErrNotHeld))
+	hr.current()
+	return err
+}
+
 // current returns the live hold, or nil (recording why the last one ended).
 func (hr *holder) current() *hold {
 	hr.mu.Lock()
