@@ -16,6 +16,7 @@ import (
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -46,6 +47,8 @@ type fault struct {
 	// contact: lost holds come from lost contact, so Done must fire no
 	// later than the server deletes the key; else within a watch round trip.
 	contact bool
+	// election: the workers campaign and resign instead of lock and unlock.
+	election bool
 }
 
 func TestFaults(t *testing.T) {
@@ -76,6 +79,11 @@ func TestFaults(t *testing.T) {
 			require.NoError(t, err)
 		}},
 		{name: "process-pause", onHold: true, pause: true, contact: true, dur: faultTTL + 1500*time.Millisecond, inject: cut, heal: mend},
+	}
+	// The same machinery serves Election: three of the faults again, campaigning.
+	for _, f := range []fault{faults[1], faults[4], faults[6]} {
+		f.name, f.election = "election-"+f.name, true
+		faults = append(faults, f)
 	}
 	var report []string
 	total := 0
@@ -351,15 +359,15 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 		if err != nil {
 			continue
 		}
-		m := etcdsync.NewMutex(s, r.name+"/lock")
+		m := newPrimitive(r.f.election, s, r.name+"/lock")
 		lctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
-		err = m.Lock(lctx)
+		err = m.acquire(lctx)
 		cancel()
 		if err != nil {
 			continue
 		}
 		rec := holdRec{worker: w.id, start: m.Header().Revision, rev: m.Rev()}
-		guard := m.IsOwner()
+		guard := m.guard()
 		fired := make(chan time.Time, 1)
 		go func(done <-chan struct{}) { <-done; fired <- time.Now() }(m.Done())
 
@@ -384,7 +392,7 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 // increment reads the counter and writes it plus one, guarded by the hold.
 // The paused victim freezes while holding and then writes with the guard it
 // took before the pause, as a process waking from a stop would.
-func (w *faultWorker) increment(m *etcdsync.Mutex, guard clientv3.Cmp, counter string, token int64) bool {
+func (w *faultWorker) increment(m primitive, guard clientv3.Cmp, counter string, token int64) bool {
 	r := w.r
 	paused := false
 	if w.id == 0 && r.armed.CompareAndSwap(true, false) {
@@ -427,10 +435,37 @@ func (w *faultWorker) increment(m *etcdsync.Mutex, guard clientv3.Cmp, counter s
 
 // unlock releases the hold, retrying while it is held and the release fails
 // (cut off from etcd), as a careful user does.
-func (w *faultWorker) unlock(m *etcdsync.Mutex) {
+func (w *faultWorker) unlock(m primitive) {
 	for w.r.ctx.Err() == nil && m.Err() == nil {
 		ctx, cancel := context.WithTimeout(w.r.ctx, 2*time.Second)
-		m.Unlock(ctx) // an error wrapping ErrLockReleased: the hold was gone
+		m.release(ctx) // an error wrapping ErrLockReleased: the hold was gone
 		cancel()
 	}
+}
+
+// primitive is one contender for the name, a Mutex or an Election, seen
+// through what the suite needs of either.
+type primitive struct {
+	held
+	acquire func(context.Context) error
+	release func(context.Context) error
+	guard   func() clientv3.Cmp
+}
+
+type held interface {
+	Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error)
+	Rev() int64
+	Header() *pb.ResponseHeader
+	Done() <-chan struct{}
+	Err() error
+}
+
+func newPrimitive(election bool, s *etcdsync.Session, name string) primitive {
+	if election {
+		e := etcdsync.NewElection(s, name)
+		return primitive{held: e, guard: e.IsLeader, release: e.Resign,
+			acquire: func(ctx context.Context) error { return e.Campaign(ctx, "candidate") }}
+	}
+	m := etcdsync.NewMutex(s, name)
+	return primitive{held: m, acquire: m.Lock, release: m.Unlock, guard: m.IsOwner}
 }
