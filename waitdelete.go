@@ -568,6 +568,9 @@ func (h *hold) unhold(ctx context.Context) (*pb.ResponseHeader, error) {
 	if !h.live() {
 		return nil, fmt.Errorf("%w: not held", ErrLockReleased)
 	}
+	if err := ctx.Err(); err != nil { // nothing is sent: the hold stays as it was
+		return nil, fmt.Errorf("etcdsync: release %s: %w", h.key, err)
+	}
 	h.releasing.Store(true)
 	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(clientv3.OpDelete(h.key)).Commit()
 	if err != nil {
