@@ -1,0 +1,306 @@
+package etcdsync
+
+// A held key: the state a primitive value has while it holds (Done, the
+// guard, Do, the fenced release and the causes of loss), and the holder that
+// keeps a value's current hold.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// hold is one held key: the state a Mutex or Election value has while it
+// holds. Loss detection (Done) starts lazily: a hold nobody asked about costs
+// no goroutine and no watch.
+type hold struct {
+	slot
+	rev       int64
+	hdr       *pb.ResponseHeader
+	ctx       context.Context
+	end       context.CancelCauseFunc
+	releasing atomic.Bool
+
+	once      sync.Once     // finish
+	watchOnce sync.Once     // start or forbid the watch
+	watched   chan struct{} // closed when the watch returns; nil if never started
+}
+
+// newHold makes the hold of a key this session reserved (claimKey); the hold
+// frees the reservation when it finishes.
+func newHold(sl slot, rev int64, hdr *pb.ResponseHeader) *hold {
+	ctx, end := context.WithCancelCause(sl.s.ctx)
+	return &hold{slot: sl, rev: rev, hdr: hdr, ctx: ctx, end: end}
+}
+
+// live reports whether h is a hold that has not ended.
+func (h *hold) live() bool { return h != nil && h.ctx.Err() == nil }
+
+// finish ends the hold with cause and frees the key's reservation, once.
+func (h *hold) finish(cause error) {
+	h.once.Do(func() {
+		h.end(cause)
+		h.s.releaseKey(h.key)
+	})
+}
+
+// stop finishes the hold and waits for its watch, if any.
+func (h *hold) stop(cause error) {
+	h.finish(cause)
+	h.watchOnce.Do(func() {})
+	if h.watched != nil {
+		<-h.watched
+	}
+}
+
+// done returns a channel closed when the hold ends, starting the watch that
+// notices a key deleted behind our back.
+func (h *hold) done() <-chan struct{} {
+	h.watchOnce.Do(func() {
+		if h.ctx.Err() != nil {
+			return
+		}
+		watched := make(chan struct{})
+		if h.s.goWatch(func() { defer close(watched); h.watchKey() }) {
+			h.watched = watched
+		}
+	})
+	return h.ctx.Done()
+}
+
+// err returns nil while the hold lasts, else why it ended.
+func (h *hold) err() error {
+	if h.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(h.ctx)
+}
+
+// lost ends the hold because its key is gone or replaced.
+func (h *hold) lost(rev int64) {
+	if h.releasing.Load() {
+		h.finish(ErrLockReleased)
+		return
+	}
+	h.finish(fmt.Errorf("%w: key %s gone by revision %d (lease expired or revoked, or deleted by someone)", ErrNotHeld, h.key, rev))
+	h.s.checkLease()
+}
+
+// watchKey ends the hold when its key is deleted. It survives compaction,
+// member restarts and lost leaders by re-reading the key.
+func (h *hold) watchKey() {
+	from := h.hdr.Revision + 1
+	for h.ctx.Err() == nil {
+		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(h.ctx))
+		for wr := range h.s.client.Watch(ctx, h.key, clientv3.WithRev(from), clientv3.WithFilterPut()) {
+			if wr.Canceled {
+				break
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					cancel()
+					h.lost(ev.Kv.ModRevision)
+					return
+				}
+			}
+			from = max(from, wr.Header.Revision+1)
+		}
+		cancel()
+		if sleep(h.ctx, retryPause) != nil {
+			return
+		}
+		resp, err := h.s.client.Get(h.ctx, h.key)
+		if err != nil {
+			continue
+		}
+		if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
+			h.lost(resp.Header.Revision)
+			return
+		}
+		from = resp.Header.Revision + 1
+	}
+}
+
+// guard is the comparison that holds while h is the current hold; with no
+// hold it is a valid comparison that is always false.
+func (h *hold) guard(prefix string) clientv3.Cmp {
+	if !h.live() {
+		return clientv3.Compare(clientv3.CreateRevision(prefix), "<", 0)
+	}
+	return clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)
+}
+
+// do runs ops in one transaction only while h is current. When the hold is
+// gone it ends h and returns an error wrapping ErrNotHeld.
+func (h *hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	if !h.live() {
+		return nil, fmt.Errorf("%w: no current hold", ErrNotHeld)
+	}
+	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(ops...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", h.key, err)
+	}
+	if !resp.Succeeded {
+		h.lost(resp.Header.Revision)
+		return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+	}
+	return resp, nil
+}
+
+// unhold deletes the key at the held revision only (a retried release never
+// deletes a newer hold). On an RPC error the hold stays, so it can be retried;
+// when there was nothing to delete the hold ends and the error wraps
+// ErrLockReleased. The hold ends once the delete has committed.
+func (h *hold) unhold(ctx context.Context) (*pb.ResponseHeader, error) {
+	if !h.live() {
+		return nil, fmt.Errorf("%w: not held", ErrLockReleased)
+	}
+	if err := ctx.Err(); err != nil { // nothing is sent: the hold stays as it was
+		return nil, fmt.Errorf("etcdsync: release %s: %w", h.key, err)
+	}
+	h.releasing.Store(true)
+	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(clientv3.OpDelete(h.key)).Commit()
+	if err != nil {
+		// The delete may have committed: a Done watch that sees it reports
+		// a release. The hold stays, so Unlock can be retried.
+		return nil, fmt.Errorf("etcdsync: release %s: %w", h.key, err)
+	}
+	if !resp.Succeeded {
+		h.releasing.Store(false)
+		h.lost(resp.Header.Revision)
+		h.stop(nil)
+		return resp.Header, fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
+	}
+	h.stop(ErrLockReleased)
+	return resp.Header, nil
+}
+
+// holder is the state every primitive value (Mutex, Election) keeps: its
+// slot, and its current hold, if any. A primitive is "which keys, which
+// guard" on top of it.
+type holder struct {
+	slot slot
+	bad  error // why the name or session is unusable, or nil
+	name string
+
+	mu   sync.Mutex
+	h    *hold
+	last error // why the previous hold ended
+}
+
+func newHolder(s *Session, name string) holder {
+	sl, err := newSlot(s, name)
+	return holder{slot: sl, bad: err, name: name}
+}
+
+// take acquires a hold (see slot.acquire) and makes it current. It returns
+// the value the key already had when it existed.
+func (hr *holder) take(ctx context.Context, val string, md mode) ([]byte, error) {
+	if hr.bad != nil {
+		return nil, hr.bad
+	}
+	h, value, err := hr.slot.acquire(ctx, val, md)
+	if err != nil {
+		return nil, err
+	}
+	hr.mu.Lock()
+	hr.h = h
+	hr.mu.Unlock()
+	return value, nil
+}
+
+// abandon ends the current hold after a failure that leaves it unwanted: it
+// removes the key (bounded, as a cleanup) and frees the reservation.
+func (hr *holder) abandon() error {
+	h := hr.current()
+	if h == nil {
+		return nil
+	}
+	err := h.slot.withdraw(h.rev)
+	h.stop(fmt.Errorf("%w: abandoned after a failed campaign", ErrNotHeld))
+	hr.current()
+	return err
+}
+
+// current returns the live hold, or nil (recording why the last one ended).
+func (hr *holder) current() *hold {
+	hr.mu.Lock()
+	defer hr.mu.Unlock()
+	if hr.h != nil && !hr.h.live() {
+		hr.h.finish(nil) // frees the key's reservation when the session ended
+		hr.last, hr.h = hr.h.err(), nil
+	}
+	return hr.h
+}
+
+// held returns the live hold, or an error wrapping notHeld.
+func (hr *holder) held(notHeld error) (*hold, error) {
+	if hr.bad != nil {
+		return nil, hr.bad
+	}
+	if h := hr.current(); h != nil {
+		return h, nil
+	}
+	return nil, fmt.Errorf("%w: %s is not held by this value", notHeld, hr.name)
+}
+
+func (hr *holder) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	h, err := hr.held(ErrNotHeld)
+	if err != nil {
+		return nil, err
+	}
+	return h.do(ctx, ops...)
+}
+
+func (hr *holder) key() string {
+	if h := hr.current(); h != nil {
+		return h.key
+	}
+	return ""
+}
+
+func (hr *holder) rev() int64 {
+	if h := hr.current(); h != nil {
+		return h.rev
+	}
+	return 0
+}
+
+func (hr *holder) header() *pb.ResponseHeader {
+	if h := hr.current(); h != nil {
+		return h.hdr
+	}
+	return nil
+}
+
+func (hr *holder) guard() clientv3.Cmp { return hr.current().guard(hr.slot.prefix) }
+
+func (hr *holder) done() <-chan struct{} {
+	if h := hr.current(); h != nil {
+		return h.done()
+	}
+	return closed
+}
+
+func (hr *holder) err() error {
+	if hr.current() != nil {
+		return nil
+	}
+	hr.mu.Lock()
+	defer hr.mu.Unlock()
+	if hr.last == nil {
+		return ErrNotHeld
+	}
+	return hr.last
+}
+
+var closed = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
