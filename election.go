@@ -66,6 +66,9 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 	if e.hr.bad != nil {
 		return e.hr.bad
 	}
+	if err := ctx.Err(); err != nil { // nothing is sent
+		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.name, err)
+	}
 	select {
 	case e.campaigning <- struct{}{}:
 		defer func() { <-e.campaigning }()
@@ -113,8 +116,10 @@ func (e *Election) Proclaim(ctx context.Context, val string) error {
 
 // Resign ends the leadership: it deletes the key only at the
 // revision it was created, so a retried Resign never deletes a later term.
-// It blocks for one RPC bounded by ctx. It returns nil when not leading (as
-// etcd does); on an RPC error the leadership stays and Resign can be retried.
+// It blocks for one RPC bounded by ctx and by the leadership: when that ends
+// meanwhile (the session reached its local deadline, the key was deleted) it
+// returns at once. It returns nil when not leading (as etcd does); on an RPC
+// error the leadership stays and Resign can be retried.
 func (e *Election) Resign(ctx context.Context) error {
 	if e.hr.bad != nil {
 		return e.hr.bad
@@ -123,7 +128,7 @@ func (e *Election) Resign(ctx context.Context) error {
 	if h == nil {
 		return nil
 	}
-	_, err := h.unhold(ctx)
+	err := h.unhold(ctx)
 	if errors.Is(err, ErrLockReleased) {
 		return nil
 	}

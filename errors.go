@@ -1,6 +1,9 @@
 package etcdsync
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Every error the package returns wraps one of these, or a
 // context error, or an error from the etcd client; test with errors.Is.
@@ -34,4 +37,10 @@ var (
 	// ErrInvalidArgument is wrapped by every call given another bad argument:
 	// a nil client or session, a TTL below one second, conflicting options.
 	ErrInvalidArgument = errors.New("etcdsync: invalid argument")
+
+	// errOwnKeyGone means a waiter's own key vanished.
+	errOwnKeyGone = fmt.Errorf("%w: own key deleted while waiting", ErrSessionExpired)
+	// errNoProgress ends a waiter's stream whose progress request went
+	// unanswered (the waiter then reads instead).
+	errNoProgress = errors.New("etcdsync: no answer to a watch progress request")
 )

@@ -6,6 +6,7 @@ package etcdsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -153,31 +154,45 @@ func (h *hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespons
 }
 
 // unhold deletes the key at the held revision only (a retried release never
-// deletes a newer hold). On an RPC error the hold stays, so it can be retried;
-// when there was nothing to delete the hold ends and the error wraps
+// deletes a newer hold). It is bounded by ctx and by the hold itself: when the
+// hold ends meanwhile (the session reached its local deadline, the key was
+// deleted) it returns at once. On an RPC error the hold stays, so it can be
+// retried; when there was nothing to delete the hold ends and the error wraps
 // ErrLockReleased. The hold ends once the delete has committed.
-func (h *hold) unhold(ctx context.Context) (*pb.ResponseHeader, error) {
+func (h *hold) unhold(ctx context.Context) error {
 	if !h.live() {
-		return nil, fmt.Errorf("%w: not held", ErrLockReleased)
+		return fmt.Errorf("%w: not held", ErrLockReleased)
 	}
 	if err := ctx.Err(); err != nil { // nothing is sent: the hold stays as it was
-		return nil, fmt.Errorf("etcdsync: release %s: %w", h.key, err)
+		return fmt.Errorf("etcdsync: release %s: %w", h.key, err)
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(h.ctx, cancel)
+	defer stop()
 	h.releasing.Store(true)
 	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(clientv3.OpDelete(h.key)).Commit()
 	if err != nil {
-		// The delete may have committed: a Done watch that sees it reports
-		// a release. The hold stays, so Unlock can be retried.
-		return nil, fmt.Errorf("etcdsync: release %s: %w", h.key, err)
+		// The delete may have committed; a Done watch that saw it while
+		// it was in flight has reported a release. From now on a loss is
+		// someone else's doing.
+		h.releasing.Store(false)
+		if !h.live() {
+			if errors.Is(h.err(), ErrLockReleased) {
+				return nil
+			}
+			return fmt.Errorf("%w: %s: the hold ended while releasing: %w", ErrLockReleased, h.key, h.err())
+		}
+		return fmt.Errorf("etcdsync: release %s: %w", h.key, err)
 	}
 	if !resp.Succeeded {
 		h.releasing.Store(false)
 		h.lost(resp.Header.Revision)
 		h.stop(nil)
-		return resp.Header, fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
+		return fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
 	}
 	h.stop(ErrLockReleased)
-	return resp.Header, nil
+	return nil
 }
 
 // holder is the state every primitive value (Mutex, Election) keeps: its
@@ -195,6 +210,11 @@ type holder struct {
 
 func newHolder(s *Session, name string) holder {
 	sl, err := newSlot(s, name)
+	if err != nil {
+		// The prefix still names a key, so that the always-false guard
+		// is a comparison etcd accepts.
+		sl.prefix = name + "/"
+	}
 	return holder{slot: sl, bad: err, name: name}
 }
 

@@ -46,16 +46,19 @@ func (m *Mutex) TryLock(ctx context.Context) error {
 
 // Unlock releases the lock: it deletes the key only at the revision this hold
 // created it, so a retried Unlock never deletes a later hold. It blocks for one
-// RPC bounded by ctx. On an RPC error the hold stays and Unlock can be retried;
-// with nothing to release it returns an error wrapping ErrLockReleased (also
-// after a release that did commit, so callers may treat it as success).
+// RPC bounded by ctx and by the hold: when the hold ends meanwhile (the
+// session reached its local deadline with etcd unreachable, or the key was
+// deleted) it returns at once, whatever ctx says. On an RPC error the hold
+// stays and Unlock can be retried; with nothing to release (also a hold that
+// has already ended) it returns an error wrapping ErrLockReleased at once,
+// without an RPC; a retry after a release that did commit returns it too, so
+// callers may treat it as success.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	h, err := m.hr.held(ErrLockReleased)
 	if err != nil {
 		return err
 	}
-	_, err = h.unhold(ctx)
-	return err
+	return h.unhold(ctx)
 }
 
 // Do runs ops in one transaction only while this hold is current (its key

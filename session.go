@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -29,6 +30,10 @@ type Session struct {
 	client *clientv3.Client
 	id     clientv3.LeaseID
 	ttl    time.Duration // granted TTL: sets the keepalive pace
+	// startRev is a revision no later than the session's start: every key
+	// with the lease that this session creates has a later create revision,
+	// and a key a restarted process resumes (WithLease) an earlier one.
+	startRev int64
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -38,7 +43,8 @@ type Session struct {
 	mu       sync.Mutex
 	deadline time.Time                // local deadline, see above
 	keys     map[string]chan struct{} // key in use by a primitive -> closed when released (nil until someone waits)
-	watchers sync.WaitGroup           // hold watchers started by this session
+	swept    map[string]bool          // keys whose create had an unknown outcome, see sweep
+	watchers sync.WaitGroup           // hold watchers and sweepers started by this session
 
 	closeOnce sync.Once
 	closeErr  error
@@ -64,6 +70,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		loop:   make(chan struct{}),
 		check:  make(chan struct{}, 1),
 		keys:   make(map[string]chan struct{}),
+		swept:  make(map[string]bool),
 	}
 	if err := s.start(o); err != nil {
 		cancel(err)
@@ -87,7 +94,7 @@ func (s *Session) start(o sessionOptions) error {
 			return fmt.Errorf("%w: lease %x not found", ErrSessionExpired, int64(o.leaseID))
 		}
 		// The server truncates the remaining TTL, so this is never late.
-		s.id, s.ttl = o.leaseID, time.Duration(resp.GrantedTTL)*time.Second
+		s.id, s.ttl, s.startRev = o.leaseID, time.Duration(resp.GrantedTTL)*time.Second, resp.Revision
 		s.deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
 		return nil
 	}
@@ -95,7 +102,7 @@ func (s *Session) start(o sessionOptions) error {
 	if err != nil {
 		return fmt.Errorf("etcdsync: grant lease: %w", err)
 	}
-	s.id, s.ttl = resp.ID, time.Duration(resp.TTL)*time.Second
+	s.id, s.ttl, s.startRev = resp.ID, time.Duration(resp.TTL)*time.Second, resp.Revision
 	s.deadline = sent.Add(s.ttl)
 	return nil
 }
@@ -306,6 +313,11 @@ func (s *Session) end(cause error) {
 func (s *Session) goWatch(f func()) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.goLocked(f)
+}
+
+// goLocked is goWatch with s.mu held.
+func (s *Session) goLocked(f func()) bool {
 	if s.ctx.Err() != nil {
 		return false
 	}
@@ -315,4 +327,74 @@ func (s *Session) goWatch(f func()) bool {
 		f()
 	}()
 	return true
+}
+
+// sweep keeps a create of key whose outcome this session could not learn
+// from leaving a key behind, however late the server applies it (a request
+// that a member cut off from its peers forwarded to the leader can be applied
+// when the partition heals). Until the session ends, it deletes every key at
+// key with this session's lease, created after the session began, that no
+// primitive of the session holds or waits with. It does not block.
+func (s *Session) sweep(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.swept[key] && s.goLocked(func() { s.sweepKey(key) }) {
+		s.swept[key] = true
+	}
+}
+
+// sweepKey reads key, then watches its creates, until the session ends.
+func (s *Session) sweepKey(key string) {
+	for s.ctx.Err() == nil {
+		if resp, err := s.client.Get(s.ctx, key); err == nil {
+			if len(resp.Kvs) > 0 {
+				s.unstray(resp.Kvs[0])
+			}
+			s.watchCreates(key, resp.Header.Revision+1)
+		}
+		if sleep(s.ctx, retryPause) != nil {
+			return
+		}
+	}
+}
+
+// watchCreates unstrays each key created at key from revision from, until the
+// watch fails or the session ends.
+func (s *Session) watchCreates(key string, from int64) {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
+	defer cancel()
+	for wr := range s.client.Watch(ctx, key, clientv3.WithRev(from), clientv3.WithFilterDelete()) {
+		if wr.Err() != nil {
+			return
+		}
+		for _, ev := range wr.Events {
+			if ev.IsCreate() {
+				s.unstray(ev.Kv)
+			}
+		}
+	}
+}
+
+// unstray deletes kv's key at its create revision when it has this session's
+// lease, was created after the session began, and, once this session's
+// primitives have let go of the key, is still there: nothing of the session
+// owns it.
+func (s *Session) unstray(kv *mvccpb.KeyValue) {
+	key := string(kv.Key)
+	if clientv3.LeaseID(kv.Lease) != s.id || kv.CreateRevision <= s.startRev {
+		return
+	}
+	if s.claimKey(s.ctx, key, true) != nil {
+		return // the session ended
+	}
+	defer s.releaseKey(key)
+	for s.ctx.Err() == nil {
+		ctx, cancel := context.WithTimeout(s.ctx, cleanupTimeout)
+		_, err := s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", kv.CreateRevision)).
+			Then(clientv3.OpDelete(key)).Commit()
+		cancel()
+		if err == nil || sleep(s.ctx, retryPause) != nil {
+			return
+		}
+	}
 }

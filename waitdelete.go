@@ -20,8 +20,11 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // checkName validates a primitive's name.
@@ -106,7 +109,7 @@ func (sl slot) enqueue(ctx context.Context, val string) (turn, error) {
 		Else(clientv3.OpGet(sl.key), listOp(sl.prefix)).
 		Commit()
 	if err != nil {
-		return turn{slot: sl, wrote: true}, err
+		return turn{slot: sl, wrote: unsure(err)}, err
 	}
 	t := turn{slot: sl, hdr: resp.Header, wrote: resp.Succeeded, rev: resp.Header.Revision}
 	if !resp.Succeeded {
@@ -133,7 +136,7 @@ func (sl slot) tryEnqueue(ctx context.Context) (turn, error) {
 		Else(clientv3.OpGet(sl.key), listOp(sl.prefix)).
 		Commit()
 	if err != nil {
-		return turn{slot: sl, wrote: true}, err
+		return turn{slot: sl, wrote: unsure(err)}, err
 	}
 	if resp.Succeeded {
 		return turn{slot: sl, hdr: resp.Header, wrote: true, rev: resp.Header.Revision}, nil
@@ -153,24 +156,26 @@ func (sl slot) tryEnqueue(ctx context.Context) (turn, error) {
 	return t, nil
 }
 
-// withdraw deletes our key if it is still the one at rev (rev 0: whatever key
-// with our lease is there). It runs under a bounded context of its own, as it
-// cleans up after calls whose context may have ended.
+// withdraw deletes the key this call may have written: the one at rev when
+// the create's outcome is known, else (rev 0) any key with our lease created
+// after the session began, so never a hold that a restarted process resumes
+// (WithLease). It runs under a bounded context of its own, as it cleans up
+// after calls whose context may have ended.
 func (sl slot) withdraw(rev int64) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.s.ctx), cleanupTimeout)
 	defer cancel()
-	cmp := clientv3.Compare(clientv3.CreateRevision(sl.key), "=", rev)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(sl.key), "=", rev)}
 	if rev == 0 {
-		cmp = clientv3.Compare(clientv3.LeaseValue(sl.key), "=", sl.s.Lease())
+		cmps = []clientv3.Cmp{
+			clientv3.Compare(clientv3.LeaseValue(sl.key), "=", sl.s.Lease()),
+			clientv3.Compare(clientv3.CreateRevision(sl.key), ">", sl.s.startRev),
+		}
 	}
-	if _, err := sl.s.client.Txn(ctx).If(cmp).Then(clientv3.OpDelete(sl.key)).Commit(); err != nil {
+	if _, err := sl.s.client.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(sl.key)).Commit(); err != nil {
 		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.key, err)
 	}
 	return nil
 }
-
-// errOwnKeyGone means a waiter's own key vanished.
-var errOwnKeyGone = fmt.Errorf("%w: own key deleted while waiting", ErrSessionExpired)
 
 // wait blocks until no key is ahead of ours, then returns the header of the
 // revision at which the turn came. It returns ErrSessionExpired (wrapped) as
@@ -199,52 +204,89 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 	return t.hdr, nil
 }
 
-// ownWatch is the watch ID of our own key on a waiter's stream; the keys
-// ahead get IDs from 2 up.
-const ownWatch = 1
+// Watch IDs on a waiter's stream: our own key, then the keys ahead from
+// firstAhead up. progressID is the ID of the server's answer to a progress
+// request on the whole stream.
+const (
+	ownWatch   = 1
+	firstAhead = 2
+	progressID = clientv3.InvalidWatchID
+)
 
-// watch opens one watch stream and waits on it: first a watch of our own key,
-// then one of the nearest key ahead. It returns nil when the turn came (t.ahead
-// empty), an error wrapping ErrSessionExpired when our key went, or another
-// error when the stream failed.
+// progressWait bounds the wait for the answer to a progress request; a member
+// whose watchers on the stream are not all synced never answers one, and the
+// waiter then reads instead.
+const progressWait = 500 * time.Millisecond
+
+// stream is one watch stream of a waiter: a watch of its own key and one of
+// the nearest key ahead, both from the serving member's current revision.
+type stream struct {
+	t      *turn
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	pb     pb.Watch_WatchClient
+	cur    int64 // the watch of the nearest key ahead
+}
+
+// watch opens one watch stream and waits on it. It returns nil when the turn
+// came (t.ahead empty), an error wrapping ErrSessionExpired when our key went,
+// or another error when the stream failed.
 //
-// Both watches start at the server's current revision (start 0), so the
-// server puts them in its synced set at once (a watch from a past revision
-// waits up to 100 ms for the server's resync). A synced watcher's events go
-// out on its stream in revision order, and our own watch's created response
-// arrives before the other watch is asked for, so a delete of our key that
-// precedes the predecessor's delete reaches us first. Writes between our last
-// read and a watch's creation (its created response is at a later revision)
-// leave a gap, which one read at or after that revision closes.
+// Both watches start at the serving member's current revision (start 0), so
+// the server puts them in its synced set at once (a watch from a past revision
+// waits up to 100 ms for the server's resync). Two things follow:
 //
-// Handoff: when the predecessor's delete arrives and no key was ahead of it at
-// our last read, the turn is ours with no RPC; when older keys were listed,
-// one serializable read says whether they are gone.
+//   - The member may be ahead of our last read (t.hdr): writes between the read
+//     and a watch's creation leave a gap, which one read at the created
+//     revision closes.
+//   - The member may lag behind our last read (a follower cut off from its
+//     peers for a moment still serves watches): the stream then replays events
+//     up to our read, such as the delete of an older incarnation of the key we
+//     watch (same session, unlocked and locked again). A delete at or below the
+//     revision of the read that saw the key present cannot be that key's
+//     delete, so every event at or below t.hdr.Revision is ignored.
+//
+// Handoff: when the predecessor's delete arrives at revision R and no key was
+// ahead of it at our last read, the turn is ours at R unless our own key went
+// at R too (one transaction deleting a whole prefix): the server sends one
+// revision's events to the watchers of a stream in no set order. A progress
+// request on the stream settles it: the server answers it after every event
+// up to its current revision (at least R) has gone out on the stream. When
+// older keys were listed ahead, one serializable read says whether they are
+// gone.
 func (t *turn) watch(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	stream, err := pb.NewWatchClient(t.s.client.ActiveConnection()).Watch(ctx, grpc.WaitForReady(true))
+	sctx, cancel := context.WithCancelCause(clientv3.WithRequireLeader(ctx))
+	defer cancel(nil)
+	ws, err := pb.NewWatchClient(t.s.client.ActiveConnection()).Watch(sctx, grpc.WaitForReady(true))
 	if err != nil {
 		return err
 	}
-	if err := createWatch(stream, ownWatch, t.key); err != nil {
+	st := &stream{t: t, ctx: sctx, cancel: cancel, pb: ws}
+	if err := st.create(ownWatch, t.key); err != nil {
 		return err
 	}
-	if _, _, err := t.next(ctx, stream, ownWatch, ""); err != nil {
+	if _, err := st.next(ctx, ownWatch, ""); err != nil {
 		return err
 	}
-	for id := int64(ownWatch + 1); len(t.ahead) > 0; id++ {
+	for id := int64(firstAhead); len(t.ahead) > 0; id++ {
+		if id > firstAhead {
+			if err := st.drop(id - 1); err != nil {
+				return err
+			}
+		}
 		key := string(t.ahead[len(t.ahead)-1].Key)
-		if err := createWatch(stream, id, key); err != nil {
+		if err := st.create(id, key); err != nil {
 			return err
 		}
-		gone, hdr, err := t.next(ctx, stream, id, key)
+		gone, err := st.next(ctx, id, key)
 		switch {
 		case err != nil:
 			return err
 		case gone == 0: // a read moved the queue: watch the new nearest key
 		case len(t.ahead) == 1:
-			t.ahead, t.hdr = nil, &pb.ResponseHeader{ClusterId: hdr.ClusterId, MemberId: hdr.MemberId, Revision: gone, RaftTerm: hdr.RaftTerm}
+			if err := st.confirm(ctx, gone); err != nil {
+				return err
+			}
 		default:
 			if err := t.settle(ctx, gone); err != nil {
 				return err
@@ -258,43 +300,95 @@ func (t *turn) watch(ctx context.Context) error {
 // its creation; for a key ahead, the revision of its delete, or 0 when the
 // read that closes the gap before the watch's creation found the queue moved.
 // A delete of our own key is an error wrapping ErrSessionExpired.
-func (t *turn) next(ctx context.Context, stream pb.Watch_WatchClient, id int64, key string) (int64, *pb.ResponseHeader, error) {
+func (st *stream) next(ctx context.Context, id int64, key string) (int64, error) {
+	t := st.t
 	for {
-		resp, err := stream.Recv()
+		resp, err := st.recv(ctx)
 		if err != nil {
-			return 0, nil, err
+			return 0, err
 		}
-		if resp.Canceled {
-			return 0, nil, fmt.Errorf("etcdsync: watch canceled: %s", resp.CancelReason)
-		}
-		if resp.Created && resp.WatchId == id {
+		if resp.WatchId == id && resp.Created {
 			if key == "" {
-				return 0, resp.Header, nil
+				return 0, nil
 			}
 			if resp.Header.Revision > t.hdr.Revision {
 				if err := t.settle(ctx, resp.Header.Revision); err != nil {
-					return 0, nil, err
+					return 0, err
 				}
 				if len(t.ahead) == 0 || string(t.ahead[len(t.ahead)-1].Key) != key {
-					return 0, resp.Header, nil
+					return 0, nil
 				}
 			}
 		}
-		for _, ev := range resp.Events {
-			switch {
-			case ev.Type != mvccpb.DELETE:
-			case resp.WatchId == ownWatch:
-				return 0, nil, fmt.Errorf("%w (revision %d)", errOwnKeyGone, ev.Kv.ModRevision)
-			case resp.WatchId == id:
-				return ev.Kv.ModRevision, resp.Header, nil
-			}
+		if rev := t.deleted(resp, id); rev > 0 {
+			return rev, nil
 		}
 	}
 }
 
-// createWatch asks for a watch of key's deletes from the current revision.
-func createWatch(stream pb.Watch_WatchClient, id int64, key string) error {
-	return stream.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
+// confirm makes the turn ours at rev, the revision of the last key ahead's
+// delete, once the stream shows that our own key was not deleted by then:
+// it asks for progress and reads up to the answer. Unanswered, it reads.
+func (st *stream) confirm(ctx context.Context, rev int64) error {
+	t := st.t
+	req := &pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}
+	if err := st.pb.Send(req); err != nil {
+		return err
+	}
+	timer := time.AfterFunc(progressWait, func() { st.cancel(errNoProgress) })
+	defer timer.Stop()
+	for {
+		resp, err := st.recv(ctx)
+		if errors.Is(context.Cause(st.ctx), errNoProgress) {
+			return t.settle(ctx, rev)
+		}
+		if err != nil {
+			return err
+		}
+		t.deleted(resp, 0)
+		if resp.WatchId == progressID && !resp.Created && resp.Header.Revision >= rev {
+			t.ahead = nil
+			t.hdr = &pb.ResponseHeader{ClusterId: resp.Header.ClusterId, MemberId: resp.Header.MemberId, Revision: rev, RaftTerm: resp.Header.RaftTerm}
+			return nil
+		}
+	}
+}
+
+// recv returns the stream's next response. A delete of our own key (after
+// our last read) is an error wrapping ErrSessionExpired, and so is a
+// cancelled watch of our own key or of the key we wait for.
+func (st *stream) recv(ctx context.Context) (*pb.WatchResponse, error) {
+	resp, err := st.pb.Recv()
+	if err != nil {
+		return nil, err
+	}
+	if resp.Canceled && (resp.WatchId == ownWatch || resp.WatchId == st.cur) {
+		return nil, fmt.Errorf("etcdsync: watch canceled: %s", resp.CancelReason)
+	}
+	if rev := st.t.deleted(resp, ownWatch); rev > 0 {
+		return nil, fmt.Errorf("%w (revision %d)", errOwnKeyGone, rev)
+	}
+	return resp, nil
+}
+
+// deleted returns the revision of a delete that resp reports for watch id
+// after our last read, else 0.
+func (t *turn) deleted(resp *pb.WatchResponse, id int64) int64 {
+	if resp.WatchId != id {
+		return 0
+	}
+	for _, ev := range resp.Events {
+		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision {
+			return ev.Kv.ModRevision
+		}
+	}
+	return 0
+}
+
+// create asks for a watch of key's deletes from the current revision.
+func (st *stream) create(id int64, key string) error {
+	st.cur = id
+	return st.pb.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
 		CreateRequest: &pb.WatchCreateRequest{
 			Key:     []byte(key),
 			WatchId: id,
@@ -302,12 +396,16 @@ func createWatch(stream pb.Watch_WatchClient, id int64, key string) error {
 		}}})
 }
 
+// drop cancels watch id, a key that is no longer the nearest ahead.
+func (st *stream) drop(id int64) error {
+	return st.pb.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
+		CancelRequest: &pb.WatchCancelRequest{WatchId: id}}})
+}
+
 // settle re-reads the keys up to ours at a revision of at least atLeast
 // (serializable when the member is that recent, else linearizable) and
 // updates t. It returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
-	defer func() {
-	}()
 	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(t.rev),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
 	resp, err := t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
@@ -347,12 +445,23 @@ const (
 	tryTurn              // never wait (TryLock)
 )
 
+// createGrace is how long an acquire's create may run on after the caller's
+// context (or the session) ended: long enough to learn, in most cases, whether
+// it committed, so that the cleanup knows what to delete.
+const createGrace = time.Second
+
 // acquire takes the slot's key for one hold: it reserves the key in the
 // session, enqueues, and (in waitTurn mode) waits for its turn. ctx bounds it
-// all; the session's end also ends it. On error no key is left behind (the
-// cleanup runs under a bounded context of its own) and the reservation is
-// freed. In tryTurn mode a held name gives an error wrapping ErrLocked.
+// all; the session's end also ends it. A ctx that has ended sends nothing. On
+// error no key is left behind: the cleanup runs under a bounded context of
+// its own, and a create whose outcome stays unknown is swept by the session
+// however late it is applied. The reservation is freed. In tryTurn mode a held
+// name gives an error wrapping ErrLocked. A hold is returned only while the
+// session lives.
 func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, sl.why(ctx, err)
+	}
 	if err := sl.s.Err(); err != nil {
 		return nil, nil, sl.s.endedErr()
 	}
@@ -367,9 +476,11 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 	// The create is not cancelled with ctx: a cancelled request may still be
 	// applied by the server after a cleanup sent behind it (the server can
 	// propose it after its context ended), which would leave a key behind.
-	// Waiting for its outcome, briefly, lets the cleanup know what to delete.
-	ectx, ecancel := context.WithTimeout(context.WithoutCancel(wctx), createBound(ctx))
+	// It runs on while ctx lives, and for createGrace after ctx ends.
+	ectx, ecancel := context.WithCancel(context.WithoutCancel(wctx))
 	defer ecancel()
+	stopGrace := context.AfterFunc(wctx, func() { time.AfterFunc(createGrace, ecancel) })
+	defer stopGrace()
 	var t turn
 	var err error
 	if m == tryTurn {
@@ -377,6 +488,7 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 	} else {
 		t, err = sl.enqueue(ectx, val)
 	}
+	unknown := err != nil && t.wrote // the create failed, and may yet be applied
 	hdr := t.hdr
 	switch {
 	case err != nil:
@@ -387,27 +499,43 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 	case len(t.ahead) > 0:
 		hdr, err = t.wait(wctx)
 	}
-	if err != nil {
-		if t.wrote {
-			err = errors.Join(sl.why(ctx, err), sl.withdraw(t.rev))
-		} else {
-			err = sl.why(ctx, err)
+	var h *hold
+	if err == nil {
+		if h = newHold(sl, t.rev, hdr); !h.live() { // the session ended at this instant
+			err = sl.s.endedErr()
 		}
-		sl.s.releaseKey(sl.key)
-		return nil, nil, err
 	}
-	return newHold(sl, t.rev, hdr), t.value, nil
+	if err == nil {
+		return h, t.value, nil
+	}
+	err = sl.why(ctx, err)
+	if t.wrote {
+		err = errors.Join(err, sl.withdraw(t.rev))
+	}
+	if unknown {
+		sl.s.sweep(sl.key)
+	}
+	if h != nil {
+		h.finish(err)
+	} else {
+		sl.s.releaseKey(sl.key)
+	}
+	return nil, nil, err
 }
 
-// createBound is how long an acquire's create may take: the time left on
-// ctx, but at least one second (so a context that ends while the create is in
-// flight still learns the create's outcome) and at most cleanupTimeout.
-func createBound(ctx context.Context) time.Duration {
-	bound := cleanupTimeout
-	if deadline, ok := ctx.Deadline(); ok {
-		bound = min(max(time.Until(deadline), time.Second), cleanupTimeout)
+// unsure reports whether a write that failed with err may have been applied,
+// or may still be: anything but the server's definite refusal.
+func unsure(err error) bool {
+	code := status.Code(err)
+	if ee := (rpctypes.EtcdError{}); errors.As(err, &ee) {
+		code = ee.Code()
 	}
-	return bound
+	switch code {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated,
+		codes.FailedPrecondition, codes.NotFound, codes.OutOfRange:
+		return false
+	}
+	return true
 }
 
 // why wraps err with what ended the call: the caller's context, or the session.
