@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -35,9 +34,13 @@ func NewElection(s *Session, name string) *Election {
 // ResumeElection returns an Election on name that leads with leaderKey at
 // leaderRev, as a process restarted with WithLease resumes its leadership. It
 // does not touch etcd: a leadership that is gone shows at the first guarded
-// call (Proclaim, Do) or through Done. When leaderKey is not this session's
-// key under name, or another value of the session uses that key, the Election
-// does not lead and Err says why; Campaign still works.
+// call (Proclaim, Do) or through Done. When another Election of this session
+// leads with that key and revision, the two share the leadership (one term,
+// two handles, as etcd's election server does for each request): Proclaim,
+// Do and Resign through either act on the same term, and after a Resign
+// either may Campaign again. When leaderKey is not this session's key under
+// name, or a value of the session uses the key otherwise, the Election does
+// not lead and Err says why; Campaign still works.
 func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Election {
 	e := NewElection(s, name)
 	if e.hr.bad != nil {
@@ -47,11 +50,12 @@ func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Electi
 		e.hr.last = fmt.Errorf("%w: leader key %q at revision %d is not this session's key %q", ErrInvalidArgument, leaderKey, leaderRev, e.hr.slot.key)
 		return e
 	}
-	if err := s.claimKey(context.Background(), leaderKey, false); err != nil {
+	h, err := e.hr.slot.resume(leaderRev)
+	if err != nil {
 		e.hr.last = err
 		return e
 	}
-	e.hr.h = newHold(e.hr.slot, leaderRev, &pb.ResponseHeader{Revision: leaderRev})
+	e.hr.h = h
 	return e
 }
 
@@ -137,130 +141,24 @@ func (e *Election) Resign(ctx context.Context) error {
 
 // Leader returns the current leader's key and value (one KeyValue), or an
 // error wrapping ErrElectionNoLeader. It blocks for one RPC bounded by ctx.
-// Only direct children NAME/<hex> are candidates.
+// Only direct children NAME/<hex> are candidates. It needs no lease (see
+// Observer).
 func (e *Election) Leader(ctx context.Context) (*clientv3.GetResponse, error) {
 	if e.hr.bad != nil {
 		return nil, e.hr.bad
 	}
-	resp, err := e.hr.slot.s.client.Get(ctx, e.hr.slot.prefix, clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
-	if err != nil {
-		return nil, fmt.Errorf("etcdsync: leader of %s: %w", e.hr.name, err)
-	}
-	if kv := leaderOf(e.hr.slot.prefix, resp.Kvs); kv != nil {
-		resp.Kvs, resp.Count, resp.More = []*mvccpb.KeyValue{kv}, 1, false
-		return resp, nil
-	}
-	return nil, fmt.Errorf("%w: %s", ErrElectionNoLeader, e.hr.name)
+	return NewObserver(e.hr.slot.s.client, e.hr.name).Leader(ctx)
 }
 
-// leaderOf returns the first direct child of prefix in kvs (sorted by create
-// revision), or nil.
-func leaderOf(prefix string, kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
-	for _, kv := range kvs {
-		if isChild(prefix, string(kv.Key)) {
-			return kv
-		}
-	}
-	return nil
-}
-
-// Observe returns a channel that delivers the leader current when it starts
-// (or, with none, the first one), then each later change of leader or value,
-// in revision order. It never reports a candidate that is not the leader, nor
-// a key other than a direct child NAME/<hex>. A slow reader may miss
-// intermediate values across a re-read (after a leader change or a
-// compaction) but always gets the latest. Each response's header carries the
-// revision at which its value was current. It needs no lease, so it outlives
-// the session. The channel closes when ctx ends; ctx owns the goroutine.
+// Observe follows the leader as Observer.Observe does; it needs no lease, so
+// it outlives the session. With an invalid name the channel closes at once.
 func (e *Election) Observe(ctx context.Context) <-chan *clientv3.GetResponse {
-	ch := make(chan *clientv3.GetResponse)
 	if e.hr.bad != nil {
+		ch := make(chan *clientv3.GetResponse)
 		close(ch)
 		return ch
 	}
-	go func() {
-		defer close(ch)
-		e.observe(ctx, ch)
-	}()
-	return ch
-}
-
-func (e *Election) observe(ctx context.Context, ch chan<- *clientv3.GetResponse) {
-	cli, prefix := e.hr.slot.s.client, e.hr.slot.prefix
-	var last *mvccpb.KeyValue
-	send := func(hdr *pb.ResponseHeader, rev int64, kv *mvccpb.KeyValue) bool {
-		if last != nil && string(last.Key) == string(kv.Key) && last.ModRevision == kv.ModRevision {
-			return true // delivered already
-		}
-		h := &pb.ResponseHeader{ClusterId: hdr.ClusterId, MemberId: hdr.MemberId, Revision: rev, RaftTerm: hdr.RaftTerm}
-		select {
-		case ch <- &clientv3.GetResponse{Header: h, Kvs: []*mvccpb.KeyValue{kv}, Count: 1}:
-			last = kv
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
-	wctx := clientv3.WithRequireLeader(ctx)
-	for ctx.Err() == nil {
-		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
-		if err != nil {
-			if cli.Ctx().Err() != nil || sleep(ctx, retryPause) != nil {
-				return // the client is closed, or ctx ended
-			}
-			continue
-		}
-		from := resp.Header.Revision + 1
-		leader := leaderOf(prefix, resp.Kvs)
-		if leader == nil {
-			// Wait for a candidate's create, then read again: the first
-			// create seen need not be the leader.
-			if !watchUntil(wctx, cli, prefix, from, true, func(ev *clientv3.Event) bool {
-				return ev.IsCreate() && isChild(prefix, string(ev.Kv.Key))
-			}) && sleep(ctx, retryPause) != nil {
-				return
-			}
-			continue
-		}
-		if !send(resp.Header, resp.Header.Revision, leader) {
-			return
-		}
-		// Follow the leader's key: each put is a proclamation; a delete
-		// ends the term, and a read finds the next leader.
-		if !watchUntil(wctx, cli, string(leader.Key), from, false, func(ev *clientv3.Event) bool {
-			if ev.Type == mvccpb.DELETE {
-				return true
-			}
-			return !send(resp.Header, ev.Kv.ModRevision, ev.Kv)
-		}) && sleep(ctx, retryPause) != nil {
-			return
-		}
-	}
-}
-
-// watchUntil watches key (a prefix with prefix) from revision from until stop
-// returns true for an event (then it returns true), or the watch ends (ctx,
-// compaction, lost leader: false).
-func watchUntil(ctx context.Context, cli *clientv3.Client, key string, from int64, prefix bool, stop func(*clientv3.Event) bool) bool {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	opts := []clientv3.OpOption{clientv3.WithRev(from)}
-	if prefix {
-		opts = append(opts, clientv3.WithPrefix())
-	}
-	for wr := range cli.Watch(ctx, key, opts...) {
-		if wr.Canceled {
-			return false
-		}
-		for _, ev := range wr.Events {
-			if stop(ev) {
-				return true
-			}
-		}
-	}
-	return false
+	return NewObserver(e.hr.slot.s.client, e.hr.name).Observe(ctx)
 }
 
 // setHeader records a Proclaim's header; headers only move forward.

@@ -10,7 +10,7 @@ import (
 var (
 	// ErrLocked is returned by TryLock when the lock is held, by anyone,
 	// including the value that calls TryLock.
-	ErrLocked = errors.New("etcdsync: locked by another holder")
+	ErrLocked = errors.New("etcdsync: locked")
 	// ErrSessionExpired means the session's lease is gone (expired, revoked,
 	// or not kept alive within its TTL), or a waiter's own key vanished.
 	ErrSessionExpired = errors.New("etcdsync: session expired")
@@ -44,3 +44,19 @@ var (
 	// unanswered (the waiter then reads instead).
 	errNoProgress = errors.New("etcdsync: no answer to a watch progress request")
 )
+
+// tagged is an error with err's text that also matches sentinel (errors.Is),
+// so that a message says what failed and why without repeating a sentinel's
+// text.
+type tagged struct{ err, sentinel error }
+
+func (t tagged) Error() string   { return t.err.Error() }
+func (t tagged) Unwrap() []error { return []error{t.err, t.sentinel} }
+
+// tag returns err, also matching sentinel.
+func tag(err, sentinel error) error {
+	if errors.Is(err, sentinel) {
+		return err
+	}
+	return tagged{err: err, sentinel: sentinel}
+}

@@ -2,6 +2,7 @@ package etcdsync_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -69,10 +70,11 @@ func ExampleMutex_TryLock() {
 	if err := etcdsync.NewMutex(a, "cron/backup").Lock(ctx); err != nil {
 		log.Fatal(err)
 	}
+	// The error names the holder's key and create revision, for the logs.
 	err := etcdsync.NewMutex(b, "cron/backup").TryLock(ctx)
-	fmt.Println(err)
+	fmt.Println("locked:", errors.Is(err, etcdsync.ErrLocked))
 	// Output:
-	// etcdsync: locked by another holder: cron/backup/
+	// locked: true
 }
 
 // fencedStore stands for a resource outside etcd that remembers the highest

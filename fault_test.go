@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // The fault suite: on a 3-member cluster, K workers each make M guarded
@@ -29,7 +30,7 @@ import (
 const (
 	faultTTL     = 2 * time.Second
 	faultWorkers = 3
-	faultIncs    = 50 // per worker: 7 faults x 3 x 50 = 1050 guarded increments
+	faultIncs    = 50 // per worker: 14 faults x 3 x 50 = 2100 guarded increments
 )
 
 type fault struct {
@@ -49,6 +50,9 @@ type fault struct {
 	contact bool
 	// election: the workers campaign and resign instead of lock and unlock.
 	election bool
+	// impatient: the victim gives up waiting after 150 ms and tries again,
+	// so that it joins the queue at all moments of the fault.
+	impatient bool
 }
 
 func TestFaults(t *testing.T) {
@@ -79,9 +83,42 @@ func TestFaults(t *testing.T) {
 			require.NoError(t, err)
 		}},
 		{name: "process-pause", onHold: true, pause: true, contact: true, dur: faultTTL + 1500*time.Millisecond, inject: cut, heal: mend},
+		// A follower cut off from its peers (not from clients) for less
+		// than an election timeout, again and again while the workers
+		// unlock and lock: watches it serves lag behind the workers' reads.
+		// Meanwhile the victim's watch streams go to that follower (a client
+		// balancing its calls sends some there); the other workers watch,
+		// and everyone reads and writes, through another member, which is
+		// up to date, so the queue moves on while the follower lags.
+		{name: "follower-lag", impatient: true, inject: func(t *testing.T, r *faultRun, v *faultWorker) {
+			f := r.c.Follower()
+			require.NotNil(t, f)
+			i := slices.Index(r.c.Members(), f)
+			up := (i + 1) % len(r.c.Members())
+			for _, w := range r.workers {
+				w.route(up, up)
+			}
+			v.route(i, up)
+			for range 8 {
+				require.NoError(t, r.c.CutPeers(f))
+				time.Sleep(300 * time.Millisecond) // the fault's duration, not a synchronisation
+				require.NoError(t, r.c.HealPeers(f))
+				time.Sleep(200 * time.Millisecond)
+			}
+			for _, w := range r.workers {
+				w.route(-1, -1)
+			}
+		}},
+		// An admin deletes the holder's and the waiters' keys in one revision.
+		{name: "prefix-delete", onHold: true, inject: func(t *testing.T, r *faultRun, _ *faultWorker) {
+			waitKeys(t, r.admin, r.name+"/lock/", faultWorkers)
+			time.Sleep(100 * time.Millisecond) // the waiters get into their watches
+			_, err := r.admin.Delete(r.ctx, r.name+"/lock/", clientv3.WithPrefix())
+			require.NoError(t, err)
+		}},
 	}
-	// The same machinery serves Election: three of the faults again, campaigning.
-	for _, f := range []fault{faults[1], faults[4], faults[6]} {
+	// The same machinery serves Election: some of the faults again, campaigning.
+	for _, f := range []fault{faults[1], faults[4], faults[6], faults[7], faults[8]} {
 		f.name, f.election = "election-"+f.name, true
 		faults = append(faults, f)
 	}
@@ -132,6 +169,7 @@ type faultRun struct {
 	healed   chan struct{}       // closed when it is over
 
 	staleWrites int // writes by the paused victim that got through
+	workers     []*faultWorker
 }
 
 type deleteRec struct {
@@ -157,21 +195,24 @@ func (r faultResult) String() string {
 }
 
 func runFault(t *testing.T, f fault) faultResult {
-	c := etcdtest.Start(t, etcdtest.Options{Members: 3})
+	c := etcdtest.Start(t, etcdtest.Options{Members: 3, PeerProxies: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	r := &faultRun{f: f, c: c, admin: c.Client(t), ctx: ctx, name: "fault/" + f.name,
 		deletes: make(map[int64]deleteRec), holding: make(chan struct{}), injected: make(chan struct{}), healed: make(chan struct{})}
 	counter := r.name + "/counter"
-	_, err := r.admin.Put(ctx, counter, "0")
+	put, err := r.admin.Put(ctx, counter, "0")
 	require.NoError(t, err)
 
-	// The admin watches every delete under the lock's name.
+	// The admin watches every delete under the lock's name, from the
+	// revision of the counter's put.
 	wctx, wcancel := context.WithCancel(ctx)
 	watched := make(chan struct{})
+	var watchedRev atomic.Int64 // every event up to it has been recorded
+	progressed := make(chan struct{}, 1)
 	go func() {
 		defer close(watched)
-		for wr := range r.admin.Watch(wctx, r.name+"/lock/", clientv3.WithPrefix(), clientv3.WithPrevKV()) {
+		for wr := range r.admin.Watch(wctx, r.name+"/lock/", clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(put.Header.Revision+1)) {
 			now := time.Now()
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypeDelete && ev.PrevKv != nil {
@@ -180,6 +221,11 @@ func runFault(t *testing.T, f fault) faultResult {
 					r.mu.Unlock()
 				}
 			}
+			watchedRev.Store(max(watchedRev.Load(), wr.Header.Revision))
+			select {
+			case progressed <- struct{}{}:
+			default:
+			}
 		}
 	}()
 
@@ -187,6 +233,7 @@ func runFault(t *testing.T, f fault) faultResult {
 	for i := range workers {
 		workers[i] = newFaultWorker(t, r, i)
 	}
+	r.workers = workers
 	var wg sync.WaitGroup
 	progress := make(chan struct{}, faultWorkers*faultIncs)
 	for _, w := range workers {
@@ -224,14 +271,31 @@ func runFault(t *testing.T, f fault) faultResult {
 		w.close()
 	}
 
-	// Every key goes with its session; wait for the admin to see the deletes.
+	// Every key goes with its session. The admin's watch may be served by
+	// another member than its read, or simply be behind it: before it
+	// stops, it must have delivered every event up to the read's revision.
 	res := faultResult{name: f.name}
-	left := keys(t, r.admin, r.name+"/lock/")
+	resp, err := r.admin.Get(ctx, r.name+"/lock/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	require.NoError(t, err)
+	var left []string
+	for _, kv := range resp.Kvs {
+		left = append(left, string(kv.Key))
+	}
 	res.orphans = len(left)
+	caughtUp := time.After(testTimeout)
+	for watchedRev.Load() < resp.Header.Revision {
+		require.NoError(t, r.admin.RequestProgress(wctx))
+		select {
+		case <-progressed:
+		case <-time.After(100 * time.Millisecond):
+		case <-caughtUp:
+			t.Fatalf("the admin watch did not reach revision %d", resp.Header.Revision)
+		}
+	}
 	wcancel()
 	<-watched
 
-	resp, err := r.admin.Get(ctx, counter)
+	resp, err = r.admin.Get(ctx, counter)
 	require.NoError(t, err)
 	got, err := strconv.Atoi(string(resp.Kvs[0].Value))
 	require.NoError(t, err)
@@ -257,6 +321,9 @@ func runFault(t *testing.T, f fault) faultResult {
 		if !ok {
 			violate("hold at %d: its key's delete was not seen", h.rev)
 			continue
+		}
+		if del.rev <= h.start {
+			violate("hold at %d (worker %d) began at %d, but its key was deleted at %d: granted with no key", h.rev, h.worker, h.start, del.rev)
 		}
 		if i+1 < len(r.holds) && del.rev > r.holds[i+1].start {
 			violate("holds overlap: %d (worker %d, began %d) held until %d, %d (worker %d) began at %d", h.rev, h.worker, h.start, del.rev, r.holds[i+1].rev, r.holds[i+1].worker, r.holds[i+1].start)
@@ -289,6 +356,9 @@ type faultWorker struct {
 	r       *faultRun
 	proxies []*etcdtest.Proxy
 	cli     *clientv3.Client
+	members []*clientv3.Client // one client per member, through proxies
+	watchTo atomic.Pointer[grpc.ClientConn]
+	unaryTo atomic.Pointer[grpc.ClientConn]
 
 	mu sync.Mutex
 	s  *etcdsync.Session
@@ -304,8 +374,38 @@ func newFaultWorker(t *testing.T, r *faultRun, id int) *faultWorker {
 		w.proxies = append(w.proxies, p)
 		eps = append(eps, p.Endpoint())
 	}
-	w.cli = etcdtest.NewClient(t, eps)
+	// Each watch stream goes where watchTo says, if anywhere: through this
+	// worker's own proxy to one member (its other calls are balanced).
+	route := grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if to := w.watchTo.Load(); to != nil && method == "/etcdserverpb.Watch/Watch" {
+			return to.NewStream(ctx, desc, method, opts...)
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	})
+	unary := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if to := w.unaryTo.Load(); to != nil {
+			return to.Invoke(ctx, method, req, reply, opts...)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	w.cli = etcdtest.NewClient(t, eps, route, unary)
+	for _, p := range w.proxies {
+		w.members = append(w.members, etcdtest.NewClient(t, []string{p.Endpoint()}))
+	}
 	return w
+}
+
+// route sends this worker's watch streams to member watch and its unary
+// calls to member unary, or (-1) lets them be balanced again.
+func (w *faultWorker) route(watch, unary int) {
+	conn := func(i int) *grpc.ClientConn {
+		if i < 0 {
+			return nil
+		}
+		return w.members[i].ActiveConnection()
+	}
+	w.watchTo.Store(conn(watch))
+	w.unaryTo.Store(conn(unary))
 }
 
 func (w *faultWorker) blackhole(on bool) {
@@ -360,7 +460,11 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 			continue
 		}
 		m := newPrimitive(r.f.election, s, r.name+"/lock")
-		lctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+		patience := 5 * time.Second
+		if r.f.impatient && w.id == 0 {
+			patience = 150 * time.Millisecond
+		}
+		lctx, cancel := context.WithTimeout(r.ctx, patience)
 		err = m.acquire(lctx)
 		cancel()
 		if err != nil {

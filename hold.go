@@ -36,7 +36,32 @@ type hold struct {
 // frees the reservation when it finishes.
 func newHold(sl slot, rev int64, hdr *pb.ResponseHeader) *hold {
 	ctx, end := context.WithCancelCause(sl.s.ctx)
-	return &hold{slot: sl, rev: rev, hdr: hdr, ctx: ctx, end: end}
+	h := &hold{slot: sl, rev: rev, hdr: hdr, ctx: ctx, end: end}
+	sl.s.mu.Lock()
+	sl.s.held[sl.key] = h
+	sl.s.mu.Unlock()
+	return h
+}
+
+// resume returns a hold of the slot's key at rev without touching etcd, for a
+// value that takes over a hold (ResumeElection): the live hold of a value of
+// this session when it holds the key at rev (the two values then share one
+// hold), else a new one when no value of the session uses the key. A hold at
+// rev that is gone shows at the first guarded call or through Done.
+func (sl slot) resume(rev int64) (*hold, error) {
+	sl.s.mu.Lock()
+	h := sl.s.held[sl.key]
+	sl.s.mu.Unlock()
+	switch {
+	case h != nil && h.live() && h.rev == rev:
+		return h, nil
+	case h != nil && h.live():
+		return nil, fmt.Errorf("%w: %s is held by this session at revision %d, not %d", ErrNotHeld, sl.key, h.rev, rev)
+	}
+	if err := sl.s.claimKey(context.Background(), sl.key, false); err != nil {
+		return nil, err
+	}
+	return newHold(sl, rev, &pb.ResponseHeader{Revision: rev}), nil
 }
 
 // live reports whether h is a hold that has not ended.

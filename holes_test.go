@@ -15,6 +15,7 @@ import (
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -308,4 +309,206 @@ func TestReleaseBoundedWhileEtcdDown(t *testing.T) {
 	require.ErrorIs(t, m.Unlock(context.Background()), etcdsync.ErrLockReleased)
 	require.NoError(t, e.Resign(context.Background()))
 	require.Less(t, time.Since(start), 100*time.Millisecond, "a release of an ended hold returns at once")
+}
+
+// watchVia sends the Watch streams of a client to another connection (a
+// chosen member) and leaves its other calls where they were, as a client
+// balancing requests over members may do. Each watch created on those streams
+// is reported on created, if non-nil.
+func watchVia(conn *grpc.ClientConn, created chan<- struct{}) grpc.DialOption {
+	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if method != "/etcdserverpb.Watch/Watch" {
+			return streamer(ctx, desc, cc, method, opts...)
+		}
+		s, err := conn.NewStream(ctx, desc, method, opts...)
+		if err != nil || created == nil {
+			return s, err
+		}
+		return &createdStream{ClientStream: s, created: created}, nil
+	})
+}
+
+type createdStream struct {
+	grpc.ClientStream
+	created chan<- struct{}
+}
+
+func (s *createdStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if wr, ok := m.(*pb.WatchResponse); ok && err == nil && wr.Created {
+		s.created <- struct{}{}
+	}
+	return err
+}
+
+// unaryVia sends the next n calls of one unary method of a client to another
+// connection (a chosen member).
+type unaryVia struct {
+	conn *grpc.ClientConn
+	injector
+}
+
+func (u *unaryVia) dial() grpc.DialOption {
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		u.mu.Lock()
+		redirect := u.n > 0 && method == u.method
+		if redirect {
+			u.n--
+		}
+		u.mu.Unlock()
+		if redirect {
+			return u.conn.Invoke(ctx, method, req, reply, opts...)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+}
+
+// peerRig is a 3-member cluster whose members can be cut off from their
+// peers, with a follower f and another member u.
+func peerRig(t *testing.T) (c *etcdtest.Cluster, f, u *etcdtest.Member) {
+	if testing.Short() {
+		t.Skip("3-member cluster skipped in -short")
+	}
+	c = etcdtest.Start(t, etcdtest.Options{Members: 3, PeerProxies: true})
+	f = c.Follower()
+	require.NotNil(t, f)
+	for _, m := range c.Members() {
+		if m != f {
+			u = m
+		}
+	}
+	return c, f, u
+}
+
+// caughtUp waits until member m has applied revision rev.
+func caughtUp(t *testing.T, m *etcdtest.Member, rev int64) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for m.Rev() < rev {
+		require.True(t, time.Now().Before(deadline), "%s did not reach revision %d", m.Name, rev)
+		time.Sleep(10 * time.Millisecond) // polling the member's applied revision
+	}
+}
+
+// Item 1: a waiter whose acquire is served by an up-to-date member but whose
+// watches land on a follower lagging behind its read gets replayed deletes of
+// older incarnations of the keys it watches (the same sessions unlock and
+// lock again). Neither the predecessor's old delete (two holders) nor its own
+// key's old delete (a spurious ErrSessionExpired) may count.
+func TestLaggingFollowerReplays(t *testing.T) {
+	c, f, u := peerRig(t)
+	ctx := ctxT(t)
+	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
+	created := make(chan struct{}, 16)
+	a := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()})), "lag")
+	b := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, watchVia(viaF.ActiveConnection(), created))), "lag")
+	cut := func() { require.NoError(t, c.CutPeers(f)) }
+	heal := func() { require.NoError(t, c.HealPeers(f)) }
+	for trial := 0; trial < 3; trial++ {
+		// The predecessor's old incarnation: a unlocks and locks again
+		// while f lags; b queues behind a's new key, watching through f.
+		require.NoError(t, a.Lock(ctx))
+		cut()
+		require.NoError(t, a.Unlock(ctx))
+		require.NoError(t, a.Lock(ctx))
+		require.Less(t, f.Rev(), a.Rev(), "f does not lag")
+		errc := make(chan error, 1)
+		go func() { errc <- b.Lock(ctx) }()
+		for range 2 {
+			within(t, created, testTimeout, "b's watch created on f")
+		}
+		heal()
+		caughtUp(t, f, a.Rev())
+		select {
+		case err := <-errc:
+			t.Fatalf("trial %d: b's Lock returned (%v) while a holds: a replayed delete counted", trial, err)
+		case <-time.After(500 * time.Millisecond):
+		}
+		require.NoError(t, a.Unlock(ctx))
+		select {
+		case err := <-errc:
+			require.NoError(t, err)
+		case <-time.After(testTimeout):
+			t.Fatal("b did not acquire after a's release")
+		}
+
+		// Its own key's old incarnation: b unlocks while a waits, and
+		// locks again behind a while f lags.
+		cut()
+		aGot := lockAsync(t, ctx, a)
+		waitKeys(t, etcdtest.NewClient(t, []string{u.Endpoint()}), "lag/", 2)
+		require.NoError(t, b.Unlock(ctx))
+		within(t, aGot, testTimeout, "a's Lock after b's release")
+		require.Less(t, f.Rev(), a.Rev(), "f does not lag")
+		go func() { errc <- b.Lock(ctx) }()
+		for range 2 {
+			within(t, created, testTimeout, "b's watch created on f")
+		}
+		heal()
+		caughtUp(t, f, a.Rev())
+		select {
+		case err := <-errc:
+			t.Fatalf("trial %d: b's Lock returned (%v) while a holds: its own key's old delete counted", trial, err)
+		case <-time.After(500 * time.Millisecond):
+		}
+		require.NoError(t, a.Unlock(ctx))
+		select {
+		case err := <-errc:
+			require.NoError(t, err)
+		case <-time.After(testTimeout):
+			t.Fatal("b did not acquire after a's release")
+		}
+		require.NoError(t, b.Unlock(ctx))
+	}
+}
+
+// Item 3: a create sent to a follower cut off from its peers is forwarded to
+// the leader and sits in the network; the client gives up and its cleanup,
+// served by another member, finds nothing. When the partition heals the create
+// is applied. The session must remove that key although it lives on, so that
+// the name is not blocked until the session ends.
+func TestLateCreateIsSwept(t *testing.T) {
+	c, f, u := peerRig(t)
+	ctx := ctxT(t)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
+	red := &unaryVia{conn: viaF.ActiveConnection()}
+	s := session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, red.dial()))
+	m := etcdsync.NewMutex(s, "late")
+	from, err := admin.Get(ctx, "late/")
+	require.NoError(t, err)
+
+	require.NoError(t, c.CutPeers(f))
+	red.arm(txnMethod, 1) // the create goes to f
+	lctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err = m.Lock(lctx)
+	cancel()
+	require.Error(t, err)
+	require.Empty(t, keys(t, admin, "late/"), "the create was applied before the heal")
+	require.NoError(t, c.HealPeers(f))
+
+	// The forwarded create is applied late, and the session sweeps it.
+	wch := admin.Watch(ctx, "late/", clientv3.WithPrefix(), clientv3.WithRev(from.Header.Revision+1))
+	var created int64
+	for created == 0 {
+		select {
+		case wr := <-wch:
+			require.NoError(t, wr.Err())
+			for _, ev := range wr.Events {
+				if ev.IsCreate() {
+					created = ev.Kv.CreateRevision
+				}
+			}
+		case <-time.After(testTimeout):
+			t.Fatal("the forwarded create was never applied: the rig no longer reproduces a late create")
+		}
+	}
+	other := etcdsync.NewMutex(session(t, admin), "late")
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, other.Lock(octx), "the late-applied key of a live session blocks the name")
+	require.Greater(t, other.Rev(), created)
+	require.NoError(t, other.Unlock(ctx))
+	require.Empty(t, keys(t, admin, "late/"))
+	require.NoError(t, s.Err(), "the session lives on")
 }

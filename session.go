@@ -4,12 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // cleanupTimeout bounds the library's own cleanup RPCs (deleting a key left
@@ -37,6 +42,7 @@ type Session struct {
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	unlink func() bool   // stops watching the parent context
 	loop   chan struct{} // closed when the keepalive loop has returned
 	check  chan struct{} // asks the keepalive loop for a beat now
 
@@ -44,6 +50,7 @@ type Session struct {
 	deadline time.Time                // local deadline, see above
 	keys     map[string]chan struct{} // key in use by a primitive -> closed when released (nil until someone waits)
 	swept    map[string]bool          // keys whose create had an unknown outcome, see sweep
+	held     map[string]*hold         // the hold of each key a primitive holds
 	watchers sync.WaitGroup           // hold watchers and sweepers started by this session
 
 	closeOnce sync.Once
@@ -62,8 +69,18 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancelCause(o.ctx)
+	// The session ends with a cause of its own when its parent context
+	// ends: the client closed, or the WithContext context.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(o.ctx))
+	stop := context.AfterFunc(o.ctx, func() {
+		if o.ctx == client.Ctx() {
+			cancel(fmt.Errorf("%w: client closed", ErrSessionClosed))
+		} else {
+			cancel(fmt.Errorf("%w: its context ended: %w", ErrSessionClosed, context.Cause(o.ctx)))
+		}
+	})
 	s := &Session{
+		unlink: stop,
 		client: client,
 		ctx:    ctx,
 		cancel: cancel,
@@ -71,103 +88,263 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		check:  make(chan struct{}, 1),
 		keys:   make(map[string]chan struct{}),
 		swept:  make(map[string]bool),
+		held:   make(map[string]*hold),
 	}
-	if err := s.start(o); err != nil {
+	first, err := s.start(o)
+	if err != nil {
+		stop()
 		cancel(err)
 		return nil, err
 	}
-	go s.keepAlive()
+	go s.keepAlive(first)
 	return s, nil
 }
 
-// start grants or adopts the lease and sets the first deadline.
-func (s *Session) start(o sessionOptions) error {
+// start grants or adopts the lease and sets the first deadline. It returns
+// when the first keepalive is due: a third of the TTL from now, or at once
+// when an adopted lease has less than that left beyond it.
+func (s *Session) start(o sessionOptions) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(s.ctx), o.ttl)
 	defer cancel()
 	sent := time.Now()
 	if o.leaseID != clientv3.NoLease {
 		resp, err := s.client.TimeToLive(ctx, o.leaseID)
 		if err != nil {
-			return fmt.Errorf("etcdsync: adopt lease %x: %w", int64(o.leaseID), err)
+			return sent, s.unreachable(fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
 		}
 		if resp.TTL <= 0 {
-			return fmt.Errorf("%w: lease %x not found", ErrSessionExpired, int64(o.leaseID))
+			return sent, tag(fmt.Errorf("etcdsync: adopt lease 0x%x: not found (expired, revoked, or never granted)", int64(o.leaseID)), ErrSessionExpired)
 		}
 		// The server truncates the remaining TTL, so this is never late.
 		s.id, s.ttl, s.startRev = o.leaseID, time.Duration(resp.GrantedTTL)*time.Second, resp.Revision
 		s.deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
-		return nil
+	} else {
+		resp, err := s.client.Grant(ctx, int64(o.ttl/time.Second))
+		if err != nil {
+			return sent, s.unreachable("grant lease", err)
+		}
+		s.id, s.ttl, s.startRev = resp.ID, time.Duration(resp.TTL)*time.Second, resp.Revision
+		s.deadline = sent.Add(s.ttl)
 	}
-	resp, err := s.client.Grant(ctx, int64(o.ttl/time.Second))
-	if err != nil {
-		return fmt.Errorf("etcdsync: grant lease: %w", err)
-	}
-	s.id, s.ttl, s.startRev = resp.ID, time.Duration(resp.TTL)*time.Second, resp.Revision
-	s.deadline = sent.Add(s.ttl)
-	return nil
+	pace := s.ttl / 3
+	return earliest(sent.Add(pace), s.deadline.Add(-pace)), nil
 }
 
-// keepAlive refreshes the lease every TTL/3 until the session ends. It owns
-// the end of the session by lost contact or a lease that vanished.
-func (s *Session) keepAlive() {
+// unreachable describes a failed first call: what failed, the endpoints, and
+// why the connection is down when it is (the client's own error says only
+// that the context ended).
+func (s *Session) unreachable(what string, err error) error {
+	if s.ctx.Err() != nil { // the WithContext context ended, or the client closed
+		err = context.Cause(s.ctx)
+	}
+	err = fmt.Errorf("etcdsync: %s (endpoints %s): %w", what, strings.Join(s.client.Endpoints(), ","), err)
+	if s.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	// One fail-fast call reports the connection's last error.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), 200*time.Millisecond)
+	defer cancel()
+	_, perr := pb.NewMaintenanceClient(s.client.ActiveConnection()).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(false))
+	if status.Code(perr) == codes.Unavailable {
+		return fmt.Errorf("%w (%s)", err, status.Convert(perr).Message())
+	}
+	return err
+}
+
+// keepAlive refreshes the lease until the session ends, on one
+// LeaseKeepAlive stream of its own (re-opened when it fails). Beats are paced
+// from their send times, every TTL/3 whatever the replies do, and several may
+// be in flight: on a slow link a reply may come late, but while the server
+// acknowledges a beat within the TTL of its sending the session lives. Each
+// acknowledgement moves the local deadline to its beat's send time plus the
+// TTL (the server answers a stream's beats in order). The first beat goes at
+// first. keepAlive owns the end of the session by lost contact or a lease that
+// vanished.
+func (s *Session) keepAlive(first time.Time) {
 	defer close(s.loop)
+	defer s.unlink()
 	pace := s.ttl / 3
-	next := time.Now().Add(pace)
+	next := first
+	var ka *beats
+	defer func() { ka.close() }()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		deadline := s.Deadline()
-		wake := next
-		if deadline.Before(wake) {
-			wake = deadline
+		if !time.Now().Before(deadline) {
+			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending; the server may expire the lease now", ErrSessionExpired, ErrLostContact, s.ttl))
+			return
 		}
-		timer.Reset(time.Until(wake))
+		if ka == nil && !time.Now().Before(next) {
+			ka = s.openBeats()
+		}
+		var ready <-chan struct{} // set while a beat is due on a stream still opening
+		if ka != nil && !time.Now().Before(next) {
+			ready = ka.ready
+		}
+		timer.Reset(time.Until(earliest(next, deadline)))
 		select {
 		case <-s.ctx.Done():
 			return
-		case <-timer.C:
 		case <-s.check:
 			next = time.Now() // a hold lost its key: is the lease gone?
+			continue
+		case r := <-ka.replies():
+			switch {
+			case r.err != nil: // the stream failed: open another one soon
+				ka.close()
+				ka, next = nil, earliest(next, time.Now().Add(min(retryPause, pace)))
+			case r.ttl <= 0:
+				s.cancel(fmt.Errorf("%w: lease 0x%x not found (expired or revoked)", ErrSessionExpired, int64(s.id)))
+				return
+			default:
+				s.extend(r.sent.Add(time.Duration(r.ttl) * time.Second))
+			}
+			continue
+		case <-ready:
+		case <-timer.C:
 		}
-		if !time.Now().Before(deadline) {
-			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of the last one sent; the server may expire the lease now", ErrSessionExpired, ErrLostContact, s.ttl))
-			return
-		}
-		if time.Now().Before(next) {
+		if time.Now().Before(next) || !ka.isReady() {
 			continue
 		}
-		err := s.beat(deadline)
-		switch {
-		case err == nil:
-			next = time.Now().Add(pace)
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			s.cancel(fmt.Errorf("%w: lease %x not found", ErrSessionExpired, int64(s.id)))
-			return
-		default:
-			next = time.Now().Add(min(retryPause, pace))
+		if err := ka.beat(); err != nil {
+			continue // the stream's goroutine reports the failure
 		}
+		next = time.Now().Add(pace)
 	}
 }
 
-// beat sends one keepalive, bounded by the local deadline, and on success
-// moves the deadline to its send time plus the TTL.
-func (s *Session) beat(deadline time.Time) error {
-	ctx, cancel := context.WithDeadline(clientv3.WithRequireLeader(s.ctx), deadline)
-	defer cancel()
-	sent := time.Now()
-	resp, err := s.client.KeepAliveOnce(ctx, s.id)
-	if err != nil {
-		return err
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
 	}
-	if resp.TTL <= 0 {
-		return rpctypes.ErrLeaseNotFound
-	}
+	return a
+}
+
+// extend moves the local deadline to d if that is later.
+func (s *Session) extend(d time.Time) {
 	s.mu.Lock()
-	if d := sent.Add(time.Duration(resp.TTL) * time.Second); d.After(s.deadline) {
+	defer s.mu.Unlock()
+	if d.After(s.deadline) {
 		s.deadline = d
 	}
-	s.mu.Unlock()
-	return nil
+}
+
+// beats is one LeaseKeepAlive stream and the send times of the beats in
+// flight on it, oldest first. Its goroutine opens the stream (ready closes
+// then) and matches each reply to its beat. The session's keepalive loop owns
+// it; close joins the goroutine.
+type beats struct {
+	s      *Session
+	cancel context.CancelFunc
+	ready  chan struct{} // closed once stream is set
+	stream pb.Lease_LeaseKeepAliveClient
+	out    chan reply
+	done   chan struct{}
+
+	mu   sync.Mutex
+	sent []time.Time
+}
+
+// reply is a beat's acknowledgement (its send time and the TTL the server
+// granted, 0 when the lease is gone), or the error that ended the stream.
+type reply struct {
+	sent time.Time
+	ttl  int64
+	err  error
+}
+
+// openBeats starts opening a stream; it does not block.
+func (s *Session) openBeats() *beats {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
+	ka := &beats{s: s, cancel: cancel, ready: make(chan struct{}), out: make(chan reply, 1), done: make(chan struct{})}
+	go ka.run(ctx)
+	return ka
+}
+
+// run opens the stream, then hands each reply, with its beat's send time, to
+// the loop, until the stream fails or the session ends.
+func (ka *beats) run(ctx context.Context) {
+	defer close(ka.done)
+	stream, err := pb.NewLeaseClient(ka.s.client.ActiveConnection()).LeaseKeepAlive(ctx)
+	if err == nil {
+		ka.stream = stream
+		close(ka.ready)
+	}
+	for err == nil {
+		var resp *pb.LeaseKeepAliveResponse
+		if resp, err = stream.Recv(); err != nil {
+			break
+		}
+		r := reply{ttl: resp.TTL}
+		ka.mu.Lock()
+		if len(ka.sent) == 0 {
+			err = errors.New("etcdsync: keepalive reply without a request")
+		} else {
+			r.sent, ka.sent = ka.sent[0], ka.sent[1:]
+		}
+		ka.mu.Unlock()
+		if err == nil && !ka.hand(r) {
+			return
+		}
+	}
+	ka.hand(reply{err: fmt.Errorf("etcdsync: keepalive stream: %w", err)})
+}
+
+// hand gives r to the loop; false when the stream or the session ended.
+func (ka *beats) hand(r reply) bool {
+	select {
+	case ka.out <- r:
+		return true
+	case <-ka.s.ctx.Done():
+		return false
+	case <-ka.s.loop:
+		return false
+	}
+}
+
+// isReady reports whether the stream is open (false on nil).
+func (ka *beats) isReady() bool {
+	if ka == nil {
+		return false
+	}
+	select {
+	case <-ka.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// beat sends one keepalive on an open stream and records its send time.
+func (ka *beats) beat() error {
+	ka.mu.Lock()
+	ka.sent = append(ka.sent, time.Now())
+	ka.mu.Unlock()
+	return ka.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(ka.s.id)})
+}
+
+// replies is the channel of the stream's replies; nil (never ready) without one.
+func (ka *beats) replies() <-chan reply {
+	if ka == nil {
+		return nil
+	}
+	return ka.out
+}
+
+// close ends the stream and waits for its goroutine. It is a no-op on nil.
+func (ka *beats) close() {
+	if ka == nil {
+		return
+	}
+	ka.cancel()
+	for {
+		select {
+		case <-ka.done:
+			return
+		case <-ka.out: // a reply the loop will not take
+		}
+	}
 }
 
 // Client returns the etcd client the session uses.
@@ -207,30 +384,38 @@ func (s *Session) Err() error {
 
 // Orphan ends the session without revoking its lease: its keys stay until
 // the lease expires on the server (for a hand-over to a process that adopts
-// the lease with WithLease). It does not block on etcd; it is idempotent.
+// the lease with WithLease). It does not block on etcd; it is idempotent, and
+// a Close after it changes nothing in etcd.
 func (s *Session) Orphan() {
-	s.end(fmt.Errorf("%w: orphaned", ErrSessionClosed))
+	s.closeOnce.Do(func() { s.end(fmt.Errorf("%w: orphaned", ErrSessionClosed)) })
 	<-s.loop
 	s.watchers.Wait()
 }
 
 // Close ends the session and revokes its lease, which deletes every key the
 // session holds. It blocks for the revoke, bounded by the TTL (and by the time
-// left before the lease expires anyway). It is idempotent: later calls return
-// the first call's result. A lease the server no longer has is not an error.
+// left before the lease expires anyway); with the client closed it returns at
+// once (the lease is left to expire). It is idempotent: later calls return the
+// first call's result. After Orphan it changes nothing in etcd. A lease the
+// server no longer has is not an error.
 func (s *Session) Close() error {
 	s.closeOnce.Do(func() {
 		s.end(ErrSessionClosed)
 		<-s.loop
 		s.watchers.Wait()
-		if errors.Is(context.Cause(s.ctx), ErrSessionExpired) && !time.Now().Before(s.Deadline()) {
+		switch {
+		case s.client.Ctx().Err() != nil:
+			s.closeErr = fmt.Errorf("etcdsync: revoke lease 0x%x: client closed; the lease is left to expire", int64(s.id))
+		case errors.Is(context.Cause(s.ctx), ErrSessionExpired) && !time.Now().Before(s.Deadline()):
 			// Lost contact: a revoke cannot beat the server's own expiry
 			// by more than a round trip; still try, briefly.
 			s.closeErr = s.revoke(time.Second)
-			return
+		default:
+			s.closeErr = s.revoke(s.ttl)
 		}
-		s.closeErr = s.revoke(s.ttl)
 	})
+	<-s.loop
+	s.watchers.Wait()
 	return s.closeErr
 }
 
@@ -239,7 +424,7 @@ func (s *Session) revoke(bound time.Duration) error {
 	defer cancel()
 	_, err := s.client.Revoke(ctx, s.id)
 	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("etcdsync: revoke lease %x: %w", int64(s.id), err)
+		return fmt.Errorf("etcdsync: revoke lease 0x%x: %w", int64(s.id), err)
 	}
 	return nil
 }
@@ -263,7 +448,7 @@ func (s *Session) claimKey(ctx context.Context, key string, wait bool) error {
 		}
 		s.mu.Unlock()
 		if !wait {
-			return fmt.Errorf("%w: %s is in use by this session", ErrLocked, key)
+			return fmt.Errorf("%w: %s is held, or waited for, by this session", ErrLocked, key)
 		}
 		select {
 		case <-freed:
@@ -280,15 +465,17 @@ func (s *Session) releaseKey(key string) {
 	s.mu.Lock()
 	freed := s.keys[key]
 	delete(s.keys, key)
+	delete(s.held, key)
 	s.mu.Unlock()
 	if freed != nil {
 		close(freed)
 	}
 }
 
-// endedErr is the error for a call on a session that has ended.
+// endedErr is the error for a call on a session that has ended: why it
+// ended, also matching ErrSessionExpired.
 func (s *Session) endedErr() error {
-	return fmt.Errorf("%w: %w", ErrSessionExpired, context.Cause(s.ctx))
+	return tag(context.Cause(s.ctx), ErrSessionExpired)
 }
 
 // checkLease asks for a keepalive now, so that a revoked lease ends the

@@ -45,6 +45,9 @@ type slot struct {
 	key    string // NAME/<lease-hex>
 }
 
+// name is the primitive's name: the prefix without its slash.
+func (sl slot) name() string { return strings.TrimSuffix(sl.prefix, "/") }
+
 func newSlot(s *Session, name string) (slot, error) {
 	if s == nil {
 		return slot{}, fmt.Errorf("%w: nil session", ErrInvalidArgument)
@@ -495,7 +498,7 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 	case wctx.Err() != nil:
 		err = wctx.Err()
 	case len(t.ahead) > 0 && m == tryTurn:
-		err = fmt.Errorf("%w: %s", ErrLocked, sl.prefix)
+		err = fmt.Errorf("%w: %s is held by %s (create revision %d)", ErrLocked, sl.name(), t.ahead[0].Key, t.ahead[0].CreateRevision)
 	case len(t.ahead) > 0:
 		hdr, err = t.wait(wctx)
 	}
@@ -542,7 +545,7 @@ func unsure(err error) bool {
 func (sl slot) why(ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
-		return fmt.Errorf("etcdsync: acquire %s: %w", sl.prefix, ctx.Err())
+		return fmt.Errorf("etcdsync: acquire %s: %w", sl.name(), ctx.Err())
 	case sl.s.ctx.Err() != nil:
 		return sl.s.endedErr()
 	}

@@ -1,6 +1,8 @@
 // Package etcdtest runs real embedded etcd members on 127.0.0.1 for tests,
 // benchmarks and examples: a single member or a 3-member cluster, with
-// member stop/restart and a TCP proxy that can blackhole a client.
+// member stop/restart, a TCP proxy that can blackhole a client, and
+// optional peer proxies that cut one member off from the others' raft
+// traffic while its client port keeps serving.
 package etcdtest
 
 import (
@@ -11,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -32,6 +35,12 @@ type Options struct {
 	Members int    // 1 when zero
 	Fsync   bool   // keep fsync on (benchmarks); off by default for speed
 	TLS     *Certs // serve clients over TLS with these certificates
+
+	// PeerProxies puts a proxy in front of every member's peer listener and
+	// advertises it, so all raft traffic between members goes through the
+	// proxies and Cluster.CutPeers can stall it. The proxies live as long
+	// as the cluster; a restarted member keeps its proxy and ports.
+	PeerProxies bool
 }
 
 // Cluster is a set of embedded etcd members.
@@ -40,6 +49,9 @@ type Cluster struct {
 	mu      sync.Mutex
 	members []*Member
 	closed  bool
+
+	peerMu sync.Mutex         // guards cut; never held while calling etcd
+	cut    map[*Member]uint64 // members cut off from their peers, with their IDs
 }
 
 // Member is one embedded etcd server.
@@ -47,12 +59,15 @@ type Member struct {
 	Name      string
 	dir       string
 	client    url.URL
-	peer      url.URL
+	peer      url.URL // the member listens here
+	advertise url.URL // and peers reach it here: peer, or its peer proxy
+	proxy     *relay  // the peer proxy, with Options.PeerProxies
 	initial   string
 	fsync     bool
 	tls       *Certs
 	etcd      *embed.Etcd
 	restarted bool
+	id        atomic.Uint64 // etcd's member ID, known once started
 }
 
 // Start starts a cluster and stops it in tb's cleanup.
@@ -71,7 +86,7 @@ func StartCluster(dir string, opts Options) (*Cluster, error) {
 	if opts.Members == 0 {
 		opts.Members = 1
 	}
-	c := &Cluster{opts: opts}
+	c := &Cluster{opts: opts, cut: make(map[*Member]uint64)}
 	var initial []string
 	for i := 0; i < opts.Members; i++ {
 		ports, err := freePorts(2)
@@ -89,8 +104,17 @@ func StartCluster(dir string, opts Options) (*Cluster, error) {
 		if m.tls != nil {
 			m.client.Scheme = "https"
 		}
-		initial = append(initial, m.Name+"="+m.peer.String())
+		m.advertise = m.peer
 		c.members = append(c.members, m)
+		if opts.PeerProxies {
+			m.proxy, err = newRelay(m.peer.Host, true, c.peerStalled(m))
+			if err != nil {
+				c.Close()
+				return nil, err
+			}
+			m.advertise.Host = m.proxy.addr()
+		}
+		initial = append(initial, m.Name+"="+m.advertise.String())
 	}
 	errs := make(chan error, len(c.members))
 	for _, m := range c.members {
@@ -134,7 +158,7 @@ func (m *Member) start() error {
 	cfg.Name = m.Name
 	cfg.Dir = m.dir
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{m.client}, []url.URL{m.client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{m.peer}, []url.URL{m.peer}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{m.peer}, []url.URL{m.advertise}
 	cfg.InitialCluster = m.initial
 	cfg.InitialClusterToken = "etcdsync-test"
 	cfg.ClusterState = embed.ClusterStateFlagNew
@@ -163,6 +187,7 @@ func (m *Member) start() error {
 		return fmt.Errorf("start %s: not ready within 30s", m.Name)
 	}
 	m.etcd = e
+	m.id.Store(uint64(e.Server.MemberID()))
 	return nil
 }
 
@@ -177,8 +202,24 @@ func (m *Member) IsLeader() bool {
 	return m.etcd != nil && m.etcd.Server.Leader() == m.etcd.Server.MemberID()
 }
 
+// ID returns the member's etcd member ID (0 before its first start). IDs
+// derive from the advertised peer URLs, so a restart keeps them.
+func (m *Member) ID() uint64 { return m.id.Load() }
+
+// Rev returns the revision of the member's applied key-value state, 0 when
+// it is stopped. A follower cut off from its peers stays behind the leader.
+func (m *Member) Rev() int64 {
+	if m.etcd == nil {
+		return 0
+	}
+	return m.etcd.Server.KV().Rev()
+}
+
 // Members returns the cluster's members.
 func (c *Cluster) Members() []*Member { return c.members }
+
+// Member returns the i-th member.
+func (c *Cluster) Member(i int) *Member { return c.members[i] }
 
 // Endpoints returns every member's client URL.
 func (c *Cluster) Endpoints() []string {
@@ -223,7 +264,12 @@ func (c *Cluster) Restart(m *Member) error {
 }
 
 // Close stops every member and removes no data (tests' temp dirs do that).
+// It heals cut peers first, so a leader can hand over leadership on the way.
 func (c *Cluster) Close() {
+	c.peerMu.Lock()
+	clear(c.cut)
+	c.peerMu.Unlock()
+	c.notifyPeerProxies()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
@@ -231,6 +277,11 @@ func (c *Cluster) Close() {
 		if m.etcd != nil {
 			m.etcd.Close()
 			m.etcd = nil
+		}
+	}
+	for _, m := range c.members {
+		if m.proxy != nil {
+			m.proxy.close()
 		}
 	}
 }
