@@ -121,6 +121,39 @@ func reportLatency(b *testing.B, samples []time.Duration, prefix string) {
 	b.ReportMetric(ms(samples[len(samples)*9/10]), prefix+"p90-ms")
 }
 
+// Keepalive traffic of one idle session with a 1 s TTL over 3 TTLs: streams
+// opened and keepalive requests sent, per TTL.
+func BenchmarkKeepAliveTraffic(b *testing.B) {
+	const ttl = time.Second
+	for _, name := range []string{"etcdsync", "concurrency"} {
+		b.Run(name, func(b *testing.B) {
+			c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+			var streams, sent int64
+			for i := 0; i < b.N; i++ {
+				var cnt counter
+				cli := c.Client(b, cnt.dial()...)
+				var end func() error
+				if name == "etcdsync" {
+					s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
+					must(b, err)
+					end = s.Close
+				} else {
+					s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttl/time.Second)))
+					must(b, err)
+					end = s.Close
+				}
+				s0, k0 := cnt.streams.Load(), cnt.keepalives.Load()
+				time.Sleep(3 * ttl) // the interval measured
+				streams += cnt.streams.Load() - s0
+				sent += cnt.keepalives.Load() - k0
+				must(b, end())
+			}
+			b.ReportMetric(float64(streams)/float64(3*b.N), "streams/ttl")
+			b.ReportMetric(float64(sent)/float64(3*b.N), "keepalives/ttl")
+		})
+	}
+}
+
 // Uncontended Lock, then Unlock: RPCs and writes of each, and latency.
 func BenchmarkLockUnlock(b *testing.B) {
 	for _, l := range libs {

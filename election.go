@@ -62,8 +62,10 @@ func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Electi
 // Campaign blocks until this candidate leads with val, ctx ends (the error
 // wraps ctx.Err()) or the session ends (ErrSessionExpired). A candidate whose
 // own key vanishes returns ErrSessionExpired at once. On error no candidate
-// key is left behind. On a value that already leads it returns at once after
-// proclaiming val; Campaigns on one value run one at a time, so a second one
+// key of this call is left behind; a leadership this session resumed from a
+// restarted process (WithLease) is kept, also when proclaiming val on it
+// fails (Campaign then returns that error while the value leads). On a
+// value that already leads it returns at once after proclaiming val; Campaigns on one value run one at a time, so a second one
 // started while the first waits proclaims once the first leads. Uncontended,
 // it costs one RPC. To withdraw a waiting candidacy, cancel ctx.
 func (e *Election) Campaign(ctx context.Context, val string) error {
@@ -92,6 +94,11 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 	}
 	if old != nil && string(old) != val { // a resumed key with another value
 		if err := e.Proclaim(ctx, val); err != nil {
+			if h := e.hr.current(); h != nil && h.resumed() {
+				// A restarted process's leadership (WithLease) is not
+				// this call's to end: it goes on with its old value.
+				return fmt.Errorf("etcdsync: campaign on %s resumed the leadership, but proclaiming the new value failed: %w", e.hr.name, err)
+			}
 			return errors.Join(err, e.hr.abandon())
 		}
 	}

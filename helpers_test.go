@@ -85,6 +85,7 @@ func notWithin(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
 // counter counts the unary RPCs, streams and watch events of one client.
 type counter struct {
 	unary, streams, events atomic.Int64
+	keepalives             atomic.Int64  // LeaseKeepAlive requests sent
 	created                chan struct{} // one send per watch created, if non-nil
 	mu                     sync.Mutex
 	methods                []string
@@ -122,6 +123,13 @@ func (c *counter) take() (int64, []string) {
 type countingStream struct {
 	grpc.ClientStream
 	c *counter
+}
+
+func (s *countingStream) SendMsg(m any) error {
+	if _, ok := m.(*pb.LeaseKeepAliveRequest); ok {
+		s.c.keepalives.Add(1)
+	}
+	return s.ClientStream.SendMsg(m)
 }
 
 func (s *countingStream) RecvMsg(m any) error {

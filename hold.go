@@ -25,7 +25,7 @@ type hold struct {
 	hdr       *pb.ResponseHeader
 	ctx       context.Context
 	end       context.CancelCauseFunc
-	releasing atomic.Bool
+	releasing atomic.Int32 // Unlocks in flight: a delete seen meanwhile may be theirs
 
 	once      sync.Once     // finish
 	watchOnce sync.Once     // start or forbid the watch
@@ -63,6 +63,10 @@ func (sl slot) resume(rev int64) (*hold, error) {
 	}
 	return newHold(sl, rev, &pb.ResponseHeader{Revision: rev}), nil
 }
+
+// resumed reports whether h's key was created before the session began: a
+// hold of a restarted process that this session adopted (WithLease).
+func (h *hold) resumed() bool { return h.rev <= h.s.startRev }
 
 // live reports whether h is a hold that has not ended.
 func (h *hold) live() bool { return h != nil && h.ctx.Err() == nil }
@@ -109,7 +113,7 @@ func (h *hold) err() error {
 
 // lost ends the hold because its key is gone or replaced.
 func (h *hold) lost(rev int64) {
-	if h.releasing.Load() {
+	if h.releasing.Load() > 0 {
 		h.finish(ErrLockReleased)
 		return
 	}
@@ -195,13 +199,13 @@ func (h *hold) unhold(ctx context.Context) error {
 	defer cancel()
 	stop := context.AfterFunc(h.ctx, cancel)
 	defer stop()
-	h.releasing.Store(true)
+	h.releasing.Add(1)
 	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(clientv3.OpDelete(h.key)).Commit()
 	if err != nil {
 		// The delete may have committed; a Done watch that saw it while
 		// it was in flight has reported a release. From now on a loss is
 		// someone else's doing.
-		h.releasing.Store(false)
+		h.releasing.Add(-1)
 		if !h.live() {
 			if errors.Is(h.err(), ErrLockReleased) {
 				return nil
@@ -211,7 +215,7 @@ func (h *hold) unhold(ctx context.Context) error {
 		return fmt.Errorf("etcdsync: release %s: %w", h.key, err)
 	}
 	if !resp.Succeeded {
-		h.releasing.Store(false)
+		h.releasing.Add(-1)
 		h.lost(resp.Header.Revision)
 		h.stop(nil)
 		return fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)

@@ -144,21 +144,10 @@ func TestFailedResumeKeepsHold(t *testing.T) {
 	admin := c.Client(t)
 	var inj injector
 	cli := c.Client(t, inj.dial())
-	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
-	require.NoError(t, err)
-	m1 := etcdsync.NewMutex(s1, "resume")
-	require.NoError(t, m1.Lock(ctx))
-	rev := m1.Rev()
-	s1.Orphan()
-
-	waiter := etcdsync.NewMutex(session(t, admin), "resume")
-	got := lockAsync(t, ctx, waiter)
-	waitKeys(t, admin, "resume/", 2)
-
-	s2 := session(t, cli, etcdsync.WithLease(s1.Lease()))
+	s2, rev, waiter, got := restartBehind(t, cli, admin, "resume")
 	m2 := etcdsync.NewMutex(s2, "resume")
 	inj.arm(txnMethod, 1)
-	err = m2.Lock(ctx)
+	err := m2.Lock(ctx)
 	require.Error(t, err)
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	notWithin(t, got, 500*time.Millisecond, "the waiter acquired: the failed resume deleted the hold")
@@ -167,6 +156,25 @@ func TestFailedResumeKeepsHold(t *testing.T) {
 	require.NoError(t, m2.Lock(ctx))
 	require.Equal(t, rev, m2.Rev(), "the resumed hold keeps its revision")
 	handOver(t, ctx, m2, waiter, got)
+}
+
+// restartBehind has a process hold name through cli and die (Orphan), a
+// waiter queue behind it through admin, and a restarted process adopt the
+// lease (WithLease). It returns the restarted session, the hold's revision,
+// and the waiter with a channel closed when its Lock returns.
+func restartBehind(t *testing.T, cli, admin *clientv3.Client, name string) (*etcdsync.Session, int64, *etcdsync.Mutex, <-chan struct{}) {
+	t.Helper()
+	ctx := ctxT(t)
+	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
+	require.NoError(t, err)
+	m1 := etcdsync.NewMutex(s1, name)
+	require.NoError(t, m1.Lock(ctx))
+	rev := m1.Rev()
+	s1.Orphan()
+	waiter := etcdsync.NewMutex(session(t, admin), name)
+	got := lockAsync(t, ctx, waiter)
+	waitKeys(t, admin, name+"/", 2)
+	return session(t, cli, etcdsync.WithLease(s1.Lease())), rev, waiter, got
 }
 
 // Item 6: Lock, TryLock and Campaign on an ended context send nothing.
@@ -403,25 +411,20 @@ func TestLaggingFollowerReplays(t *testing.T) {
 	a := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()})), "lag")
 	b := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, watchVia(viaF.ActiveConnection(), created))), "lag")
 	cut := func() { require.NoError(t, c.CutPeers(f)) }
-	heal := func() { require.NoError(t, c.HealPeers(f)) }
-	for trial := 0; trial < 3; trial++ {
-		// The predecessor's old incarnation: a unlocks and locks again
-		// while f lags; b queues behind a's new key, watching through f.
-		require.NoError(t, a.Lock(ctx))
-		cut()
-		require.NoError(t, a.Unlock(ctx))
-		require.NoError(t, a.Lock(ctx))
+	// b queues behind a while f lags; f heals and replays what it missed to
+	// b's watches; b must still wait for a's real release.
+	queueBehindThenHeal := func(trial int, what string) {
 		require.Less(t, f.Rev(), a.Rev(), "f does not lag")
 		errc := make(chan error, 1)
 		go func() { errc <- b.Lock(ctx) }()
 		for range 2 {
 			within(t, created, testTimeout, "b's watch created on f")
 		}
-		heal()
+		require.NoError(t, c.HealPeers(f))
 		caughtUp(t, f, a.Rev())
 		select {
 		case err := <-errc:
-			t.Fatalf("trial %d: b's Lock returned (%v) while a holds: a replayed delete counted", trial, err)
+			t.Fatalf("trial %d: b's Lock returned (%v) while a holds: %s counted", trial, err, what)
 		case <-time.After(500 * time.Millisecond):
 		}
 		require.NoError(t, a.Unlock(ctx))
@@ -431,6 +434,15 @@ func TestLaggingFollowerReplays(t *testing.T) {
 		case <-time.After(testTimeout):
 			t.Fatal("b did not acquire after a's release")
 		}
+	}
+	for trial := 0; trial < 3; trial++ {
+		// The predecessor's old incarnation: a unlocks and locks again
+		// while f lags; b queues behind a's new key, watching through f.
+		require.NoError(t, a.Lock(ctx))
+		cut()
+		require.NoError(t, a.Unlock(ctx))
+		require.NoError(t, a.Lock(ctx))
+		queueBehindThenHeal(trial, "the predecessor's old delete")
 
 		// Its own key's old incarnation: b unlocks while a waits, and
 		// locks again behind a while f lags.
@@ -439,25 +451,7 @@ func TestLaggingFollowerReplays(t *testing.T) {
 		waitKeys(t, etcdtest.NewClient(t, []string{u.Endpoint()}), "lag/", 2)
 		require.NoError(t, b.Unlock(ctx))
 		within(t, aGot, testTimeout, "a's Lock after b's release")
-		require.Less(t, f.Rev(), a.Rev(), "f does not lag")
-		go func() { errc <- b.Lock(ctx) }()
-		for range 2 {
-			within(t, created, testTimeout, "b's watch created on f")
-		}
-		heal()
-		caughtUp(t, f, a.Rev())
-		select {
-		case err := <-errc:
-			t.Fatalf("trial %d: b's Lock returned (%v) while a holds: its own key's old delete counted", trial, err)
-		case <-time.After(500 * time.Millisecond):
-		}
-		require.NoError(t, a.Unlock(ctx))
-		select {
-		case err := <-errc:
-			require.NoError(t, err)
-		case <-time.After(testTimeout):
-			t.Fatal("b did not acquire after a's release")
-		}
+		queueBehindThenHeal(trial, "its own key's old delete")
 		require.NoError(t, b.Unlock(ctx))
 	}
 }

@@ -176,9 +176,9 @@ func TestFIFOAndHerdFree(t *testing.T) {
 		holder := etcdsync.NewMutex(session(t, admin), "fifo")
 		require.NoError(t, holder.Lock(ctx))
 
-		var cnt counter
-		cli := c.Client(t, cnt.dial()...)
 		const n = 8
+		cnt := counter{created: make(chan struct{}, 4*n)}
+		cli := c.Client(t, cnt.dial()...)
 		order := make(chan int, n)
 		var wg sync.WaitGroup
 		for i := 0; i < n; i++ {
@@ -196,6 +196,9 @@ func TestFIFOAndHerdFree(t *testing.T) {
 				}
 			}()
 			waitKeys(t, admin, "fifo/", i+2) // queued before the next one starts
+		}
+		for range 2 * n { // every waiter watches its own key and its predecessor
+			within(t, cnt.created, testTimeout, "waiter's watch created")
 		}
 		before := cnt.events.Load()
 		require.NoError(t, holder.Unlock(ctx))

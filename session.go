@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -49,7 +50,7 @@ type Session struct {
 	mu       sync.Mutex
 	deadline time.Time                // local deadline, see above
 	keys     map[string]chan struct{} // key in use by a primitive -> closed when released (nil until someone waits)
-	swept    map[string]bool          // keys whose create had an unknown outcome, see sweep
+	swept    map[string][]int64       // keys swept (see sweep) -> revisions of creates by this session's acquires not yet seen by the sweeper
 	held     map[string]*hold         // the hold of each key a primitive holds
 	watchers sync.WaitGroup           // hold watchers and sweepers started by this session
 
@@ -87,7 +88,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		loop:   make(chan struct{}),
 		check:  make(chan struct{}, 1),
 		keys:   make(map[string]chan struct{}),
-		swept:  make(map[string]bool),
+		swept:  make(map[string][]int64),
 		held:   make(map[string]*hold),
 	}
 	first, err := s.start(o)
@@ -108,7 +109,7 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 	defer cancel()
 	sent := time.Now()
 	if o.leaseID != clientv3.NoLease {
-		resp, err := s.client.TimeToLive(ctx, o.leaseID)
+		resp, err := s.client.TimeToLive(ctx, o.leaseID, clientv3.WithAttachedKeys())
 		if err != nil {
 			return sent, s.unreachable(fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
 		}
@@ -118,6 +119,16 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 		// The server truncates the remaining TTL, so this is never late.
 		s.id, s.ttl, s.startRev = o.leaseID, time.Duration(resp.GrantedTTL)*time.Second, resp.Revision
 		s.deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
+		if len(resp.Keys) > 0 {
+			// The header of TimeToLive is the serving member's revision,
+			// which may lag behind the keys the lease has; a linearizable
+			// read's is at least the revision of every create before it.
+			get, err := s.client.Get(ctx, string(resp.Keys[0]), clientv3.WithCountOnly())
+			if err != nil {
+				return sent, s.unreachable(fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
+			}
+			s.startRev = max(s.startRev, get.Header.Revision)
+		}
 	} else {
 		resp, err := s.client.Grant(ctx, int64(o.ttl/time.Second))
 		if err != nil {
@@ -434,13 +445,24 @@ func (s *Session) revoke(bound time.Duration) error {
 // a key. With wait it blocks until the key is free or ctx ends; without, it
 // returns ErrLocked at once. A reservation is freed by releaseKey, once.
 func (s *Session) claimKey(ctx context.Context, key string, wait bool) error {
+	_, err := s.claim(ctx, key, wait, nil)
+	return err
+}
+
+// claim is claimKey, except that once the key is free it claims nothing and
+// returns false when skip (called with s.mu held) says so.
+func (s *Session) claim(ctx context.Context, key string, wait bool, skip func() bool) (bool, error) {
 	for {
 		s.mu.Lock()
 		freed, taken := s.keys[key]
 		if !taken {
+			if skip != nil && skip() {
+				s.mu.Unlock()
+				return false, nil
+			}
 			s.keys[key] = nil // a channel is made only when someone waits
 			s.mu.Unlock()
-			return nil
+			return true, nil
 		}
 		if freed == nil && wait {
 			freed = make(chan struct{})
@@ -448,14 +470,14 @@ func (s *Session) claimKey(ctx context.Context, key string, wait bool) error {
 		}
 		s.mu.Unlock()
 		if !wait {
-			return fmt.Errorf("%w: %s is held, or waited for, by this session", ErrLocked, key)
+			return false, fmt.Errorf("%w: %s is held, or waited for, by this session", ErrLocked, key)
 		}
 		select {
 		case <-freed:
 		case <-ctx.Done():
-			return fmt.Errorf("etcdsync: waiting for %s held in this session: %w", key, ctx.Err())
+			return false, fmt.Errorf("etcdsync: waiting for %s held in this session: %w", key, ctx.Err())
 		case <-s.ctx.Done():
-			return s.endedErr()
+			return false, s.endedErr()
 		}
 	}
 }
@@ -525,9 +547,32 @@ func (s *Session) goLocked(f func()) bool {
 func (s *Session) sweep(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.swept[key] && s.goLocked(func() { s.sweepKey(key) }) {
-		s.swept[key] = true
+	if _, ok := s.swept[key]; !ok && s.goLocked(func() { s.sweepKey(key) }) {
+		s.swept[key] = nil
 	}
+}
+
+// created records that an acquire of this session created key at rev, so
+// that a sweeper of the key leaves that create alone.
+func (s *Session) created(key string, rev int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if revs, ok := s.swept[key]; ok {
+		s.swept[key] = append(revs, rev)
+	}
+}
+
+// oursLocked reports whether an acquire of this session created kv (see
+// created), and forgets that create and any before it. s.mu is held.
+func (s *Session) oursLocked(kv *mvccpb.KeyValue) bool {
+	key := string(kv.Key)
+	revs := s.swept[key]
+	i := slices.Index(revs, kv.CreateRevision)
+	if i < 0 {
+		return false
+	}
+	s.swept[key] = slices.Delete(revs, 0, i+1)
+	return true
 }
 
 // sweepKey reads key, then watches its creates, until the session ends.
@@ -562,17 +607,25 @@ func (s *Session) watchCreates(key string, from int64) {
 	}
 }
 
-// unstray deletes kv's key at its create revision when it has this session's
-// lease, was created after the session began, and, once this session's
-// primitives have let go of the key, is still there: nothing of the session
-// owns it.
+// made reports whether kv is a key this session created: it has the
+// session's lease and was created after the session began (a restarted
+// process's key, WithLease, was created before).
+func (s *Session) made(kv *mvccpb.KeyValue) bool {
+	return clientv3.LeaseID(kv.Lease) == s.id && kv.CreateRevision > s.startRev
+}
+
+// unstray deletes kv's key at its create revision when this session made it
+// and, once this session's primitives have let go of the key, it is still
+// there: nothing of the session owns it.
 func (s *Session) unstray(kv *mvccpb.KeyValue) {
 	key := string(kv.Key)
-	if clientv3.LeaseID(kv.Lease) != s.id || kv.CreateRevision <= s.startRev {
+	if !s.made(kv) {
 		return
 	}
-	if s.claimKey(s.ctx, key, true) != nil {
-		return // the session ended
+	// Wait until no primitive of the session uses the key: an acquire that
+	// created kv has recorded it by then, and the key is left alone.
+	if claimed, _ := s.claim(s.ctx, key, true, func() bool { return s.oursLocked(kv) }); !claimed {
+		return
 	}
 	defer s.releaseKey(key)
 	for s.ctx.Err() == nil {

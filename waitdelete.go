@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,11 +39,38 @@ func checkName(name string) error {
 	return nil
 }
 
-// slot is one contender's place: the session, the name's prefix and the key.
+// slot is one contender's place: the session, the name's prefix, the key,
+// and the rule that says whom it waits for.
 type slot struct {
 	s      *Session
 	prefix string // NAME/
 	key    string // NAME/<lease-hex>
+	rule   rule
+}
+
+// rule says whom a contender waits for: which of the keys created before its
+// own block it, and how many blocking keys may remain when it holds.
+type rule struct {
+	blocks func(kv *mvccpb.KeyValue) bool
+	room   int
+}
+
+// exclusive is the rule of a Mutex or an Election: every direct child of
+// prefix created before ours blocks, and none may remain.
+func exclusive(prefix string) rule {
+	return rule{blocks: func(kv *mvccpb.KeyValue) bool { return isChild(prefix, string(kv.Key)) }}
+}
+
+// ahead returns the keys of kvs (sorted by create revision) created before
+// rev that block, oldest first.
+func (r rule) ahead(kvs []*mvccpb.KeyValue, rev int64) []*mvccpb.KeyValue {
+	var out []*mvccpb.KeyValue
+	for _, kv := range kvs {
+		if kv.CreateRevision < rev && r.blocks(kv) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // name is the primitive's name: the prefix without its slash.
@@ -56,7 +84,7 @@ func newSlot(s *Session, name string) (slot, error) {
 		return slot{}, err
 	}
 	prefix := name + "/"
-	return slot{s: s, prefix: prefix, key: fmt.Sprintf("%s%x", prefix, int64(s.Lease()))}, nil
+	return slot{s: s, prefix: prefix, key: fmt.Sprintf("%s%x", prefix, int64(s.Lease())), rule: exclusive(prefix)}, nil
 }
 
 // isChild reports whether key is a direct child NAME/<hex> of prefix: the
@@ -72,17 +100,6 @@ func isChild(prefix, key string) bool {
 		}
 	}
 	return true
-}
-
-// ahead returns the direct children of prefix created before rev, oldest first.
-func ahead(prefix string, kvs []*mvccpb.KeyValue, rev int64) []*mvccpb.KeyValue {
-	var out []*mvccpb.KeyValue
-	for _, kv := range kvs {
-		if kv.CreateRevision < rev && isChild(prefix, string(kv.Key)) {
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 func listOp(prefix string) clientv3.Op {
@@ -115,15 +132,27 @@ func (sl slot) enqueue(ctx context.Context, val string) (turn, error) {
 		return turn{slot: sl, wrote: unsure(err)}, err
 	}
 	t := turn{slot: sl, hdr: resp.Header, wrote: resp.Succeeded, rev: resp.Header.Revision}
+	var own *mvccpb.KeyValue
 	if !resp.Succeeded {
-		kv := resp.Responses[0].GetResponseRange().Kvs[0]
-		if clientv3.LeaseID(kv.Lease) != lease {
-			return t, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, kv.Lease, int64(lease))
+		own = resp.Responses[0].GetResponseRange().Kvs[0]
+		if clientv3.LeaseID(own.Lease) != lease {
+			return t, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, own.Lease, int64(lease))
 		}
-		t.rev, t.value, t.wrote = kv.CreateRevision, append([]byte{}, kv.Value...), true
+		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
-	t.ahead = ahead(sl.prefix, resp.Responses[1].GetResponseRange().Kvs, t.rev)
+	t.ahead = sl.rule.ahead(resp.Responses[1].GetResponseRange().Kvs, t.rev)
+	if own != nil {
+		t.wrote = t.mine(own)
+	}
 	return t, nil
+}
+
+// mine reports whether a key of ours that existed before this call is this
+// call's to withdraw if it fails: one this session made (a create applied
+// late), or a restarted process's key (WithLease) that still waits; never a
+// restarted process's hold.
+func (t *turn) mine(kv *mvccpb.KeyValue) bool {
+	return t.s.made(kv) || t.blocked()
 }
 
 // tryEnqueue writes our key only if nothing at all is under NAME/: one RPC and
@@ -146,46 +175,69 @@ func (sl slot) tryEnqueue(ctx context.Context) (turn, error) {
 	}
 	// Without a key of ours, every direct child is ahead of where ours would be.
 	t := turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
-	if own := resp.Responses[0].GetResponseRange().Kvs; len(own) > 0 {
-		if clientv3.LeaseID(own[0].Lease) != lease {
-			return t, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, own[0].Lease, int64(lease))
+	var own *mvccpb.KeyValue
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		if own = kvs[0]; clientv3.LeaseID(own.Lease) != lease {
+			return t, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, own.Lease, int64(lease))
 		}
-		t.rev, t.value, t.wrote = own[0].CreateRevision, append([]byte{}, own[0].Value...), true
+		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
-	t.ahead = ahead(sl.prefix, resp.Responses[1].GetResponseRange().Kvs, t.rev)
-	if len(t.ahead) == 0 && !t.wrote {
+	t.ahead = sl.rule.ahead(resp.Responses[1].GetResponseRange().Kvs, t.rev)
+	if own != nil {
+		t.wrote = t.mine(own)
+	}
+	if !t.blocked() && t.value == nil {
 		return sl.enqueue(ctx, "")
 	}
 	return t, nil
 }
 
-// withdraw deletes the key this call may have written: the one at rev when
-// the create's outcome is known, else (rev 0) any key with our lease created
-// after the session began, so never a hold that a restarted process resumes
-// (WithLease). It runs under a bounded context of its own, as it cleans up
-// after calls whose context may have ended.
+// withdraw deletes the key this call may have written: the one at rev, or
+// (rev 0: the create's outcome is unknown) the key with our lease created
+// after the session began that a read finds, at its create revision; never a
+// hold that a restarted process resumes (WithLease), and, however late the
+// server applies it, never a later hold. When it fails the session sweeps
+// the key (see Session.sweep). It runs under a short bounded context of its
+// own, as it cleans up after calls whose context may have ended.
 func (sl slot) withdraw(rev int64) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.s.ctx), cleanupTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.s.ctx), createGrace)
 	defer cancel()
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(sl.key), "=", rev)}
-	if rev == 0 {
-		cmps = []clientv3.Cmp{
-			clientv3.Compare(clientv3.LeaseValue(sl.key), "=", sl.s.Lease()),
-			clientv3.Compare(clientv3.CreateRevision(sl.key), ">", sl.s.startRev),
-		}
-	}
-	if _, err := sl.s.client.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(sl.key)).Commit(); err != nil {
+	err := sl.deleteAt(ctx, rev)
+	if err != nil {
+		sl.s.sweep(sl.key)
 		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.key, err)
 	}
 	return nil
 }
 
-// wait blocks until no key is ahead of ours, then returns the header of the
-// revision at which the turn came. It returns ErrSessionExpired (wrapped) as
+// deleteAt deletes our key at create revision rev; with rev 0, the key with
+// our lease created after the session began, if any.
+func (sl slot) deleteAt(ctx context.Context, rev int64) error {
+	if rev == 0 {
+		resp, err := sl.s.client.Get(ctx, sl.key)
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) == 0 || !sl.s.made(resp.Kvs[0]) {
+			return nil
+		}
+		rev = resp.Kvs[0].CreateRevision
+	}
+	_, err := sl.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(sl.key), "=", rev)).
+		Then(clientv3.OpDelete(sl.key)).Commit()
+	return err
+}
+
+// blocked reports whether more keys that block us are listed ahead than the
+// rule leaves room for.
+func (t *turn) blocked() bool { return len(t.ahead) > t.rule.room }
+
+// wait blocks until the keys ahead of ours no longer block it (see rule),
+// then returns the header of the revision at which the turn came. It returns ErrSessionExpired (wrapped) as
 // soon as our own key vanishes, and ctx's error when ctx ends; it leaves the
 // key in place either way (the caller withdraws it).
 func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
-	for len(t.ahead) > 0 {
+	for t.blocked() {
 		err := t.watch(ctx)
 		switch {
 		case err == nil:
@@ -222,41 +274,46 @@ const (
 const progressWait = 500 * time.Millisecond
 
 // stream is one watch stream of a waiter: a watch of its own key and one of
-// the nearest key ahead, both from the serving member's current revision.
+// each of the nearest keys that block it, all from the serving member's
+// current revision.
 type stream struct {
 	t      *turn
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	pb     pb.Watch_WatchClient
-	cur    int64 // the watch of the nearest key ahead
+	ids    map[int64]string // watch ID -> key ahead it watches
+	nextID int64
 }
 
 // watch opens one watch stream and waits on it. It returns nil when the turn
-// came (t.ahead empty), an error wrapping ErrSessionExpired when our key went,
-// or another error when the stream failed.
+// came (nothing blocks us), an error wrapping ErrSessionExpired when our key
+// went, or another error when the stream failed.
 //
-// Both watches start at the serving member's current revision (start 0), so
-// the server puts them in its synced set at once (a watch from a past revision
-// waits up to 100 ms for the server's resync). Two things follow:
+// It watches our own key and the nearest room+1 keys that block us (room:
+// see rule): while fewer than that many remain, the turn cannot come before
+// one of them goes. All watches start at the serving member's current
+// revision (start 0), so the server puts them in its synced set at once (a
+// watch from a past revision waits up to 100 ms for the server's resync). Two
+// things follow:
 //
 //   - The member may be ahead of our last read (t.hdr): writes between the read
 //     and a watch's creation leave a gap, which one read at the created
 //     revision closes.
 //   - The member may lag behind our last read (a follower cut off from its
 //     peers for a moment still serves watches): the stream then replays events
-//     up to our read, such as the delete of an older incarnation of the key we
+//     up to our read, such as the delete of an older incarnation of a key we
 //     watch (same session, unlocked and locked again). A delete at or below the
 //     revision of the read that saw the key present cannot be that key's
 //     delete, so every event at or below t.hdr.Revision is ignored.
 //
-// Handoff: when the predecessor's delete arrives at revision R and no key was
-// ahead of it at our last read, the turn is ours at R unless our own key went
-// at R too (one transaction deleting a whole prefix): the server sends one
-// revision's events to the watchers of a stream in no set order. A progress
-// request on the stream settles it: the server answers it after every event
-// up to its current revision (at least R) has gone out on the stream. When
-// older keys were listed ahead, one serializable read says whether they are
-// gone.
+// Handoff: when a watched key's delete at revision R leaves no more blocking
+// keys listed than the rule allows (older keys can only vanish, never
+// appear), the turn is ours at R unless our own key went at R too (one
+// transaction deleting a whole prefix): the server sends one revision's events
+// to the watchers of a stream in no set order. A progress request on the
+// stream settles it: the server answers it after every event up to its
+// current revision (at least R) has gone out on the stream. When more keys
+// were listed, one serializable read says which are gone.
 func (t *turn) watch(ctx context.Context) error {
 	sctx, cancel := context.WithCancelCause(clientv3.WithRequireLeader(ctx))
 	defer cancel(nil)
@@ -264,34 +321,27 @@ func (t *turn) watch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	st := &stream{t: t, ctx: sctx, cancel: cancel, pb: ws}
+	st := &stream{t: t, ctx: sctx, cancel: cancel, pb: ws, ids: make(map[int64]string), nextID: firstAhead}
 	if err := st.create(ownWatch, t.key); err != nil {
 		return err
 	}
-	if _, err := st.next(ctx, ownWatch, ""); err != nil {
-		return err
-	}
-	for id := int64(firstAhead); len(t.ahead) > 0; id++ {
-		if id > firstAhead {
-			if err := st.drop(id - 1); err != nil {
-				return err
-			}
-		}
-		key := string(t.ahead[len(t.ahead)-1].Key)
-		if err := st.create(id, key); err != nil {
+	for t.blocked() {
+		if err := st.watchNearest(); err != nil {
 			return err
 		}
-		gone, err := st.next(ctx, id, key)
+		key, gone, err := st.next(ctx)
 		switch {
 		case err != nil:
 			return err
-		case gone == 0: // a read moved the queue: watch the new nearest key
-		case len(t.ahead) == 1:
-			if err := st.confirm(ctx, gone); err != nil {
-				return err
-			}
+		case gone == 0: // a read moved the queue: watch the new nearest keys
 		default:
-			if err := t.settle(ctx, gone); err != nil {
+			t.ahead = slices.DeleteFunc(t.ahead, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
+			if t.blocked() {
+				err = t.settle(ctx, gone)
+			} else {
+				err = st.confirm(ctx, gone)
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -299,32 +349,63 @@ func (t *turn) watch(ctx context.Context) error {
 	return nil
 }
 
-// next reads the stream until watch id reports: for our own watch (key ""),
-// its creation; for a key ahead, the revision of its delete, or 0 when the
-// read that closes the gap before the watch's creation found the queue moved.
-// A delete of our own key is an error wrapping ErrSessionExpired.
-func (st *stream) next(ctx context.Context, id int64, key string) (int64, error) {
+// watchNearest makes the stream watch the nearest room+1 keys that block
+// us, and only those.
+func (st *stream) watchNearest() error {
+	ahead := st.t.ahead
+	near := ahead[len(ahead)-min(len(ahead), st.t.rule.room+1):]
+	isNear := func(key string) bool {
+		return slices.ContainsFunc(near, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
+	}
+	for id, key := range st.ids {
+		if !isNear(key) {
+			delete(st.ids, id)
+			if err := st.drop(id); err != nil {
+				return err
+			}
+		}
+	}
+	for _, kv := range near {
+		if !st.watching(string(kv.Key)) {
+			st.ids[st.nextID] = string(kv.Key)
+			if err := st.create(st.nextID, string(kv.Key)); err != nil {
+				return err
+			}
+			st.nextID++
+		}
+	}
+	return nil
+}
+
+// watching reports whether the stream watches key.
+func (st *stream) watching(key string) bool {
+	for _, k := range st.ids {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+// next reads the stream until a watched key ahead is deleted (after our last
+// read), and returns it with the delete's revision; or until a watch's
+// creation past our last read made us read again (the queue may have moved),
+// and returns a revision of 0. A delete of our own key is an error wrapping
+// ErrSessionExpired.
+func (st *stream) next(ctx context.Context) (string, int64, error) {
 	t := st.t
 	for {
 		resp, err := st.recv(ctx)
 		if err != nil {
-			return 0, err
+			return "", 0, err
 		}
-		if resp.WatchId == id && resp.Created {
-			if key == "" {
-				return 0, nil
-			}
-			if resp.Header.Revision > t.hdr.Revision {
-				if err := t.settle(ctx, resp.Header.Revision); err != nil {
-					return 0, err
-				}
-				if len(t.ahead) == 0 || string(t.ahead[len(t.ahead)-1].Key) != key {
-					return 0, nil
-				}
-			}
+		if resp.Created && resp.Header.Revision > t.hdr.Revision {
+			return "", 0, t.settle(ctx, resp.Header.Revision)
 		}
-		if rev := t.deleted(resp, id); rev > 0 {
-			return rev, nil
+		if key, ok := st.ids[resp.WatchId]; ok {
+			if rev := t.deleted(resp, resp.WatchId); rev > 0 {
+				return key, rev, nil
+			}
 		}
 	}
 }
@@ -348,7 +429,6 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 		if err != nil {
 			return err
 		}
-		t.deleted(resp, 0)
 		if resp.WatchId == progressID && !resp.Created && resp.Header.Revision >= rev {
 			t.ahead = nil
 			t.hdr = &pb.ResponseHeader{ClusterId: resp.Header.ClusterId, MemberId: resp.Header.MemberId, Revision: rev, RaftTerm: resp.Header.RaftTerm}
@@ -358,14 +438,14 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 }
 
 // recv returns the stream's next response. A delete of our own key (after
-// our last read) is an error wrapping ErrSessionExpired, and so is a
-// cancelled watch of our own key or of the key we wait for.
+// our last read) is an error wrapping ErrSessionExpired; a cancelled watch of
+// our own key or of a key we wait for is an error.
 func (st *stream) recv(ctx context.Context) (*pb.WatchResponse, error) {
 	resp, err := st.pb.Recv()
 	if err != nil {
 		return nil, err
 	}
-	if resp.Canceled && (resp.WatchId == ownWatch || resp.WatchId == st.cur) {
+	if _, watched := st.ids[resp.WatchId]; resp.Canceled && (watched || resp.WatchId == ownWatch) {
 		return nil, fmt.Errorf("etcdsync: watch canceled: %s", resp.CancelReason)
 	}
 	if rev := st.t.deleted(resp, ownWatch); rev > 0 {
@@ -390,7 +470,6 @@ func (t *turn) deleted(resp *pb.WatchResponse, id int64) int64 {
 
 // create asks for a watch of key's deletes from the current revision.
 func (st *stream) create(id int64, key string) error {
-	st.cur = id
 	return st.pb.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
 		CreateRequest: &pb.WatchCreateRequest{
 			Key:     []byte(key),
@@ -425,7 +504,7 @@ func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	if !mine {
 		return errOwnKeyGone
 	}
-	t.ahead, t.hdr = ahead(t.prefix, resp.Kvs, t.rev), resp.Header
+	t.ahead, t.hdr = t.rule.ahead(resp.Kvs, t.rev), resp.Header
 	return nil
 }
 
@@ -456,9 +535,11 @@ const createGrace = time.Second
 // acquire takes the slot's key for one hold: it reserves the key in the
 // session, enqueues, and (in waitTurn mode) waits for its turn. ctx bounds it
 // all; the session's end also ends it. A ctx that has ended sends nothing. On
-// error no key is left behind: the cleanup runs under a bounded context of
-// its own, and a create whose outcome stays unknown is swept by the session
-// however late it is applied. The reservation is freed. In tryTurn mode a held
+// error no key of this call is left behind: the cleanup runs under a short
+// bounded context of its own, and a key it cannot remove, or a create whose
+// outcome stays unknown, is swept by the session, however late the server
+// applies it. Past ctx's end it blocks at most createGrace for the create and
+// as long again for the cleanup. The reservation is freed. In tryTurn mode a held
 // name gives an error wrapping ErrLocked. A hold is returned only while the
 // session lives.
 func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
@@ -470,6 +551,10 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 	}
 	if err := sl.s.claimKey(ctx, sl.key, m == waitTurn); err != nil {
 		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil { // it ended as the key was freed
+		sl.s.releaseKey(sl.key)
+		return nil, nil, sl.why(ctx, err)
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -497,10 +582,13 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 	case err != nil:
 	case wctx.Err() != nil:
 		err = wctx.Err()
-	case len(t.ahead) > 0 && m == tryTurn:
+	case t.blocked() && m == tryTurn:
 		err = fmt.Errorf("%w: %s is held by %s (create revision %d)", ErrLocked, sl.name(), t.ahead[0].Key, t.ahead[0].CreateRevision)
-	case len(t.ahead) > 0:
+	case t.blocked():
 		hdr, err = t.wait(wctx)
+	}
+	if err == nil && t.wrote && t.value == nil {
+		sl.s.created(sl.key, t.rev)
 	}
 	var h *hold
 	if err == nil {
@@ -512,11 +600,11 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 		return h, t.value, nil
 	}
 	err = sl.why(ctx, err)
-	if t.wrote {
-		err = errors.Join(err, sl.withdraw(t.rev))
-	}
-	if unknown {
+	switch {
+	case unknown: // the session removes the key if it was, or will be, created
 		sl.s.sweep(sl.key)
+	case t.wrote:
+		err = errors.Join(err, sl.withdraw(t.rev))
 	}
 	if h != nil {
 		h.finish(err)

@@ -8,6 +8,7 @@ package etcdtest
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -134,6 +135,10 @@ func StartCluster(dir string, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
+// freePorts returns n ports on 127.0.0.1 that are free now. They are taken
+// below the kernel's ephemeral range (32768 and up on Linux), so that the
+// listeners that bind port 0 meanwhile (proxies, clients, other test
+// processes) cannot take one before the member binds it.
 func freePorts(n int) ([]int, error) {
 	var ports []int
 	var lns []net.Listener
@@ -142,10 +147,13 @@ func freePorts(n int) ([]int, error) {
 			ln.Close()
 		}
 	}()
-	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000 {
+			return nil, fmt.Errorf("no free port below 32768 after %d tries", tries)
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(22000)))
 		if err != nil {
-			return nil, err
+			continue // taken
 		}
 		lns = append(lns, ln)
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
