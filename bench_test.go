@@ -9,6 +9,7 @@ package etcdsync_test
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -27,6 +28,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
+
+// benchFsync keeps fsync on in the benchmarks' etcd (a production disk);
+// -fsync=false shows the client's own costs.
+var benchFsync = flag.Bool("fsync", true, "benchmarks: fsync on the embedded etcd member")
 
 type benchMutex interface {
 	Lock(context.Context) error
@@ -91,7 +96,7 @@ func etcdSession(b *testing.B, cli *clientv3.Client) *concurrency.Session {
 // benchEtcd starts one member with fsync on and returns a counted client
 // and an uncounted admin client.
 func benchEtcd(b *testing.B) (*clientv3.Client, *counter, *clientv3.Client) {
-	c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+	c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
 	var cnt counter
 	return c.Client(b, cnt.dial()...), &cnt, c.Client(b)
 }
@@ -127,7 +132,7 @@ func BenchmarkKeepAliveTraffic(b *testing.B) {
 	const ttl = time.Second
 	for _, name := range []string{"etcdsync", "concurrency"} {
 		b.Run(name, func(b *testing.B) {
-			c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+			c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
 			var streams, sent int64
 			for i := 0; i < b.N; i++ {
 				var cnt counter
@@ -243,7 +248,7 @@ func BenchmarkWaiterCost(b *testing.B) {
 	for _, l := range libs {
 		for _, ahead := range []int{1, 2} {
 			b.Run(fmt.Sprintf("%s/ahead=%d", l.name, ahead), func(b *testing.B) {
-				c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
 				admin := c.Client(b)
 				cnt := counter{created: make(chan struct{}, 16)}
 				cli := c.Client(b, cnt.dial()...)
@@ -319,7 +324,7 @@ func BenchmarkHandoff(b *testing.B) {
 	for _, n := range []int{1, 10, 100, 500} {
 		for _, l := range libs {
 			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
-				c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
 				admin := c.Client(b)
 				cnt := counter{created: make(chan struct{}, n*l.waitWatches+16)}
 				cli := c.Client(b, cnt.dial()...)
@@ -461,7 +466,7 @@ func handoffChain(b *testing.B, cli *clientv3.Client, l lib, n int) []time.Durat
 func BenchmarkElectionHandoff(b *testing.B) {
 	for _, l := range libs {
 		b.Run(l.name, func(b *testing.B) {
-			c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+			c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
 			cnt := counter{created: make(chan struct{}, 16)}
 			cli := c.Client(b, cnt.dial()...)
 			ctx := context.Background()
@@ -490,7 +495,7 @@ func BenchmarkEventsPerRelease(b *testing.B) {
 	for _, n := range []int{100, 1000} {
 		for _, l := range libs {
 			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
-				c := etcdtest.Start(b, etcdtest.Options{Fsync: true})
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
 				admin := c.Client(b)
 				cnt := counter{created: make(chan struct{}, n*l.waitWatches+16)}
 				cli := c.Client(b, cnt.dial()...)

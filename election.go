@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,16 +18,13 @@ import (
 type Election struct {
 	hr          holder
 	campaigning chan struct{} // one Campaign at a time on this value
-
-	mu  sync.Mutex
-	hdr *pb.ResponseHeader // of the last successful Proclaim, if later than the term's start
 }
 
 // NewElection returns an Election on name for session s. It does not touch
 // etcd. An invalid name or a nil session is reported by every call that uses
 // them (Observe's channel closes at once).
 func NewElection(s *Session, name string) *Election {
-	return &Election{hr: newHolder(s, name), campaigning: make(chan struct{}, 1)}
+	return &Election{hr: newHolder(s, name, "election"), campaigning: make(chan struct{}, 1)}
 }
 
 // ResumeElection returns an Election on name that leads with leaderKey at
@@ -121,7 +117,7 @@ func (e *Election) Proclaim(ctx context.Context, val string) error {
 	if err != nil {
 		return err
 	}
-	e.setHeader(resp.Header)
+	h.advance(resp.Header)
 	return nil
 }
 
@@ -168,15 +164,6 @@ func (e *Election) Observe(ctx context.Context) <-chan *clientv3.GetResponse {
 	return NewObserver(e.hr.slot.s.client, e.hr.name).Observe(ctx)
 }
 
-// setHeader records a Proclaim's header; headers only move forward.
-func (e *Election) setHeader(hdr *pb.ResponseHeader) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.hdr == nil || hdr.Revision > e.hdr.Revision {
-		e.hdr = hdr
-	}
-}
-
 // Do runs ops in one transaction only while this value leads (its key still
 // exists at the term's create revision). It blocks for one RPC bounded by ctx.
 // Otherwise it returns an error wrapping ErrNotHeld and resets the state.
@@ -192,19 +179,8 @@ func (e *Election) Key() string { return e.hr.key() }
 func (e *Election) Rev() int64 { return e.hr.rev() }
 
 // Header returns the response header of the last successful Campaign or
-// Proclaim of the current term, else nil.
-func (e *Election) Header() *pb.ResponseHeader {
-	h := e.hr.current()
-	if h == nil {
-		return nil
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.hdr != nil && e.hdr.Revision > h.hdr.Revision {
-		return e.hdr
-	}
-	return h.hdr
-}
+// Proclaim of the current term (through any handle that shares it), else nil.
+func (e *Election) Header() *pb.ResponseHeader { return e.hr.header() }
 
 // IsLeader returns a comparison that holds while this value leads, for the
 // caller's own transactions; when not leading it is always false.

@@ -27,6 +27,9 @@ type hold struct {
 	end       context.CancelCauseFunc
 	releasing atomic.Int32 // Unlocks in flight: a delete seen meanwhile may be theirs
 
+	mu   sync.Mutex
+	last *pb.ResponseHeader // of the last write through the hold (Proclaim)
+
 	once      sync.Once     // finish
 	watchOnce sync.Once     // start or forbid the watch
 	watched   chan struct{} // closed when the watch returns; nil if never started
@@ -53,6 +56,8 @@ func (sl slot) resume(rev int64) (*hold, error) {
 	h := sl.s.held[sl.key]
 	sl.s.mu.Unlock()
 	switch {
+	case h != nil && h.live() && h.kind != sl.kind:
+		return nil, fmt.Errorf("%w: %s is held by a %s of this session", ErrNotHeld, sl.key, h.kind)
 	case h != nil && h.live() && h.rev == rev:
 		return h, nil
 	case h != nil && h.live():
@@ -62,6 +67,26 @@ func (sl slot) resume(rev int64) (*hold, error) {
 		return nil, err
 	}
 	return newHold(sl, rev, &pb.ResponseHeader{Revision: rev}), nil
+}
+
+// advance records the header of a later write through the hold (Proclaim);
+// headers only move forward.
+func (h *hold) advance(hdr *pb.ResponseHeader) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.last == nil || hdr.Revision > h.last.Revision {
+		h.last = hdr
+	}
+}
+
+// header is the header of the last write through the hold, or of its start.
+func (h *hold) header() *pb.ResponseHeader {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.last != nil && h.last.Revision > h.hdr.Revision {
+		return h.last
+	}
+	return h.hdr
 }
 
 // resumed reports whether h's key was created before the session began: a
@@ -237,8 +262,8 @@ type holder struct {
 	last error // why the previous hold ended
 }
 
-func newHolder(s *Session, name string) holder {
-	sl, err := newSlot(s, name)
+func newHolder(s *Session, name, kind string) holder {
+	sl, err := newSlot(s, name, kind)
 	if err != nil {
 		// The prefix still names a key, so that the always-false guard
 		// is a comparison etcd accepts.
@@ -322,7 +347,7 @@ func (hr *holder) rev() int64 {
 
 func (hr *holder) header() *pb.ResponseHeader {
 	if h := hr.current(); h != nil {
-		return h.hdr
+		return h.header()
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ type Mutex struct {
 // every call that uses them, with an error wrapping ErrInvalidName or
 // ErrInvalidArgument.
 func NewMutex(s *Session, name string) *Mutex {
-	return &Mutex{hr: newHolder(s, name)}
+	return &Mutex{hr: newHolder(s, name, "mutex")}
 }
 
 // Lock blocks until the lock is held, ctx ends (the error wraps ctx.Err()) or

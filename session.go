@@ -189,11 +189,12 @@ func (s *Session) keepAlive(first time.Time) {
 		if ka == nil && !time.Now().Before(next) {
 			ka = s.openBeats()
 		}
+		wake := earliest(next, deadline)
 		var ready <-chan struct{} // set while a beat is due on a stream still opening
-		if ka != nil && !time.Now().Before(next) {
-			ready = ka.ready
+		if ka != nil && !ka.isReady() && !time.Now().Before(next) {
+			ready, wake = ka.ready, deadline
 		}
-		timer.Reset(time.Until(earliest(next, deadline)))
+		timer.Reset(time.Until(wake))
 		select {
 		case <-s.ctx.Done():
 			return
@@ -202,9 +203,9 @@ func (s *Session) keepAlive(first time.Time) {
 			continue
 		case r := <-ka.replies():
 			switch {
-			case r.err != nil: // the stream failed: open another one soon
+			case r.err != nil: // the stream failed: open another one after a pause
 				ka.close()
-				ka, next = nil, earliest(next, time.Now().Add(min(retryPause, pace)))
+				ka, next = nil, latest(next, time.Now().Add(min(retryPause, pace)))
 			case r.ttl <= 0:
 				s.cancel(fmt.Errorf("%w: lease 0x%x not found (expired or revoked)", ErrSessionExpired, int64(s.id)))
 				return
@@ -227,6 +228,13 @@ func (s *Session) keepAlive(first time.Time) {
 
 func earliest(a, b time.Time) time.Time {
 	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
 		return b
 	}
 	return a
@@ -404,9 +412,9 @@ func (s *Session) Orphan() {
 }
 
 // Close ends the session and revokes its lease, which deletes every key the
-// session holds. It blocks for the revoke, bounded by the TTL (and by the time
-// left before the lease expires anyway); with the client closed it returns at
-// once (the lease is left to expire). It is idempotent: later calls return the
+// session holds. It blocks for the revoke, bounded by the TTL (by a second
+// once the session ended for lost contact); with the client closed it returns
+// at once (the lease is left to expire). It is idempotent: later calls return the
 // first call's result. After Orphan it changes nothing in etcd. A lease the
 // server no longer has is not an error.
 func (s *Session) Close() error {
@@ -553,12 +561,23 @@ func (s *Session) sweep(key string) {
 }
 
 // created records that an acquire of this session created key at rev, so
-// that a sweeper of the key leaves that create alone.
+// that a sweeper of the key leaves that create to the acquire (which holds
+// it, or withdraws it).
 func (s *Session) created(key string, rev int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if revs, ok := s.swept[key]; ok {
 		s.swept[key] = append(revs, rev)
+	}
+}
+
+// disown forgets that an acquire of this session created key at rev (its
+// withdraw failed): a sweeper of the key removes it.
+func (s *Session) disown(key string, rev int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if revs, ok := s.swept[key]; ok {
+		s.swept[key] = slices.DeleteFunc(revs, func(r int64) bool { return r == rev })
 	}
 }
 

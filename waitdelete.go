@@ -45,6 +45,7 @@ type slot struct {
 	s      *Session
 	prefix string // NAME/
 	key    string // NAME/<lease-hex>
+	kind   string // of primitive: mutex, election
 	rule   rule
 }
 
@@ -76,7 +77,7 @@ func (r rule) ahead(kvs []*mvccpb.KeyValue, rev int64) []*mvccpb.KeyValue {
 // name is the primitive's name: the prefix without its slash.
 func (sl slot) name() string { return strings.TrimSuffix(sl.prefix, "/") }
 
-func newSlot(s *Session, name string) (slot, error) {
+func newSlot(s *Session, name, kind string) (slot, error) {
 	if s == nil {
 		return slot{}, fmt.Errorf("%w: nil session", ErrInvalidArgument)
 	}
@@ -84,7 +85,7 @@ func newSlot(s *Session, name string) (slot, error) {
 		return slot{}, err
 	}
 	prefix := name + "/"
-	return slot{s: s, prefix: prefix, key: fmt.Sprintf("%s%x", prefix, int64(s.Lease())), rule: exclusive(prefix)}, nil
+	return slot{s: s, prefix: prefix, key: fmt.Sprintf("%s%x", prefix, int64(s.Lease())), kind: kind, rule: exclusive(prefix)}, nil
 }
 
 // isChild reports whether key is a direct child NAME/<hex> of prefix: the
@@ -204,6 +205,7 @@ func (sl slot) withdraw(rev int64) error {
 	defer cancel()
 	err := sl.deleteAt(ctx, rev)
 	if err != nil {
+		sl.s.disown(sl.key, rev) // before the key's claim is freed: the sweeper acts
 		sl.s.sweep(sl.key)
 		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.key, err)
 	}
@@ -335,8 +337,11 @@ func (t *turn) watch(ctx context.Context) error {
 			return err
 		case gone == 0: // a read moved the queue: watch the new nearest keys
 		default:
-			t.ahead = slices.DeleteFunc(t.ahead, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
-			if t.blocked() {
+			// The list changes only once the turn is confirmed or a read
+			// says what is left: a stream that breaks meanwhile leaves us
+			// as blocked as before.
+			rest := slices.DeleteFunc(slices.Clone(t.ahead), func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
+			if len(rest) > t.rule.room {
 				err = t.settle(ctx, gone)
 			} else {
 				err = st.confirm(ctx, gone)
@@ -445,7 +450,9 @@ func (st *stream) recv(ctx context.Context) (*pb.WatchResponse, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, watched := st.ids[resp.WatchId]; resp.Canceled && (watched || resp.WatchId == ownWatch) {
+	// A create the server refused (Created and Canceled, ID -1: a stale auth
+	// token, say) breaks the stream as much as a cancelled watch does.
+	if _, watched := st.ids[resp.WatchId]; resp.Canceled && (watched || resp.WatchId == ownWatch || resp.Created) {
 		return nil, fmt.Errorf("etcdsync: watch canceled: %s", resp.CancelReason)
 	}
 	if rev := st.t.deleted(resp, ownWatch); rev > 0 {
@@ -577,6 +584,9 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 		t, err = sl.enqueue(ectx, val)
 	}
 	unknown := err != nil && t.wrote // the create failed, and may yet be applied
+	if err == nil && t.wrote && t.value == nil {
+		sl.s.created(sl.key, t.rev) // a sweeper of the key leaves it to us
+	}
 	hdr := t.hdr
 	switch {
 	case err != nil:
@@ -586,9 +596,6 @@ func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, 
 		err = fmt.Errorf("%w: %s is held by %s (create revision %d)", ErrLocked, sl.name(), t.ahead[0].Key, t.ahead[0].CreateRevision)
 	case t.blocked():
 		hdr, err = t.wait(wctx)
-	}
-	if err == nil && t.wrote && t.value == nil {
-		sl.s.created(sl.key, t.rev)
 	}
 	var h *hold
 	if err == nil {
