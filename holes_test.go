@@ -456,6 +456,25 @@ func TestLaggingFollowerReplays(t *testing.T) {
 	}
 }
 
+// lateCreate waits for the create that a follower cut off from its peers
+// forwarded to be applied, and returns its revision.
+func lateCreate(t *testing.T, wch clientv3.WatchChan) int64 {
+	t.Helper()
+	for {
+		select {
+		case wr := <-wch:
+			require.NoError(t, wr.Err())
+			for _, ev := range wr.Events {
+				if ev.IsCreate() {
+					return ev.Kv.CreateRevision
+				}
+			}
+		case <-time.After(testTimeout):
+			t.Fatal("the forwarded create was never applied: the rig no longer reproduces a late create")
+		}
+	}
+}
+
 // Item 3: a create sent to a follower cut off from its peers is forwarded to
 // the leader and sits in the network; the client gives up and its cleanup,
 // served by another member, finds nothing. When the partition heals the create
@@ -483,20 +502,7 @@ func TestLateCreateIsSwept(t *testing.T) {
 
 	// The forwarded create is applied late, and the session sweeps it.
 	wch := admin.Watch(ctx, "late/", clientv3.WithPrefix(), clientv3.WithRev(from.Header.Revision+1))
-	var created int64
-	for created == 0 {
-		select {
-		case wr := <-wch:
-			require.NoError(t, wr.Err())
-			for _, ev := range wr.Events {
-				if ev.IsCreate() {
-					created = ev.Kv.CreateRevision
-				}
-			}
-		case <-time.After(testTimeout):
-			t.Fatal("the forwarded create was never applied: the rig no longer reproduces a late create")
-		}
-	}
+	created := lateCreate(t, wch)
 	other := etcdsync.NewMutex(session(t, admin), "late")
 	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

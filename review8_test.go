@@ -350,23 +350,29 @@ func TestR8SweeperStealsClaimAfterUnlock(t *testing.T) {
 	}
 }
 
-func sweeperSteals(t *testing.T, swept bool) {
-	c := single(t)
-	ctx := ctxT(t)
+// sweptMutex returns a Mutex on name of a session whose writes take 30 ms
+// more; with swept, after one Lock of unknown outcome, so that the session
+// sweeps the key from then on.
+func sweptMutex(t *testing.T, c *etcdtest.Cluster, name string, swept bool) *etcdsync.Mutex {
 	var inj injector
-	// A link with 30 ms of latency on writes.
 	slow := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if method == txnMethod {
 			time.Sleep(30 * time.Millisecond)
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	})
-	s := session(t, c.Client(t, inj.dial(), slow))
-	m := etcdsync.NewMutex(s, "r8-steal")
+	m := etcdsync.NewMutex(session(t, c.Client(t, inj.dial(), slow)), name)
 	if swept {
 		inj.arm(txnMethod, 1)
-		require.Error(t, m.Lock(ctx)) // unknown outcome: the session sweeps the key from now on
+		require.Error(t, m.Lock(ctxT(t)))
 	}
+	return m
+}
+
+func sweeperSteals(t *testing.T, swept bool) {
+	c := single(t)
+	ctx := ctxT(t)
+	m := sweptMutex(t, c, "r8-steal", swept)
 	spurious := 0
 	for i := 0; i < 10; i++ {
 		require.NoError(t, m.Lock(ctx))

@@ -275,19 +275,7 @@ func TestR9SweeperStealsClaimAfterFailedLock(t *testing.T) {
 		t.Run(map[bool]string{true: "swept", false: "unswept"}[swept], func(t *testing.T) {
 			c := single(t)
 			ctx := ctxT(t)
-			var inj injector
-			slow := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				if method == txnMethod {
-					time.Sleep(30 * time.Millisecond)
-				}
-				return invoker(ctx, method, req, reply, cc, opts...)
-			})
-			s := session(t, c.Client(t, inj.dial(), slow))
-			m := etcdsync.NewMutex(s, "r9-steal")
-			if swept {
-				inj.arm(txnMethod, 1)
-				require.Error(t, m.Lock(ctx)) // unknown outcome: the session sweeps the key from now on
-			}
+			m := sweptMutex(t, c, "r9-steal", swept)
 			holder := etcdsync.NewMutex(session(t, c.Client(t)), "r9-steal")
 			spurious := 0
 			for i := 0; i < 5; i++ {
@@ -481,20 +469,7 @@ func TestR9LateCreateAfterHandOverBlocksName(t *testing.T) {
 	healed = true
 
 	wch := admin.Watch(ctx, "r9-handover/", clientv3.WithPrefix(), clientv3.WithRev(from.Header.Revision+1))
-	var created int64
-	for created == 0 {
-		select {
-		case wr := <-wch:
-			require.NoError(t, wr.Err())
-			for _, ev := range wr.Events {
-				if ev.IsCreate() {
-					created = ev.Kv.CreateRevision
-				}
-			}
-		case <-time.After(testTimeout):
-			t.Fatal("the forwarded create was never applied: the rig no longer reproduces a late create")
-		}
-	}
+	created := lateCreate(t, wch)
 	other := etcdsync.NewMutex(session(t, admin), "r9-handover")
 	octx, ocancel := context.WithTimeout(ctx, 5*time.Second)
 	defer ocancel()
