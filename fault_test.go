@@ -45,9 +45,6 @@ type fault struct {
 	// pause: the victim freezes while holding (ignores Done) until healed,
 	// then writes with the guard it took before, as a stopped process would.
 	pause bool
-	// contact: lost holds come from lost contact, so Done must fire no
-	// later than the server deletes the key; else within a watch round trip.
-	contact bool
 	// election: the workers campaign and resign instead of lock and unlock.
 	election bool
 	// impatient: the victim gives up waiting after 150 ms and tries again,
@@ -76,13 +73,13 @@ func TestFaults(t *testing.T) {
 		{name: "leader-transfer", inject: func(t *testing.T, r *faultRun, _ *faultWorker) {
 			require.NoError(t, r.c.TransferLeader(r.ctx))
 		}},
-		{name: "blackhole-short", onHold: true, contact: true, dur: faultTTL / 3, inject: cut, heal: mend},
-		{name: "blackhole-long", onHold: true, contact: true, dur: faultTTL + 1500*time.Millisecond, inject: cut, heal: mend},
+		{name: "blackhole-short", onHold: true, dur: faultTTL / 3, inject: cut, heal: mend},
+		{name: "blackhole-long", onHold: true, dur: faultTTL + 1500*time.Millisecond, inject: cut, heal: mend},
 		{name: "lease-revoked", onHold: true, inject: func(t *testing.T, r *faultRun, v *faultWorker) {
 			_, err := r.admin.Revoke(r.ctx, v.lease())
 			require.NoError(t, err)
 		}},
-		{name: "process-pause", onHold: true, pause: true, contact: true, dur: faultTTL + 1500*time.Millisecond, inject: cut, heal: mend},
+		{name: "process-pause", onHold: true, pause: true, dur: faultTTL + 1500*time.Millisecond, inject: cut, heal: mend},
 		// A follower cut off from its peers (not from clients) for less
 		// than an election timeout, again and again while the workers
 		// unlock and lock: watches it serves lag behind the workers' reads.
@@ -145,6 +142,7 @@ type holdRec struct {
 	worker     int
 	start, rev int64 // revision at which the hold began; create revision of its key
 	lost       bool  // ended otherwise than by our Unlock
+	contact    bool  // lost with the session's contact (ErrLostContact)
 	doneAt     time.Time
 }
 
@@ -162,11 +160,11 @@ type faultRun struct {
 	mu       sync.Mutex
 	holds    []holdRec
 	incs     []incRec
-	deletes  map[int64]deleteRec // create revision -> its delete
-	armed    atomic.Bool         // the victim should report its next hold
-	holding  chan struct{}       // closed when it holds, armed
-	injected chan struct{}       // closed when the fault has started
-	healed   chan struct{}       // closed when it is over
+	log      *deleteLog
+	armed    atomic.Bool   // the victim should report its next hold
+	holding  chan struct{} // closed when it holds, armed
+	injected chan struct{} // closed when the fault has started
+	healed   chan struct{} // closed when it is over
 
 	staleWrites int // writes by the paused victim that got through
 	workers     []*faultWorker
@@ -175,6 +173,109 @@ type faultRun struct {
 type deleteRec struct {
 	rev  int64
 	seen time.Time
+}
+
+// deleteLog records, from an admin's watch, every delete under a prefix:
+// the deleted key's create revision, the delete's revision and when the
+// watch delivered it.
+type deleteLog struct {
+	mu         sync.Mutex
+	deletes    map[int64]deleteRec // create revision -> its delete
+	cli        *clientv3.Client
+	rev        atomic.Int64 // every event up to it has been recorded
+	progressed chan struct{}
+	cancel     context.CancelFunc
+	stopped    chan struct{}
+}
+
+func watchDeletes(ctx context.Context, cli *clientv3.Client, prefix string, from int64) *deleteLog {
+	ctx, cancel := context.WithCancel(ctx)
+	d := &deleteLog{deletes: make(map[int64]deleteRec), cli: cli, progressed: make(chan struct{}, 1), cancel: cancel, stopped: make(chan struct{})}
+	go func() {
+		defer close(d.stopped)
+		for wr := range cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(from)) {
+			now := time.Now()
+			d.mu.Lock()
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete && ev.PrevKv != nil {
+					d.deletes[ev.PrevKv.CreateRevision] = deleteRec{rev: ev.Kv.ModRevision, seen: now}
+				}
+			}
+			d.mu.Unlock()
+			d.rev.Store(max(d.rev.Load(), wr.Header.Revision))
+			select {
+			case d.progressed <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return d
+}
+
+func (d *deleteLog) get(create int64) (deleteRec, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rec, ok := d.deletes[create]
+	return rec, ok
+}
+
+// stop ends the watch once it has delivered every event up to rev (it may
+// be served by another member than the caller's read, or simply be behind).
+func (d *deleteLog) stop(t *testing.T, rev int64) {
+	t.Helper()
+	defer func() {
+		d.cancel()
+		<-d.stopped
+	}()
+	caughtUp := time.After(testTimeout)
+	for d.rev.Load() < rev {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := d.cli.RequestProgress(ctx)
+		cancel()
+		require.NoError(t, err)
+		select {
+		case <-d.progressed:
+		case <-time.After(100 * time.Millisecond):
+		case <-caughtUp:
+			t.Fatalf("the admin watch did not reach revision %d", rev)
+		}
+	}
+}
+
+// checkHolds checks holds against the server's deletes of their keys: each
+// began before its key was deleted, none began before the previous one's
+// key was deleted (revision order), and a lost hold's Done fired no later
+// than the server deleted its key when it lost contact, else within slack.
+// It returns the violations and, per lost hold, how long Done fired before
+// the delete was seen.
+func checkHolds(holds []holdRec, log *deleteLog, slack time.Duration) (problems []string, leads []time.Duration) {
+	holds = slices.Clone(holds)
+	sort.Slice(holds, func(i, j int) bool { return holds[i].start < holds[j].start })
+	for i, h := range holds {
+		del, ok := log.get(h.rev)
+		if !ok {
+			problems = append(problems, fmt.Sprintf("hold at %d: its key's delete was not seen", h.rev))
+			continue
+		}
+		if del.rev <= h.start {
+			problems = append(problems, fmt.Sprintf("hold at %d (worker %d) began at %d, but its key was deleted at %d: granted with no key", h.rev, h.worker, h.start, del.rev))
+		}
+		if i+1 < len(holds) && del.rev > holds[i+1].start {
+			problems = append(problems, fmt.Sprintf("holds overlap: %d (worker %d, began %d) held until %d, %d (worker %d) began at %d", h.rev, h.worker, h.start, del.rev, holds[i+1].rev, holds[i+1].worker, holds[i+1].start))
+		}
+		if !h.lost {
+			continue
+		}
+		lead := del.seen.Sub(h.doneAt)
+		leads = append(leads, lead)
+		if h.contact && lead < 0 {
+			problems = append(problems, fmt.Sprintf("hold %d lost contact: Done fired %v after the server deleted its key", h.rev, -lead))
+		}
+		if !h.contact && lead < -slack {
+			problems = append(problems, fmt.Sprintf("hold %d: Done fired %v after its key was deleted", h.rev, -lead))
+		}
+	}
+	return problems, leads
 }
 
 type faultResult struct {
@@ -199,39 +300,19 @@ func runFault(t *testing.T, f fault) faultResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	r := &faultRun{f: f, c: c, admin: c.Client(t), ctx: ctx, name: "fault/" + f.name,
-		deletes: make(map[int64]deleteRec), holding: make(chan struct{}), injected: make(chan struct{}), healed: make(chan struct{})}
+		holding: make(chan struct{}), injected: make(chan struct{}), healed: make(chan struct{})}
 	counter := r.name + "/counter"
 	put, err := r.admin.Put(ctx, counter, "0")
 	require.NoError(t, err)
 
 	// The admin watches every delete under the lock's name, from the
 	// revision of the counter's put.
-	wctx, wcancel := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	var watchedRev atomic.Int64 // every event up to it has been recorded
-	progressed := make(chan struct{}, 1)
-	go func() {
-		defer close(watched)
-		for wr := range r.admin.Watch(wctx, r.name+"/lock/", clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(put.Header.Revision+1)) {
-			now := time.Now()
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete && ev.PrevKv != nil {
-					r.mu.Lock()
-					r.deletes[ev.PrevKv.CreateRevision] = deleteRec{rev: ev.Kv.ModRevision, seen: now}
-					r.mu.Unlock()
-				}
-			}
-			watchedRev.Store(max(watchedRev.Load(), wr.Header.Revision))
-			select {
-			case progressed <- struct{}{}:
-			default:
-			}
-		}
-	}()
+	r.log = watchDeletes(ctx, r.admin, r.name+"/lock/", put.Header.Revision+1)
 
 	workers := make([]*faultWorker, faultWorkers)
 	for i := range workers {
-		workers[i] = newFaultWorker(t, r, i)
+		workers[i] = newFaultWorker(t, c, i)
+		workers[i].r = r
 	}
 	r.workers = workers
 	var wg sync.WaitGroup
@@ -282,18 +363,7 @@ func runFault(t *testing.T, f fault) faultResult {
 		left = append(left, string(kv.Key))
 	}
 	res.orphans = len(left)
-	caughtUp := time.After(testTimeout)
-	for watchedRev.Load() < resp.Header.Revision {
-		require.NoError(t, r.admin.RequestProgress(wctx))
-		select {
-		case <-progressed:
-		case <-time.After(100 * time.Millisecond):
-		case <-caughtUp:
-			t.Fatalf("the admin watch did not reach revision %d", resp.Header.Revision)
-		}
-	}
-	wcancel()
-	<-watched
+	r.log.stop(t, resp.Header.Revision)
 
 	resp, err = r.admin.Get(ctx, counter)
 	require.NoError(t, err)
@@ -315,30 +385,10 @@ func runFault(t *testing.T, f fault) faultResult {
 			violate("fencing token went back: %d after %d", r.incs[i].token, r.incs[i-1].token)
 		}
 	}
-	sort.Slice(r.holds, func(i, j int) bool { return r.holds[i].start < r.holds[j].start })
-	for i, h := range r.holds {
-		del, ok := r.deletes[h.rev]
-		if !ok {
-			violate("hold at %d: its key's delete was not seen", h.rev)
-			continue
-		}
-		if del.rev <= h.start {
-			violate("hold at %d (worker %d) began at %d, but its key was deleted at %d: granted with no key", h.rev, h.worker, h.start, del.rev)
-		}
-		if i+1 < len(r.holds) && del.rev > r.holds[i+1].start {
-			violate("holds overlap: %d (worker %d, began %d) held until %d, %d (worker %d) began at %d", h.rev, h.worker, h.start, del.rev, r.holds[i+1].rev, r.holds[i+1].worker, r.holds[i+1].start)
-		}
-		if !h.lost {
-			continue
-		}
-		lead := del.seen.Sub(h.doneAt)
-		res.leads = append(res.leads, lead)
-		if f.contact && lead < 0 {
-			violate("hold %d lost contact: Done fired %v after the server deleted its key", h.rev, -lead)
-		}
-		if !f.contact && lead < -time.Second {
-			violate("hold %d: Done fired %v after its key was deleted", h.rev, -lead)
-		}
+	var problems []string
+	problems, res.leads = checkHolds(r.holds, r.log, time.Second)
+	for _, p := range problems {
+		violate("%s", p)
 	}
 	if r.staleWrites > 0 {
 		violate("%d writes of a paused holder got through its stale guard", r.staleWrites)
@@ -353,7 +403,7 @@ func runFault(t *testing.T, f fault) faultResult {
 // connection can be cut on its own.
 type faultWorker struct {
 	id      int
-	r       *faultRun
+	r       *faultRun // in the fault suite
 	proxies []*etcdtest.Proxy
 	cli     *clientv3.Client
 	members []*clientv3.Client // one client per member, through proxies
@@ -364,10 +414,10 @@ type faultWorker struct {
 	s  *etcdsync.Session
 }
 
-func newFaultWorker(t *testing.T, r *faultRun, id int) *faultWorker {
-	w := &faultWorker{id: id, r: r}
+func newFaultWorker(t *testing.T, c *etcdtest.Cluster, id int) *faultWorker {
+	w := &faultWorker{id: id}
 	var eps []string
-	for _, m := range r.c.Members() {
+	for _, m := range c.Members() {
 		u, err := url.Parse(m.Endpoint())
 		require.NoError(t, err)
 		p := etcdtest.NewProxy(t, u.Host)
@@ -414,9 +464,20 @@ func (w *faultWorker) blackhole(on bool) {
 	}
 }
 
+// latency delays every reply to this worker by d.
+func (w *faultWorker) latency(d time.Duration) {
+	for _, p := range w.proxies {
+		p.SetLatency(d)
+	}
+}
+
+// lease returns the current session's lease, 0 if none.
 func (w *faultWorker) lease() clientv3.LeaseID {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.s == nil {
+		return 0
+	}
 	return w.s.Lease()
 }
 
@@ -480,13 +541,14 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 			done++
 			progress <- struct{}{}
 		}
-		w.unlock(m)
+		w.unlock(r.ctx, m)
 		select {
 		case rec.doneAt = <-fired:
 		case <-time.After(faultTTL + 10*time.Second):
 			t.Errorf("worker %d: hold %d: Done never fired", w.id, rec.rev)
 		}
 		rec.lost = !errors.Is(m.Err(), etcdsync.ErrLockReleased)
+		rec.contact = errors.Is(m.Err(), etcdsync.ErrLostContact)
 		r.mu.Lock()
 		r.holds = append(r.holds, rec)
 		r.mu.Unlock()
@@ -539,9 +601,9 @@ func (w *faultWorker) increment(m primitive, guard clientv3.Cmp, counter string,
 
 // unlock releases the hold, retrying while it is held and the release fails
 // (cut off from etcd), as a careful user does.
-func (w *faultWorker) unlock(m primitive) {
-	for w.r.ctx.Err() == nil && m.Err() == nil {
-		ctx, cancel := context.WithTimeout(w.r.ctx, 2*time.Second)
+func (w *faultWorker) unlock(ctx context.Context, m primitive) {
+	for ctx.Err() == nil && m.Err() == nil {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		m.release(ctx) // an error wrapping ErrLockReleased: the hold was gone
 		cancel()
 	}

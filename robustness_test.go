@@ -1,0 +1,443 @@
+package etcdsync_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The robustness driver: on a 3-member cluster, workers lock, try-lock and
+// campaign on one name (a Mutex and an Election on one name exclude each
+// other) and, while they hold, read and write a register through their
+// guard, while a seeded random schedule of faults strikes. Every operation
+// is recorded with its invocation and response times, and the histories are
+// checked with porcupine: the lock's (a mutex: no two holds at once, as the
+// library reported them) and the register's (each hold's read-then-write
+// takes effect on the value it read: a lost update means two writers).
+// Fencing tokens never go back in the order writes committed, and the holds
+// are checked against the server's revisions as in the fault suite.
+
+var (
+	robustnessFor  = flag.Duration("robustness", 0, "robustness driver: run rounds of faults for this long (0: one short round)")
+	robustnessSeed = flag.Uint64("seed", 0, "robustness driver: seed of the first round's schedule (0: from the clock)")
+)
+
+const (
+	robustShort   = 12 * time.Second // the round go test runs
+	robustRound   = 30 * time.Second // each round of a long run
+	robustWorkers = 4
+	robustName    = "robust/lock"
+	robustReg     = "robust/register"
+)
+
+func TestRobustness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("robustness driver skipped in -short")
+	}
+	seed := *robustnessSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	length := robustShort
+	if *robustnessFor > 0 {
+		length = robustRound
+	}
+	start := time.Now()
+	var histories, ops int
+	for i := uint64(0); ; i++ {
+		s := seed + i
+		ok := t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
+			t.Logf("replay: go test -run 'TestRobustness' -seed %d", s)
+			ops += robustRun(t, s, length)
+			histories += 2
+		})
+		if !ok || time.Since(start)+length > *robustnessFor {
+			break
+		}
+	}
+	t.Logf("checked %d histories (a lock and a register per round), %d operations", histories, ops)
+}
+
+// robustRun runs one round: faults for length, then the checks. It returns
+// the number of operations checked.
+func robustRun(t *testing.T, seed uint64, length time.Duration) int {
+	c := etcdtest.Start(t, etcdtest.Options{Members: 3, PeerProxies: true})
+	ctx, cancel := context.WithTimeout(context.Background(), length+3*time.Minute)
+	defer cancel()
+	admin := c.Client(t)
+	put, err := admin.Put(ctx, robustReg, "init")
+	require.NoError(t, err)
+	log := watchDeletes(ctx, admin, robustName+"/", put.Header.Revision+1)
+
+	h := &history{base: time.Now()}
+	workers := make([]*faultWorker, robustWorkers)
+	for i := range workers {
+		workers[i] = newFaultWorker(t, c, i)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			robustWork(t, ctx, wctx, w, rand.New(rand.NewPCG(seed, uint64(i)+1)), h)
+		}()
+	}
+	driveFaults(t, ctx, c, admin, workers, log, rand.New(rand.NewPCG(seed, 0)), length)
+	stop()
+	wg.Wait()
+	for _, w := range workers {
+		w.close()
+	}
+
+	// Every key goes with its session (a session that lost contact leaves
+	// its lease to expire), and every delete is seen before the checks.
+	waitCount(t, admin, robustName+"/", faultTTL+testTimeout, func(have int) bool { return have == 0 })
+	resp, err := admin.Get(ctx, robustName+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Zero(t, resp.Count, "keys left")
+	log.stop(t, resp.Header.Revision)
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	dir := ""
+	check := func(what string, model porcupine.Model, ops []porcupine.Operation) {
+		end := h.now()
+		for i := range ops {
+			if ops[i].Return < 0 { // outcome unknown: it may take effect at any later time
+				ops[i].Return = end
+			}
+		}
+		res, info := porcupine.CheckOperationsVerbose(model, ops, time.Minute)
+		if res == porcupine.Ok {
+			return
+		}
+		if dir == "" {
+			d, err := os.MkdirTemp("", "etcdsync-robustness-")
+			require.NoError(t, err)
+			dir = d
+		}
+		path := filepath.Join(dir, what+".html")
+		require.NoError(t, porcupine.VisualizePath(model, info, path))
+		t.Errorf("%s history (%d operations): %s; see %s", what, len(ops), res, path)
+	}
+	check("lock", mutexModel, h.lock)
+	check("register", registerModel, h.reg)
+
+	slices.SortFunc(h.writes, func(a, b incRec) int { return int(a.commit - b.commit) })
+	for i := 1; i < len(h.writes); i++ {
+		if h.writes[i].token < h.writes[i-1].token {
+			t.Errorf("fencing token went back: %d after %d", h.writes[i].token, h.writes[i-1].token)
+		}
+	}
+	problems, leads := checkHolds(h.holds, log, faultTTL)
+	for _, p := range problems {
+		t.Error(p)
+	}
+	t.Logf("%d holds (%d lost), %d guarded writes, %d lock and %d register operations", len(h.holds), len(leads), len(h.writes), len(h.lock), len(h.reg))
+	require.NotEmpty(t, h.writes, "no guarded write succeeded")
+	return len(h.lock) + len(h.reg)
+}
+
+// history is what the workers did, with times in nanoseconds since base.
+type history struct {
+	base   time.Time
+	mu     sync.Mutex
+	lock   []porcupine.Operation // input lockOp
+	reg    []porcupine.Operation // input regOp
+	writes []incRec              // guarded writes that committed: fencing token, revision
+	holds  []holdRec
+}
+
+func (h *history) now() int64 { return int64(time.Since(h.base)) }
+
+func (h *history) add(ops *[]porcupine.Operation, op porcupine.Operation) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	*ops = append(*ops, op)
+}
+
+// lockOp takes (acquire) or gives up the hold whose key has create revision rev.
+type lockOp struct {
+	acquire bool
+	rev     int64
+}
+
+// mutexModel: the state is the revision of the current hold, 0 when free.
+var mutexModel = porcupine.Model{
+	Init: func() any { return int64(0) },
+	Step: func(state, input, _ any) (bool, any) {
+		s, op := state.(int64), input.(lockOp)
+		if op.acquire {
+			return s == 0, op.rev
+		}
+		return s == op.rev, int64(0)
+	},
+	DescribeOperation: func(input, _ any) string {
+		if op := input.(lockOp); op.acquire {
+			return fmt.Sprintf("acquire %d", op.rev)
+		} else {
+			return fmt.Sprintf("release %d", op.rev)
+		}
+	},
+	DescribeState: func(state any) string { return fmt.Sprintf("held by %d", state) },
+}
+
+// regOp is a guarded read of the register (wrote == "") or a guarded read
+// then write in one hold; unknown: the write's outcome was not learned.
+type regOp struct {
+	read, wrote string
+	unknown     bool
+}
+
+// registerModel: the state is the register's value. A read-then-write only
+// applies to the value it read; one whose outcome is unknown may or may
+// not have applied.
+var registerModel = (&porcupine.NondeterministicModel{
+	Init: func() []any { return []any{"init"} },
+	Step: func(state, input, _ any) []any {
+		s, op := state.(string), input.(regOp)
+		switch {
+		case op.wrote == "" || !op.unknown && s != op.read:
+			if s != op.read {
+				return nil
+			}
+			return []any{s}
+		case !op.unknown:
+			return []any{op.wrote}
+		case s == op.read:
+			return []any{s, op.wrote}
+		default:
+			return []any{s}
+		}
+	},
+	DescribeOperation: func(input, _ any) string {
+		op := input.(regOp)
+		switch {
+		case op.wrote == "":
+			return fmt.Sprintf("read %q", op.read)
+		case op.unknown:
+			return fmt.Sprintf("read %q, write %q (outcome unknown)", op.read, op.wrote)
+		}
+		return fmt.Sprintf("read %q, write %q", op.read, op.wrote)
+	},
+	DescribeState: func(state any) string { return fmt.Sprintf("%q", state) },
+}).ToModel()
+
+// robustWork is one worker's loop: acquire one way or another (sometimes
+// with so little patience that the acquire is cancelled at any step), do
+// guarded reads and writes, release, until work ends (ctx bounds the rest).
+func robustWork(t *testing.T, ctx, work context.Context, w *faultWorker, rng *rand.Rand, h *history) {
+	for seq := 0; work.Err() == nil; {
+		s, err := w.session(ctx)
+		if err != nil {
+			continue
+		}
+		kind := rng.IntN(10)
+		p := newPrimitive(kind >= 7, s, robustName)
+		if kind < 3 {
+			p.acquire = p.held.(*etcdsync.Mutex).TryLock
+		}
+		patience := 5 * time.Second
+		if rng.IntN(4) == 0 {
+			patience = time.Duration(1+rng.IntN(300)) * time.Millisecond
+		}
+		actx, cancel := context.WithTimeout(work, patience)
+		call := h.now()
+		err = p.acquire(actx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		granted := h.now()
+		rec := holdRec{worker: w.id, start: p.Header().Revision, rev: p.Rev()}
+		fired := make(chan time.Time, 1)
+		go func(done <-chan struct{}) { <-done; fired <- time.Now() }(p.Done())
+		h.add(&h.lock, porcupine.Operation{ClientId: w.id, Input: lockOp{acquire: true, rev: rec.rev}, Call: call, Return: granted})
+		for range 1 + rng.IntN(3) {
+			seq++
+			robustGuarded(w, p, rec.rev, rng.IntN(3) > 0, fmt.Sprintf("w%d-%d", w.id, seq), h)
+		}
+		release := h.now()
+		w.unlock(ctx, p)
+		select {
+		case rec.doneAt = <-fired:
+		case <-time.After(faultTTL + testTimeout):
+			t.Errorf("worker %d: hold %d: Done never fired", w.id, rec.rev)
+			return
+		}
+		rec.lost = !errors.Is(p.Err(), etcdsync.ErrLockReleased)
+		rec.contact = errors.Is(p.Err(), etcdsync.ErrLostContact)
+		op := porcupine.Operation{ClientId: w.id, Input: lockOp{rev: rec.rev}, Call: release, Return: h.now()}
+		if rec.lost {
+			// Ended by the server (key deleted, lease expired or revoked)
+			// at some time after it was granted; whether that was in time
+			// is checkHolds' part, against the server's revisions.
+			op.Call, op.Return = granted, -1
+		}
+		h.add(&h.lock, op)
+		h.mu.Lock()
+		h.holds = append(h.holds, rec)
+		h.mu.Unlock()
+	}
+}
+
+// robustGuarded reads the register through p's guard and, if write, writes
+// val through it in the same hold (whose fencing token is token), and
+// records what it saw.
+func robustGuarded(w *faultWorker, p primitive, token int64, write bool, val string, h *history) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*faultTTL)
+	defer cancel()
+	call := h.now()
+	resp, err := p.Do(ctx, clientv3.OpGet(robustReg))
+	if err != nil {
+		return
+	}
+	op := regOp{read: string(resp.Responses[0].GetResponseRange().Kvs[0].Value)}
+	if write {
+		tr, err := p.Do(ctx, clientv3.OpPut(robustReg, val))
+		switch {
+		case err == nil:
+			op.wrote = val
+			h.mu.Lock()
+			h.writes = append(h.writes, incRec{token: token, commit: tr.Header.Revision})
+			h.mu.Unlock()
+		case errors.Is(err, etcdsync.ErrNotHeld):
+			// The guard failed (on the server or before sending): no write.
+		default:
+			op.wrote, op.unknown = val, true
+		}
+	}
+	ret := h.now()
+	if op.unknown {
+		ret = -1
+	}
+	h.add(&h.reg, porcupine.Operation{ClientId: w.id, Input: op, Call: call, Return: ret})
+}
+
+// driveFaults strikes one fault at a time, chosen by rng, until length has
+// passed, and heals each before the next.
+func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *clientv3.Client, workers []*faultWorker, log *deleteLog, rng *rand.Rand, length time.Duration) {
+	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
+	pause := func(d time.Duration) { time.Sleep(d) } // a fault's duration, not a synchronisation
+	adminCtx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 5*time.Second) }
+	members := c.Members()
+	start := time.Now()
+	for time.Since(start) < length {
+		pause(between(50*time.Millisecond, 400*time.Millisecond))
+		at := time.Since(start).Round(time.Millisecond)
+		v := workers[rng.IntN(len(workers))]
+		switch rng.IntN(10) {
+		case 0, 1: // a member cut off from its peers; a worker watches through it
+			i := rng.IntN(len(members))
+			d := between(200*time.Millisecond, 2*time.Second)
+			route := rng.IntN(2) == 0
+			t.Logf("%v: member %d cut from its peers for %v (worker %d watching through it: %v)", at, i, d, v.id, route)
+			if route {
+				v.route(i, (i+1)%len(members))
+			}
+			require.NoError(t, c.CutPeers(members[i]))
+			pause(d)
+			require.NoError(t, c.HealPeers(members[i]))
+			v.route(-1, -1)
+		case 2: // a member stops and restarts, the leader half the time
+			m := c.Follower()
+			if rng.IntN(2) == 0 {
+				m = c.Leader()
+			}
+			if m == nil {
+				continue
+			}
+			d := between(300*time.Millisecond, 2*time.Second)
+			t.Logf("%v: member %d (leader: %v) stopped for %v", at, slices.Index(members, m), m.IsLeader(), d)
+			c.Stop(m)
+			pause(d)
+			require.NoError(t, c.Restart(m))
+		case 3:
+			t.Logf("%v: leader transfer", at)
+			actx, cancel := adminCtx()
+			_ = c.TransferLeader(actx) // may fail during an election; the fault is the attempt
+			cancel()
+		case 4: // a worker's link cut, sometimes past the TTL
+			d := between(faultTTL/4, faultTTL+1500*time.Millisecond)
+			t.Logf("%v: worker %d cut off for %v", at, v.id, d)
+			v.blackhole(true)
+			pause(d)
+			v.blackhole(false)
+		case 5: // a worker's link slowed
+			l, d := between(faultTTL/8, faultTTL/2), between(time.Second, 3*time.Second)
+			t.Logf("%v: worker %d replies delayed %v for %v", at, v.id, l, d)
+			v.latency(l)
+			pause(d)
+			v.latency(0)
+		case 6:
+			lease := v.lease()
+			t.Logf("%v: worker %d's lease %x revoked", at, v.id, lease)
+			actx, cancel := adminCtx()
+			_, _ = admin.Revoke(actx, lease) // not found: the session had already ended
+			cancel()
+		case 7: // one key deleted, whichever it is (holder or waiter)
+			actx, cancel := adminCtx()
+			resp, err := admin.Get(actx, robustName+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+			if err == nil && len(resp.Kvs) > 0 {
+				key := string(resp.Kvs[rng.IntN(len(resp.Kvs))].Key)
+				t.Logf("%v: key %s deleted (%d under the name)", at, key, len(resp.Kvs))
+				_, _ = admin.Delete(actx, key)
+			}
+			cancel()
+		case 8:
+			t.Logf("%v: every key under the name deleted", at)
+			actx, cancel := adminCtx()
+			_, _ = admin.Delete(actx, robustName+"/", clientv3.WithPrefix())
+			cancel()
+		case 9: // compaction, no further than the admin's watch has read
+			rev := log.rev.Load()
+			t.Logf("%v: compaction at %d", at, rev)
+			actx, cancel := adminCtx()
+			if rev > 0 {
+				_, _ = admin.Compact(actx, rev) // already compacted there: nothing to do
+			}
+			cancel()
+		}
+	}
+}
+
+// The models reject what they must: two holds at once, a lost update, a
+// stale read; and accept a write whose outcome is unknown either way.
+func TestRobustnessModels(t *testing.T) {
+	op := func(in any, call, ret int64) porcupine.Operation {
+		return porcupine.Operation{Input: in, Call: call, Return: ret}
+	}
+	acq := func(rev int64) lockOp { return lockOp{acquire: true, rev: rev} }
+	rel := func(rev int64) lockOp { return lockOp{rev: rev} }
+	for _, c := range []struct {
+		name  string
+		model porcupine.Model
+		ops   []porcupine.Operation
+		ok    bool
+	}{
+		{"handoff", mutexModel, []porcupine.Operation{op(acq(1), 0, 1), op(rel(1), 2, 5), op(acq(2), 3, 4)}, true},
+		{"two holders", mutexModel, []porcupine.Operation{op(acq(1), 0, 1), op(acq(2), 2, 3), op(rel(1), 4, 5)}, false},
+		{"increments", registerModel, []porcupine.Operation{op(regOp{read: "init", wrote: "a"}, 0, 1), op(regOp{read: "a", wrote: "b"}, 2, 3), op(regOp{read: "b"}, 4, 5)}, true},
+		{"lost update", registerModel, []porcupine.Operation{op(regOp{read: "init", wrote: "a"}, 0, 3), op(regOp{read: "init", wrote: "b"}, 1, 2)}, false},
+		{"stale read", registerModel, []porcupine.Operation{op(regOp{read: "init", wrote: "a"}, 0, 1), op(regOp{read: "init"}, 2, 3)}, false},
+		{"unknown, applied", registerModel, []porcupine.Operation{op(regOp{read: "init", wrote: "a", unknown: true}, 0, 9), op(regOp{read: "a"}, 2, 3)}, true},
+		{"unknown, not applied", registerModel, []porcupine.Operation{op(regOp{read: "init", wrote: "a", unknown: true}, 0, 9), op(regOp{read: "init", wrote: "b"}, 2, 3)}, true},
+	} {
+		require.Equal(t, c.ok, porcupine.CheckOperations(c.model, c.ops), c.name)
+	}
+}
