@@ -47,7 +47,7 @@ type benchElection interface {
 
 type lib struct {
 	name        string
-	waitWatches int // watches a queued waiter creates
+	watches func(ahead int) int // watches a waiter creates with ahead keys listed before its own
 	newMutex    func(b *testing.B, cli *clientv3.Client, name string) benchMutex
 	newElection func(b *testing.B, cli *clientv3.Client, name string) benchElection
 }
@@ -55,7 +55,7 @@ type lib struct {
 var libs = []lib{
 	{
 		name:        "etcdsync",
-		waitWatches: 2, // own key and predecessor
+		watches: func(ahead int) int { return 1 + min(ahead, 2) }, // own key, predecessor and the one before
 		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
 			return etcdsync.NewMutex(benchSession(b, cli), name)
 		},
@@ -65,7 +65,7 @@ var libs = []lib{
 	},
 	{
 		name:        "concurrency",
-		waitWatches: 1,
+		watches: func(int) int { return 1 },
 		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
 			return concurrency.NewMutex(etcdSession(b, cli), name)
 		},
@@ -269,7 +269,7 @@ func BenchmarkWaiterCost(b *testing.B) {
 					cnt.take()
 					got := make(chan error, 1)
 					go func() { got <- m.Lock(ctx) }()
-					for w := 0; w < l.waitWatches; w++ { // the waiter is in its watch
+					for w := 0; w < l.watches(ahead); w++ { // the waiter is in its watch
 						<-cnt.created
 					}
 					n, _ := cnt.take()
@@ -321,12 +321,12 @@ func BenchmarkFloor(b *testing.B) {
 // then each new holder unlocks at once, and the first half of the chain is
 // sampled (so the queue is between N and N/2 long), setup after setup.
 func BenchmarkHandoff(b *testing.B) {
-	for _, n := range []int{1, 10, 100, 500} {
+	for _, n := range []int{1, 10, 100, 500, 1000} {
 		for _, l := range libs {
 			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
 				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
 				admin := c.Client(b)
-				cnt := counter{created: make(chan struct{}, n*l.waitWatches+16)}
+				cnt := counter{created: make(chan struct{}, queueWatches(l, n)+16)}
 				cli := c.Client(b, cnt.dial()...)
 				var samples []time.Duration
 				b.ResetTimer()
@@ -338,6 +338,15 @@ func BenchmarkHandoff(b *testing.B) {
 			})
 		}
 	}
+}
+
+// queueWatches is the number of watches n waiters queued behind a holder create.
+func queueWatches(l lib, n int) int {
+	total := 0
+	for i := 1; i <= n; i++ {
+		total += l.watches(i)
+	}
+	return total
 }
 
 // handoffQueue queues n waiters behind a holder, releases the holder and
@@ -375,7 +384,7 @@ func handoffQueue(b *testing.B, admin, cli *clientv3.Client, cnt *counter, l lib
 			waitKeys(b, admin, "bench-handoff/", i+2) // queue in order
 		}
 	}
-	for w := 0; w < n*l.waitWatches; w++ { // every waiter in its watch
+	for w := 0; w < queueWatches(l, n); w++ { // every waiter in its watch
 		<-cnt.created
 	}
 	b.StartTimer()
@@ -477,7 +486,7 @@ func BenchmarkElectionHandoff(b *testing.B) {
 				leader, next := es[i%2], es[(i+1)%2]
 				got := make(chan error, 1)
 				go func() { got <- next.Campaign(ctx, "x") }()
-				for w := 0; w < l.waitWatches; w++ { // the candidate is in its watch
+				for w := 0; w < l.watches(1); w++ { // the candidate is in its watch
 					<-cnt.created
 				}
 				start := time.Now()
@@ -492,12 +501,12 @@ func BenchmarkElectionHandoff(b *testing.B) {
 
 // Watch events delivered to all waiters per release, with N queued.
 func BenchmarkEventsPerRelease(b *testing.B) {
-	for _, n := range []int{100, 1000} {
+	for _, n := range []int{10, 100, 1000} {
 		for _, l := range libs {
 			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
 				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
 				admin := c.Client(b)
-				cnt := counter{created: make(chan struct{}, n*l.waitWatches+16)}
+				cnt := counter{created: make(chan struct{}, queueWatches(l, n)+16)}
 				cli := c.Client(b, cnt.dial()...)
 				var releases atomic.Int64
 				ctx, cancel := context.WithCancel(context.Background())
@@ -516,7 +525,7 @@ func BenchmarkEventsPerRelease(b *testing.B) {
 						}
 					}()
 				}
-				for w := 0; w < n*l.waitWatches; w++ { // every waiter in its watch
+				for w := 0; w < queueWatches(l, n); w++ { // every waiter in its watch
 					<-cnt.created
 				}
 				before := cnt.events.Load()
@@ -590,6 +599,47 @@ func BenchmarkThroughput64(b *testing.B) {
 				}
 				return ms[i].Unlock(ctx)
 			})
+		})
+	}
+}
+
+// Client allocations per operation (etcd in a child process, so that only
+// the client's count): uncontended Lock+Unlock, TryLock on a held lock,
+// Campaign+Resign.
+func BenchmarkClientAllocs(b *testing.B) {
+	for _, l := range libs {
+		b.Run("lock-unlock/"+l.name, func(b *testing.B) {
+			m := l.newMutex(b, clientOfChildEtcd(b), "allocs")
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, m.Lock(ctx))
+				must(b, m.Unlock(ctx))
+			}
+		})
+		b.Run("trylock-held/"+l.name, func(b *testing.B) {
+			cli := clientOfChildEtcd(b)
+			ctx := context.Background()
+			must(b, l.newMutex(b, cli, "allocs").Lock(ctx))
+			m := l.newMutex(b, cli, "allocs")
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if m.TryLock(ctx) == nil {
+					b.Fatal("TryLock took a held lock")
+				}
+			}
+		})
+		b.Run("campaign-resign/"+l.name, func(b *testing.B) {
+			e := l.newElection(b, clientOfChildEtcd(b), "allocs")
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, e.Campaign(ctx, "v"))
+				must(b, e.Resign(ctx))
+			}
 		})
 	}
 }

@@ -87,6 +87,7 @@ type counter struct {
 	unary, streams, events atomic.Int64
 	keepalives             atomic.Int64  // LeaseKeepAlive requests sent
 	created                chan struct{} // one send per watch created, if non-nil
+	returned               chan struct{} // one send per unary RPC returned, if non-nil
 	mu                     sync.Mutex
 	methods                []string
 }
@@ -98,7 +99,11 @@ func (c *counter) dial() []grpc.DialOption {
 			c.mu.Lock()
 			c.methods = append(c.methods, method)
 			c.mu.Unlock()
-			return invoker(ctx, method, req, reply, cc, opts...)
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if c.returned != nil {
+				c.returned <- struct{}{}
+			}
+			return err
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 			c.streams.Add(1)

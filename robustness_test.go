@@ -341,7 +341,7 @@ func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *
 		pause(between(50*time.Millisecond, 400*time.Millisecond))
 		at := time.Since(start).Round(time.Millisecond)
 		v := workers[rng.IntN(len(workers))]
-		switch rng.IntN(10) {
+		switch rng.IntN(11) {
 		case 0, 1: // a member cut off from its peers; a worker watches through it
 			i := rng.IntN(len(members))
 			d := between(200*time.Millisecond, 2*time.Second)
@@ -353,6 +353,21 @@ func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *
 			require.NoError(t, c.CutPeers(members[i]))
 			pause(d)
 			require.NoError(t, c.HealPeers(members[i]))
+			v.route(-1, -1)
+		case 10: // a follower lags again and again, shorter than an election
+			f := c.Follower()
+			if f == nil {
+				continue
+			}
+			i := slices.Index(members, f)
+			t.Logf("%v: member %d cut from its peers 8 times for 300 ms (worker %d watching through it)", at, i, v.id)
+			v.route(i, (i+1)%len(members))
+			for range 8 {
+				require.NoError(t, c.CutPeers(f))
+				pause(300 * time.Millisecond)
+				require.NoError(t, c.HealPeers(f))
+				pause(200 * time.Millisecond)
+			}
 			v.route(-1, -1)
 		case 2: // a member stops and restarts, the leader half the time
 			m := c.Follower()

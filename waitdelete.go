@@ -5,11 +5,11 @@ package etcdsync
 // A contender writes one key NAME/<lease-hex>, bound to its session's lease,
 // in one create-if-absent transaction that also lists, keys only and sorted by
 // create revision, the keys under NAME/. The direct children of NAME/ form a
-// queue in create-revision order; the oldest holds. A waiter watches only the
-// nearest older key (its predecessor) and its own key, both from the revision
-// after its read, on one watch stream of its own. Older keys can only vanish,
-// never appear, so when the last older key goes the waiter owns the turn with
-// no further RPC; when its own key goes first it returns ErrSessionExpired.
+// queue in create-revision order; the oldest holds. A waiter watches its own
+// key and the two nearest older keys (its predecessor and the one before it),
+// on one watch stream of its own. Older keys can only vanish, never appear,
+// so when the last older key goes the waiter owns the turn with no further
+// RPC; when its own key goes first it returns ErrSessionExpired.
 
 import (
 	"context"
@@ -291,9 +291,12 @@ type stream struct {
 // came (nothing blocks us), an error wrapping ErrSessionExpired when our key
 // went, or another error when the stream failed.
 //
-// It watches our own key and the nearest room+1 keys that block us (room:
-// see rule): while fewer than that many remain, the turn cannot come before
-// one of them goes. All watches start at the serving member's current
+// It watches our own key and the nearest room+2 keys that block us (room:
+// see rule): the turn cannot come before one of the nearest room+1 goes, and
+// the one behind them is watched too, so that when it goes first (while the
+// nearest still block us) the waiter learns, off the critical path, what is
+// left ahead: by a read when keys it does not watch were listed, else at
+// once. When the turn then comes, the list is exact and needs no read. All watches start at the serving member's current
 // revision (start 0), so the server puts them in its synced set at once (a
 // watch from a past revision waits up to 100 ms for the server's resync). Two
 // things follow:
@@ -315,7 +318,9 @@ type stream struct {
 // to the watchers of a stream in no set order. A progress request on the
 // stream settles it: the server answers it after every event up to its
 // current revision (at least R) has gone out on the stream. When more keys
-// were listed, one serializable read says which are gone.
+// are listed and all of them are watched, they all still block us (their
+// deletes have not arrived); when some are not watched, one serializable
+// read says which are gone.
 func (t *turn) watch(ctx context.Context) error {
 	sctx, cancel := context.WithCancelCause(clientv3.WithRequireLeader(ctx))
 	defer cancel(nil)
@@ -341,10 +346,13 @@ func (t *turn) watch(ctx context.Context) error {
 			// says what is left: a stream that breaks meanwhile leaves us
 			// as blocked as before.
 			rest := slices.DeleteFunc(slices.Clone(t.ahead), func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
-			if len(rest) > t.rule.room {
-				err = t.settle(ctx, gone)
-			} else {
+			switch {
+			case len(rest) <= t.rule.room:
 				err = st.confirm(ctx, gone)
+			case st.watchesAll(rest):
+				t.ahead = rest // still blocked: nothing to undo if the stream breaks
+			default:
+				err = t.settle(ctx, gone)
 			}
 			if err != nil {
 				return err
@@ -354,11 +362,11 @@ func (t *turn) watch(ctx context.Context) error {
 	return nil
 }
 
-// watchNearest makes the stream watch the nearest room+1 keys that block
+// watchNearest makes the stream watch the nearest room+2 keys that block
 // us, and only those.
 func (st *stream) watchNearest() error {
 	ahead := st.t.ahead
-	near := ahead[len(ahead)-min(len(ahead), st.t.rule.room+1):]
+	near := ahead[len(ahead)-min(len(ahead), st.t.rule.room+2):]
 	isNear := func(key string) bool {
 		return slices.ContainsFunc(near, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
 	}
@@ -380,6 +388,16 @@ func (st *stream) watchNearest() error {
 		}
 	}
 	return nil
+}
+
+// watchesAll reports whether the stream watches every key of kvs.
+func (st *stream) watchesAll(kvs []*mvccpb.KeyValue) bool {
+	for _, kv := range kvs {
+		if !st.watching(string(kv.Key)) {
+			return false
+		}
+	}
+	return true
 }
 
 // watching reports whether the stream watches key.
