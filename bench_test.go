@@ -47,14 +47,14 @@ type benchElection interface {
 
 type lib struct {
 	name        string
-	watches func(ahead int) int // watches a waiter creates with ahead keys listed before its own
+	watches     func(ahead int) int // watches a waiter creates with ahead keys listed before its own
 	newMutex    func(b *testing.B, cli *clientv3.Client, name string) benchMutex
 	newElection func(b *testing.B, cli *clientv3.Client, name string) benchElection
 }
 
 var libs = []lib{
 	{
-		name:        "etcdsync",
+		name:    "etcdsync",
 		watches: func(ahead int) int { return 1 + min(ahead, 2) }, // own key, predecessor and the one before
 		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
 			return etcdsync.NewMutex(benchSession(b, cli), name)
@@ -64,7 +64,7 @@ var libs = []lib{
 		},
 	},
 	{
-		name:        "concurrency",
+		name:    "concurrency",
 		watches: func(int) int { return 1 },
 		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
 			return concurrency.NewMutex(etcdSession(b, cli), name)
