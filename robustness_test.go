@@ -17,6 +17,7 @@ import (
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -83,7 +84,7 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 	require.NoError(t, err)
 	log := watchDeletes(ctx, admin, robustName+"/", put.Header.Revision+1)
 
-	h := &history{base: time.Now()}
+	h := &history{base: time.Now(), admin: make(map[int64]bool)}
 	workers := make([]*faultWorker, robustWorkers)
 	for i := range workers {
 		workers[i] = newFaultWorker(t, c, i)
@@ -97,7 +98,7 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 			robustWork(t, ctx, wctx, w, rand.New(rand.NewPCG(seed, uint64(i)+1)), h)
 		}()
 	}
-	driveFaults(t, ctx, c, admin, workers, log, rand.New(rand.NewPCG(seed, 0)), length)
+	driveFaults(t, ctx, c, admin, workers, log, h, rand.New(rand.NewPCG(seed, 0)), length)
 	stop()
 	wg.Wait()
 	for _, w := range workers {
@@ -135,7 +136,7 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 		require.NoError(t, porcupine.VisualizePath(model, info, path))
 		t.Errorf("%s history (%d operations): %s; see %s", what, len(ops), res, path)
 	}
-	check("lock", mutexModel, h.lock)
+	check("lock", mutexModel, append(h.lock, h.releaseOps(log)...))
 	check("register", registerModel, h.reg)
 
 	slices.SortFunc(h.writes, func(a, b incRec) int { return int(a.commit - b.commit) })
@@ -155,12 +156,48 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 
 // history is what the workers did, with times in nanoseconds since base.
 type history struct {
-	base   time.Time
-	mu     sync.Mutex
-	lock   []porcupine.Operation // input lockOp
-	reg    []porcupine.Operation // input regOp
-	writes []incRec              // guarded writes that committed: fencing token, revision
-	holds  []holdRec
+	base     time.Time
+	mu       sync.Mutex
+	lock     []porcupine.Operation // input lockOp: the acquires
+	releases []releaseRec
+	admin    map[int64]bool        // revisions of the admin's deletes and revokes
+	reg      []porcupine.Operation // input regOp
+	writes   []incRec              // guarded writes that committed: fencing token, revision
+	holds    []holdRec
+}
+
+// releaseRec is how a hold ended: by its release (Unlock or Resign, from
+// call to ret), or lost.
+type releaseRec struct {
+	worker             int
+	rev                int64
+	lost               bool
+	acquire, call, ret int64 // acquire: when its Lock or Campaign was called
+}
+
+// releaseOps returns the release operations of the lock history. A hold
+// that was lost, or whose key an admin's delete or revoke took (perhaps
+// while its release was in flight: the library then reports a release),
+// ended on the server at some time after its acquire began (perhaps before
+// the acquire returned: a hold can be lost at any moment); whether that was
+// in time is checkHolds' part, against the server's revisions.
+func (h *history) releaseOps(log *deleteLog) []porcupine.Operation {
+	var ops []porcupine.Operation
+	for _, r := range h.releases {
+		op := porcupine.Operation{ClientId: r.worker, Input: lockOp{rev: r.rev}, Call: r.call, Return: r.ret}
+		if del, ok := log.get(r.rev); r.lost || ok && h.admin[del.rev] {
+			op.Call, op.Return = r.acquire, -1
+		}
+		ops = append(ops, op)
+	}
+	return ops
+}
+
+// adminDid records the revision of an admin's delete or revoke.
+func (h *history) adminDid(hdr *pb.ResponseHeader) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.admin[hdr.Revision] = true
 }
 
 func (h *history) now() int64 { return int64(time.Since(h.base)) }
@@ -282,16 +319,9 @@ func robustWork(t *testing.T, ctx, work context.Context, w *faultWorker, rng *ra
 		}
 		rec.lost = !errors.Is(p.Err(), etcdsync.ErrLockReleased)
 		rec.contact = errors.Is(p.Err(), etcdsync.ErrLostContact)
-		op := porcupine.Operation{ClientId: w.id, Input: lockOp{rev: rec.rev}, Call: release, Return: h.now()}
-		if rec.lost {
-			// Ended by the server (key deleted, lease expired or revoked)
-			// at some time after it was granted; whether that was in time
-			// is checkHolds' part, against the server's revisions.
-			op.Call, op.Return = granted, -1
-		}
-		h.add(&h.lock, op)
 		h.mu.Lock()
 		h.holds = append(h.holds, rec)
+		h.releases = append(h.releases, releaseRec{worker: w.id, rev: rec.rev, lost: rec.lost, acquire: call, call: release, ret: h.now()})
 		h.mu.Unlock()
 	}
 }
@@ -331,7 +361,7 @@ func robustGuarded(w *faultWorker, p primitive, token int64, write bool, val str
 
 // driveFaults strikes one fault at a time, chosen by rng, until length has
 // passed, and heals each before the next.
-func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *clientv3.Client, workers []*faultWorker, log *deleteLog, rng *rand.Rand, length time.Duration) {
+func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *clientv3.Client, workers []*faultWorker, log *deleteLog, h *history, rng *rand.Rand, length time.Duration) {
 	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
 	pause := func(d time.Duration) { time.Sleep(d) } // a fault's duration, not a synchronisation
 	adminCtx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 5*time.Second) }
@@ -403,7 +433,9 @@ func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *
 			lease := v.lease()
 			t.Logf("%v: worker %d's lease %x revoked", at, v.id, lease)
 			actx, cancel := adminCtx()
-			_, _ = admin.Revoke(actx, lease) // not found: the session had already ended
+			if resp, err := admin.Revoke(actx, lease); err == nil { // not found: the session had already ended
+				h.adminDid(resp.Header)
+			}
 			cancel()
 		case 7: // one key deleted, whichever it is (holder or waiter)
 			actx, cancel := adminCtx()
@@ -411,13 +443,17 @@ func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *
 			if err == nil && len(resp.Kvs) > 0 {
 				key := string(resp.Kvs[rng.IntN(len(resp.Kvs))].Key)
 				t.Logf("%v: key %s deleted (%d under the name)", at, key, len(resp.Kvs))
-				_, _ = admin.Delete(actx, key)
+				if resp, err := admin.Delete(actx, key); err == nil {
+					h.adminDid(resp.Header)
+				}
 			}
 			cancel()
 		case 8:
 			t.Logf("%v: every key under the name deleted", at)
 			actx, cancel := adminCtx()
-			_, _ = admin.Delete(actx, robustName+"/", clientv3.WithPrefix())
+			if resp, err := admin.Delete(actx, robustName+"/", clientv3.WithPrefix()); err == nil {
+				h.adminDid(resp.Header)
+			}
 			cancel()
 		case 9: // compaction, no further than the admin's watch has read
 			rev := log.rev.Load()
