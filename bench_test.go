@@ -649,47 +649,64 @@ func BenchmarkClientAllocs(b *testing.B) {
 // heap counts the client side only.
 func BenchmarkHold10k(b *testing.B) {
 	const locks = 10000
-	for i := 0; i < b.N; i++ {
-		cli := clientOfChildEtcd(b)
-		s := benchSession(b, cli)
-		ms := make([]*etcdsync.Mutex, locks)
-		names := make([]string, locks)
-		for j := range names {
-			names[j] = fmt.Sprintf("scale/%d", j)
-		}
-		runtime.GC()
-		var before runtime.MemStats
-		runtime.ReadMemStats(&before)
-		g0 := runtime.NumGoroutine()
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		var failed atomic.Value
-		for w := 0; w < 64; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for j := next.Add(1) - 1; j < locks; j = next.Add(1) - 1 {
-					ms[j] = etcdsync.NewMutex(s, names[j])
-					if err := ms[j].Lock(context.Background()); err != nil {
-						failed.Store(err)
-						return
-					}
+	// Each library: one session's maker of Mutexes, and its Close.
+	type oneSession func(b *testing.B, cli *clientv3.Client) (newMutex func(name string) benchMutex, close func() error)
+	for _, l := range []struct {
+		name string
+		open oneSession
+	}{
+		{"etcdsync", func(b *testing.B, cli *clientv3.Client) (func(string) benchMutex, func() error) {
+			s := benchSession(b, cli)
+			return func(name string) benchMutex { return etcdsync.NewMutex(s, name) }, s.Close
+		}},
+		{"concurrency", func(b *testing.B, cli *clientv3.Client) (func(string) benchMutex, func() error) {
+			s := etcdSession(b, cli)
+			return func(name string) benchMutex { return concurrency.NewMutex(s, name) }, s.Close
+		}},
+	} {
+		b.Run(l.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				newMutex, closeSession := l.open(b, clientOfChildEtcd(b))
+				ms := make([]benchMutex, locks)
+				names := make([]string, locks)
+				for j := range names {
+					names[j] = fmt.Sprintf("scale/%d", j)
 				}
-			}()
-		}
-		wg.Wait()
-		if err, _ := failed.Load().(error); err != nil {
-			b.Fatal(err)
-		}
-		runtime.GC()
-		var after runtime.MemStats
-		runtime.ReadMemStats(&after)
-		heap := float64(after.HeapAlloc) - float64(before.HeapAlloc)
-		b.ReportMetric(heap/locks, "heap-bytes/lock")
-		b.ReportMetric(heap/(1<<20), "heap-MiB")
-		b.ReportMetric(float64(runtime.NumGoroutine()-g0)/locks, "goroutines/lock")
-		runtime.KeepAlive(ms)
-		must(b, s.Close())
+				runtime.GC()
+				var before runtime.MemStats
+				runtime.ReadMemStats(&before)
+				g0 := runtime.NumGoroutine()
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				var failed atomic.Value
+				for w := 0; w < 64; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for j := next.Add(1) - 1; j < locks; j = next.Add(1) - 1 {
+							ms[j] = newMutex(names[j])
+							if err := ms[j].Lock(context.Background()); err != nil {
+								failed.Store(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if err, _ := failed.Load().(error); err != nil {
+					b.Fatal(err)
+				}
+				runtime.GC()
+				var after runtime.MemStats
+				runtime.ReadMemStats(&after)
+				heap := float64(after.HeapAlloc) - float64(before.HeapAlloc)
+				b.ReportMetric(heap/locks, "heap-bytes/lock")
+				b.ReportMetric(heap/(1<<20), "heap-MiB")
+				b.ReportMetric(float64(runtime.NumGoroutine()-g0)/locks, "goroutines/lock")
+				runtime.KeepAlive(ms)
+				must(b, closeSession())
+			}
+		})
 	}
 }
 

@@ -69,13 +69,13 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 		return e.hr.bad
 	}
 	if err := ctx.Err(); err != nil { // nothing is sent
-		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.name, err)
+		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.slot.name(), err)
 	}
 	select {
 	case e.campaigning <- struct{}{}:
 		defer func() { <-e.campaigning }()
 	case <-ctx.Done():
-		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.name, ctx.Err())
+		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.slot.name(), ctx.Err())
 	}
 	if e.hr.current() != nil {
 		err := e.Proclaim(ctx, val)
@@ -93,7 +93,7 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 			if h := e.hr.current(); h != nil && h.resumed() {
 				// A restarted process's leadership (WithLease) is not
 				// this call's to end: it goes on with its old value.
-				return fmt.Errorf("etcdsync: campaign on %s resumed the leadership, but proclaiming the new value failed: %w", e.hr.name, err)
+				return fmt.Errorf("etcdsync: campaign on %s resumed the leadership, but proclaiming the new value failed: %w", e.hr.slot.name(), err)
 			}
 			return errors.Join(err, e.hr.abandon())
 		}
@@ -150,7 +150,7 @@ func (e *Election) Leader(ctx context.Context) (*clientv3.GetResponse, error) {
 	if e.hr.bad != nil {
 		return nil, e.hr.bad
 	}
-	return NewObserver(e.hr.slot.s.client, e.hr.name).Leader(ctx)
+	return NewObserver(e.hr.slot.s.client, e.hr.slot.name()).Leader(ctx)
 }
 
 // Observe follows the leader as Observer.Observe does; it needs no lease, so
@@ -161,7 +161,7 @@ func (e *Election) Observe(ctx context.Context) <-chan *clientv3.GetResponse {
 		close(ch)
 		return ch
 	}
-	return NewObserver(e.hr.slot.s.client, e.hr.name).Observe(ctx)
+	return NewObserver(e.hr.slot.s.client, e.hr.slot.name()).Observe(ctx)
 }
 
 // Do runs ops in one transaction only while this value leads (its key still

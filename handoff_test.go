@@ -26,15 +26,19 @@ type queued struct {
 	err chan error // Lock's result, or held's
 }
 
-// enqueue starts n waiters on name behind a holder, one at a time, each in
-// its watches (its own key and the two nearest keys ahead) before the next
+// enqueue starts n waiters on name behind a holder, one at a time (each on a
+// client of one member, the members in turn), each in its watches (its own key and the two nearest keys ahead) before the next
 // starts, so that nobody writes between a waiter's read and its watches.
 // Waiter i's Lock runs under ctxFor(i); once it holds, held runs.
 func enqueue(t *testing.T, c *etcdtest.Cluster, name string, n int, ctxFor func(i int) context.Context, held func(q *queued) error) []*queued {
 	var qs []*queued
 	for i := range n {
 		q := &queued{i: i, cnt: &counter{created: make(chan struct{}, 16), returned: make(chan struct{}, 16)}, err: make(chan error, 1)}
-		q.s = session(t, c.Client(t, q.cnt.dial()...))
+		// One member serves its watches and its reads, so that a read after
+		// an event is never behind it (else a serializable read may be
+		// followed by a linearizable one).
+		member := c.Members()[i%len(c.Members())]
+		q.s = session(t, etcdtest.NewClient(t, []string{member.Endpoint()}, q.cnt.dial()...))
 		q.m = etcdsync.NewMutex(q.s, name)
 		go func() {
 			err := q.m.Lock(ctxFor(i))

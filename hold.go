@@ -17,18 +17,21 @@ import (
 )
 
 // hold is one held key: the state a Mutex or Election value has while it
-// holds. Loss detection (Done) starts lazily: a hold nobody asked about costs
-// no goroutine and no watch.
+// holds. It ends with the session, or earlier (finish). Loss detection (Done)
+// and the hold's context start lazily: a hold nobody asked about costs no
+// goroutine, no watch and no context.
 type hold struct {
-	slot
+	*slot     // the holder's
 	rev       int64
-	hdr       *pb.ResponseHeader
-	ctx       context.Context
-	end       context.CancelCauseFunc
+	start     startHeader  // of the revision at which the hold began
+	over      atomic.Bool  // finish ran
 	releasing atomic.Int32 // Unlocks in flight: a delete seen meanwhile may be theirs
 
-	mu   sync.Mutex
-	last *pb.ResponseHeader // of the last write through the hold (Proclaim)
+	mu    sync.Mutex
+	last  *pb.ResponseHeader      // of the last write through the hold (Proclaim)
+	cause error                   // why it ended, once over
+	ctx   context.Context         // ends with the hold; nil until asked for
+	end   context.CancelCauseFunc // ends ctx
 
 	once      sync.Once     // finish
 	watchOnce sync.Once     // start or forbid the watch
@@ -37,13 +40,29 @@ type hold struct {
 
 // newHold makes the hold of a key this session reserved (claimKey); the hold
 // frees the reservation when it finishes.
-func newHold(sl slot, rev int64, hdr *pb.ResponseHeader) *hold {
-	ctx, end := context.WithCancelCause(sl.s.ctx)
-	h := &hold{slot: sl, rev: rev, hdr: hdr, ctx: ctx, end: end}
+func newHold(sl *slot, rev int64, hdr *pb.ResponseHeader) *hold {
+	h := &hold{slot: sl, rev: rev, start: startHeader{cluster: hdr.ClusterId, member: hdr.MemberId, rev: hdr.Revision, term: hdr.RaftTerm}}
 	sl.s.mu.Lock()
-	sl.s.held[sl.key] = h
+	use := sl.s.keys[sl.key]
+	use.hold = h
+	sl.s.keys[sl.key] = use
 	sl.s.mu.Unlock()
 	return h
+}
+
+// context returns a context that ends when the hold ends, with its cause.
+func (h *hold) context() context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.ctx != nil:
+	case h.over.Load(): // with its own cause, whether or not the session ended since
+		h.ctx, h.end = context.WithCancelCause(context.WithoutCancel(h.s.ctx))
+		h.end(h.cause)
+	default:
+		h.ctx, h.end = context.WithCancelCause(h.s.ctx)
+	}
+	return h.ctx
 }
 
 // resume returns a hold of the slot's key at rev without touching etcd, for a
@@ -51,9 +70,9 @@ func newHold(sl slot, rev int64, hdr *pb.ResponseHeader) *hold {
 // this session when it holds the key at rev (the two values then share one
 // hold), else a new one when no value of the session uses the key. A hold at
 // rev that is gone shows at the first guarded call or through Done.
-func (sl slot) resume(rev int64) (*hold, error) {
+func (sl *slot) resume(rev int64) (*hold, error) {
 	sl.s.mu.Lock()
-	h := sl.s.held[sl.key]
+	h := sl.s.keys[sl.key].hold
 	sl.s.mu.Unlock()
 	switch {
 	case h != nil && h.live() && h.kind != sl.kind:
@@ -79,14 +98,22 @@ func (h *hold) advance(hdr *pb.ResponseHeader) {
 	}
 }
 
+// startHeader is the header a hold began with, kept as values rather than
+// as the response's message, so that a held lock stays small.
+type startHeader struct {
+	cluster, member uint64
+	rev             int64
+	term            uint64
+}
+
 // header is the header of the last write through the hold, or of its start.
 func (h *hold) header() *pb.ResponseHeader {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.last != nil && h.last.Revision > h.hdr.Revision {
+	if h.last != nil && h.last.Revision > h.start.rev {
 		return h.last
 	}
-	return h.hdr
+	return &pb.ResponseHeader{ClusterId: h.start.cluster, MemberId: h.start.member, Revision: h.start.rev, RaftTerm: h.start.term}
 }
 
 // resumed reports whether h's key was created before the session began: a
@@ -94,12 +121,26 @@ func (h *hold) header() *pb.ResponseHeader {
 func (h *hold) resumed() bool { return h.rev <= h.s.startRev }
 
 // live reports whether h is a hold that has not ended.
-func (h *hold) live() bool { return h != nil && h.ctx.Err() == nil }
+func (h *hold) live() bool { return h != nil && !h.over.Load() && h.s.ctx.Err() == nil }
 
-// finish ends the hold with cause and frees the key's reservation, once.
+// finish ends the hold with cause (the session's, if it has ended) and frees
+// the key's reservation, once.
 func (h *hold) finish(cause error) {
 	h.once.Do(func() {
-		h.end(cause)
+		h.mu.Lock()
+		if h.s.ctx.Err() != nil || cause == nil {
+			cause = context.Cause(h.s.ctx)
+		}
+		if cause == nil { // not reached: nil is passed only once the hold or session ended
+			cause = ErrNotHeld
+		}
+		h.cause = cause
+		h.over.Store(true)
+		end := h.end
+		h.mu.Unlock()
+		if end != nil {
+			end(cause)
+		}
 		h.s.releaseKey(h.key)
 	})
 }
@@ -116,24 +157,30 @@ func (h *hold) stop(cause error) {
 // done returns a channel closed when the hold ends, starting the watch that
 // notices a key deleted behind our back.
 func (h *hold) done() <-chan struct{} {
+	ctx := h.context()
 	h.watchOnce.Do(func() {
-		if h.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return
 		}
 		watched := make(chan struct{})
-		if h.s.goWatch(func() { defer close(watched); h.watchKey() }) {
+		if h.s.goWatch(func() { defer close(watched); h.watchKey(ctx) }) {
 			h.watched = watched
 		}
 	})
-	return h.ctx.Done()
+	return ctx.Done()
 }
 
 // err returns nil while the hold lasts, else why it ended.
 func (h *hold) err() error {
-	if h.ctx.Err() == nil {
-		return nil
+	if h.over.Load() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.cause
 	}
-	return context.Cause(h.ctx)
+	if h.s.ctx.Err() != nil {
+		return context.Cause(h.s.ctx)
+	}
+	return nil
 }
 
 // lost ends the hold because its key is gone or replaced.
@@ -146,12 +193,13 @@ func (h *hold) lost(rev int64) {
 	h.s.checkLease()
 }
 
-// watchKey ends the hold when its key is deleted. It survives compaction,
-// member restarts and lost leaders by re-reading the key.
-func (h *hold) watchKey() {
-	from := h.hdr.Revision + 1
-	for h.ctx.Err() == nil {
-		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(h.ctx))
+// watchKey ends the hold when its key is deleted; hctx is the hold's context.
+// It survives compaction, member restarts and lost leaders by re-reading the
+// key.
+func (h *hold) watchKey(hctx context.Context) {
+	from := h.start.rev + 1
+	for hctx.Err() == nil {
+		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(hctx))
 		for wr := range h.s.client.Watch(ctx, h.key, clientv3.WithRev(from), clientv3.WithFilterPut()) {
 			if wr.Canceled {
 				break
@@ -166,10 +214,10 @@ func (h *hold) watchKey() {
 			from = max(from, wr.Header.Revision+1)
 		}
 		cancel()
-		if sleep(h.ctx, retryPause) != nil {
+		if sleep(hctx, retryPause) != nil {
 			return
 		}
-		resp, err := h.s.client.Get(h.ctx, h.key)
+		resp, err := h.s.client.Get(hctx, h.key)
 		if err != nil {
 			continue
 		}
@@ -222,7 +270,7 @@ func (h *hold) unhold(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(h.ctx, cancel)
+	stop := context.AfterFunc(h.context(), cancel)
 	defer stop()
 	h.releasing.Add(1)
 	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(clientv3.OpDelete(h.key)).Commit()
@@ -255,7 +303,6 @@ func (h *hold) unhold(ctx context.Context) error {
 type holder struct {
 	slot slot
 	bad  error // why the name or session is unusable, or nil
-	name string
 
 	mu   sync.Mutex
 	h    *hold
@@ -269,7 +316,7 @@ func newHolder(s *Session, name, kind string) holder {
 		// is a comparison etcd accepts.
 		sl.prefix = name + "/"
 	}
-	return holder{slot: sl, bad: err, name: name}
+	return holder{slot: sl, bad: err}
 }
 
 // take acquires a hold (see slot.acquire) and makes it current. It returns
@@ -320,7 +367,7 @@ func (hr *holder) held(notHeld error) (*hold, error) {
 	if h := hr.current(); h != nil {
 		return h, nil
 	}
-	return nil, fmt.Errorf("%w: %s is not held by this value", notHeld, hr.name)
+	return nil, fmt.Errorf("%w: %s is not held by this value", notHeld, hr.slot.name())
 }
 
 func (hr *holder) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {

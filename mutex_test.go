@@ -215,11 +215,15 @@ func TestFIFOAndHerdFree(t *testing.T) {
 			got = append(got, i)
 		}
 		require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, got)
-		require.Equal(t, int64(2*n-1), cnt.events.Load()-before, "watch events delivered to waiters for %d releases", n)
+		// Each release reaches the next waiter and the one behind it (a
+		// waiter whose read already showed its turn needs no event).
+		require.LessOrEqual(t, cnt.events.Load()-before, int64(2*n-1), "watch events delivered to waiters for %d releases", n)
 		// The first two waiters listed only watched keys; each later one
-		// listed the holder, which it does not watch, so it reads once.
+		// listed the holder, which it does not watch, so it reads once:
+		// serializable, then linearizable when the member was behind.
 		rpcs, methods := cnt.take()
-		require.Equal(t, int64(n+n-2), rpcs, "RPCs after the enqueues: %d Unlocks, %d reads: %v", n, n-2, methods)
+		require.LessOrEqual(t, rpcs, int64(n+2*(n-2)), "RPCs after the enqueues: %d Unlocks, at most %d reads of 2 Ranges: %v", n, n-2, methods)
+		require.GreaterOrEqual(t, rpcs, int64(n), "RPCs after the enqueues: %d Unlocks: %v", n, methods)
 	})
 }
 

@@ -48,11 +48,10 @@ type Session struct {
 	check  chan struct{} // asks the keepalive loop for a beat now
 
 	mu       sync.Mutex
-	deadline time.Time                // local deadline, see above
-	keys     map[string]chan struct{} // key in use by a primitive -> closed when released (nil until someone waits)
-	swept    map[string][]int64       // keys swept (see sweep) -> revisions of creates by this session's acquires not yet seen by the sweeper
-	held     map[string]*hold         // the hold of each key a primitive holds
-	watchers sync.WaitGroup           // hold watchers and sweepers started by this session
+	deadline time.Time          // local deadline, see above
+	keys     map[string]keyUse  // key in use by a primitive of this session
+	swept    map[string][]int64 // keys swept (see sweep) -> revisions of creates by this session's acquires not yet seen by the sweeper
+	watchers sync.WaitGroup     // hold watchers and sweepers started by this session
 
 	closeOnce sync.Once
 	closeErr  error
@@ -87,9 +86,8 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		cancel: cancel,
 		loop:   make(chan struct{}),
 		check:  make(chan struct{}, 1),
-		keys:   make(map[string]chan struct{}),
+		keys:   make(map[string]keyUse),
 		swept:  make(map[string][]int64),
-		held:   make(map[string]*hold),
 	}
 	first, err := s.start(o)
 	if err != nil {
@@ -462,20 +460,21 @@ func (s *Session) claimKey(ctx context.Context, key string, wait bool) error {
 func (s *Session) claim(ctx context.Context, key string, wait bool, skip func() bool) (bool, error) {
 	for {
 		s.mu.Lock()
-		freed, taken := s.keys[key]
+		use, taken := s.keys[key]
 		if !taken {
 			if skip != nil && skip() {
 				s.mu.Unlock()
 				return false, nil
 			}
-			s.keys[key] = nil // a channel is made only when someone waits
+			s.keys[key] = keyUse{} // a channel is made only when someone waits
 			s.mu.Unlock()
 			return true, nil
 		}
-		if freed == nil && wait {
-			freed = make(chan struct{})
-			s.keys[key] = freed
+		if use.freed == nil && wait {
+			use.freed = make(chan struct{})
+			s.keys[key] = use
 		}
+		freed := use.freed
 		s.mu.Unlock()
 		if !wait {
 			return false, fmt.Errorf("%w: %s is held, or waited for, by this session", ErrLocked, key)
@@ -490,12 +489,17 @@ func (s *Session) claim(ctx context.Context, key string, wait bool, skip func() 
 	}
 }
 
+// keyUse is a key reserved by a primitive of the session (claimKey).
+type keyUse struct {
+	freed chan struct{} // closed when released; nil until someone waits
+	hold  *hold         // its hold, once it holds
+}
+
 // releaseKey frees a reservation made by claimKey.
 func (s *Session) releaseKey(key string) {
 	s.mu.Lock()
-	freed := s.keys[key]
+	freed := s.keys[key].freed
 	delete(s.keys, key)
-	delete(s.held, key)
 	s.mu.Unlock()
 	if freed != nil {
 		close(freed)

@@ -49,25 +49,24 @@ type slot struct {
 	rule   rule
 }
 
-// rule says whom a contender waits for: which of the keys created before its
-// own block it, and how many blocking keys may remain when it holds.
+// rule says whom a contender waits for: which of the keys under its prefix
+// created before its own block it, and how many blocking keys may remain
+// when it holds.
 type rule struct {
-	blocks func(kv *mvccpb.KeyValue) bool
+	blocks func(prefix string, kv *mvccpb.KeyValue) bool
 	room   int
 }
 
-// exclusive is the rule of a Mutex or an Election: every direct child of
+// exclusive is the rule of a Mutex or an Election: every direct child of the
 // prefix created before ours blocks, and none may remain.
-func exclusive(prefix string) rule {
-	return rule{blocks: func(kv *mvccpb.KeyValue) bool { return isChild(prefix, string(kv.Key)) }}
-}
+var exclusive = rule{blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return isChild(prefix, string(kv.Key)) }}
 
-// ahead returns the keys of kvs (sorted by create revision) created before
+// blocking returns the keys of kvs (sorted by create revision) created before
 // rev that block, oldest first.
-func (r rule) ahead(kvs []*mvccpb.KeyValue, rev int64) []*mvccpb.KeyValue {
+func (sl *slot) blocking(kvs []*mvccpb.KeyValue, rev int64) []*mvccpb.KeyValue {
 	var out []*mvccpb.KeyValue
 	for _, kv := range kvs {
-		if kv.CreateRevision < rev && r.blocks(kv) {
+		if kv.CreateRevision < rev && sl.rule.blocks(sl.prefix, kv) {
 			out = append(out, kv)
 		}
 	}
@@ -75,7 +74,7 @@ func (r rule) ahead(kvs []*mvccpb.KeyValue, rev int64) []*mvccpb.KeyValue {
 }
 
 // name is the primitive's name: the prefix without its slash.
-func (sl slot) name() string { return strings.TrimSuffix(sl.prefix, "/") }
+func (sl *slot) name() string { return strings.TrimSuffix(sl.prefix, "/") }
 
 func newSlot(s *Session, name, kind string) (slot, error) {
 	if s == nil {
@@ -85,7 +84,7 @@ func newSlot(s *Session, name, kind string) (slot, error) {
 		return slot{}, err
 	}
 	prefix := name + "/"
-	return slot{s: s, prefix: prefix, key: fmt.Sprintf("%s%x", prefix, int64(s.Lease())), kind: kind, rule: exclusive(prefix)}, nil
+	return slot{s: s, prefix: prefix, key: fmt.Sprintf("%s%x", prefix, int64(s.Lease())), kind: kind, rule: exclusive}, nil
 }
 
 // isChild reports whether key is a direct child NAME/<hex> of prefix: the
@@ -111,7 +110,7 @@ func listOp(prefix string) clientv3.Op {
 // turn is the outcome of an acquire: our key's create revision, the keys
 // ahead of it and the header of the read that listed them.
 type turn struct {
-	slot
+	*slot
 	rev   int64
 	value []byte // our key's value when it already existed (non-nil), else nil
 	ahead []*mvccpb.KeyValue
@@ -122,7 +121,7 @@ type turn struct {
 // enqueue writes our key if absent and reads the queue, in one transaction.
 // A key that already exists with our lease is ours: a resumed hold after a
 // restart with WithLease, or a create the client retried after it committed.
-func (sl slot) enqueue(ctx context.Context, val string) (turn, error) {
+func (sl *slot) enqueue(ctx context.Context, val string) (turn, error) {
 	lease := sl.s.Lease()
 	resp, err := sl.s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)).
@@ -141,7 +140,7 @@ func (sl slot) enqueue(ctx context.Context, val string) (turn, error) {
 		}
 		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
-	t.ahead = sl.rule.ahead(resp.Responses[1].GetResponseRange().Kvs, t.rev)
+	t.ahead = sl.blocking(resp.Responses[1].GetResponseRange().Kvs, t.rev)
 	if own != nil {
 		t.wrote = t.mine(own)
 	}
@@ -161,7 +160,7 @@ func (t *turn) mine(kv *mvccpb.KeyValue) bool {
 // compare fails although nobody holds NAME, so it falls back to enqueue. The
 // returned turn has keys ahead when the name is held; the caller then
 // withdraws the key if it wrote one.
-func (sl slot) tryEnqueue(ctx context.Context) (turn, error) {
+func (sl *slot) tryEnqueue(ctx context.Context) (turn, error) {
 	lease := sl.s.Lease()
 	resp, err := sl.s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(sl.prefix), "=", 0).WithPrefix()).
@@ -183,7 +182,7 @@ func (sl slot) tryEnqueue(ctx context.Context) (turn, error) {
 		}
 		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
-	t.ahead = sl.rule.ahead(resp.Responses[1].GetResponseRange().Kvs, t.rev)
+	t.ahead = sl.blocking(resp.Responses[1].GetResponseRange().Kvs, t.rev)
 	if own != nil {
 		t.wrote = t.mine(own)
 	}
@@ -200,7 +199,7 @@ func (sl slot) tryEnqueue(ctx context.Context) (turn, error) {
 // server applies it, never a later hold. When it fails the session sweeps
 // the key (see Session.sweep). It runs under a short bounded context of its
 // own, as it cleans up after calls whose context may have ended.
-func (sl slot) withdraw(rev int64) error {
+func (sl *slot) withdraw(rev int64) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.s.ctx), createGrace)
 	defer cancel()
 	err := sl.deleteAt(ctx, rev)
@@ -214,7 +213,7 @@ func (sl slot) withdraw(rev int64) error {
 
 // deleteAt deletes our key at create revision rev; with rev 0, the key with
 // our lease created after the session began, if any.
-func (sl slot) deleteAt(ctx context.Context, rev int64) error {
+func (sl *slot) deleteAt(ctx context.Context, rev int64) error {
 	if rev == 0 {
 		resp, err := sl.s.client.Get(ctx, sl.key)
 		if err != nil {
@@ -529,7 +528,7 @@ func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	if !mine {
 		return errOwnKeyGone
 	}
-	t.ahead, t.hdr = t.rule.ahead(resp.Kvs, t.rev), resp.Header
+	t.ahead, t.hdr = t.blocking(resp.Kvs, t.rev), resp.Header
 	return nil
 }
 
@@ -567,7 +566,7 @@ const createGrace = time.Second
 // as long again for the cleanup. The reservation is freed. In tryTurn mode a held
 // name gives an error wrapping ErrLocked. A hold is returned only while the
 // session lives.
-func (sl slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
+func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, sl.why(ctx, err)
 	}
@@ -655,7 +654,7 @@ func unsure(err error) bool {
 }
 
 // why wraps err with what ended the call: the caller's context, or the session.
-func (sl slot) why(ctx context.Context, err error) error {
+func (sl *slot) why(ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("etcdsync: acquire %s: %w", sl.name(), ctx.Err())
