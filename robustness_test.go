@@ -149,9 +149,9 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 	for _, p := range problems {
 		t.Error(p)
 	}
-	t.Logf("%d holds (%d lost), %d guarded writes, %d lock and %d register operations", len(h.holds), len(leads), len(h.writes), len(h.lock), len(h.reg))
+	t.Logf("%d holds (%d lost), %d guarded writes, %d lock and %d register operations", len(h.holds), len(leads), len(h.writes), len(h.lock)+len(h.releases), len(h.reg))
 	require.NotEmpty(t, h.writes, "no guarded write succeeded")
-	return len(h.lock) + len(h.reg)
+	return len(h.lock) + len(h.releases) + len(h.reg)
 }
 
 // history is what the workers did, with times in nanoseconds since base.
