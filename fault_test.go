@@ -146,6 +146,26 @@ type holdRec struct {
 	doneAt     time.Time
 }
 
+// recordHold returns the record of the hold p has just taken, and a func that
+// completes it once the hold was released or lost: when Done fired, whether
+// the hold was lost, and with contact. That func reports false when Done did
+// not fire within faultTTL+testTimeout.
+func recordHold(worker int, p primitive) (holdRec, func(*holdRec) bool) {
+	rec := holdRec{worker: worker, start: p.Header().Revision, rev: p.Rev()}
+	fired := make(chan time.Time, 1)
+	go func(done <-chan struct{}) { <-done; fired <- time.Now() }(p.Done()) // ends with the hold
+	return rec, func(rec *holdRec) bool {
+		select {
+		case rec.doneAt = <-fired:
+		case <-time.After(faultTTL + testTimeout):
+			return false
+		}
+		rec.lost = !errors.Is(p.Err(), etcdsync.ErrLockReleased)
+		rec.contact = errors.Is(p.Err(), etcdsync.ErrLostContact)
+		return true
+	}
+}
+
 type incRec struct {
 	token, commit int64
 }
@@ -531,10 +551,8 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 		if err != nil {
 			continue
 		}
-		rec := holdRec{worker: w.id, start: m.Header().Revision, rev: m.Rev()}
+		rec, ended := recordHold(w.id, m)
 		guard := m.guard()
-		fired := make(chan time.Time, 1)
-		go func(done <-chan struct{}) { <-done; fired <- time.Now() }(m.Done())
 
 		ok := w.increment(m, guard, counter, rec.rev)
 		if ok {
@@ -542,13 +560,9 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 			progress <- struct{}{}
 		}
 		w.unlock(r.ctx, m)
-		select {
-		case rec.doneAt = <-fired:
-		case <-time.After(faultTTL + 10*time.Second):
+		if !ended(&rec) {
 			t.Errorf("worker %d: hold %d: Done never fired", w.id, rec.rev)
 		}
-		rec.lost = !errors.Is(m.Err(), etcdsync.ErrLockReleased)
-		rec.contact = errors.Is(m.Err(), etcdsync.ErrLostContact)
 		r.mu.Lock()
 		r.holds = append(r.holds, rec)
 		r.mu.Unlock()

@@ -48,7 +48,8 @@ func r11NotYet(t *testing.T, q *queued, d time.Duration, what string) {
 
 // Predecessor and second-nearest deleted in one Txn: the third waiter gets
 // two deletes at one revision; whichever arrives first takes the no-read
-// branch, the second confirms. It must hold, with no unary RPC.
+// branch, the second confirms. It must hold (the RPCs it made are logged;
+// TestNoRPCOnTheCriticalPath asserts none).
 func TestR11SameRevPredAndSecond(t *testing.T) {
 	c := single(t)
 	admin := c.Client(t)

@@ -64,22 +64,29 @@ func rhResult(t *testing.T, ch <-chan error, d time.Duration, what string) error
 	}
 }
 
-// An Unlock in flight must return at once when the hold ends meanwhile
-// because Done's watch saw the key deleted (Done first called during Unlock).
-func TestRHUnlockBoundDoneDuringUnlock(t *testing.T) {
+// rhUnlockHeld locks name on a client whose delete transactions a gate holds
+// back (until the test ends), and starts an Unlock, held in flight. It
+// returns an admin client, the Mutex, its key and Unlock's result.
+func rhUnlockHeld(t *testing.T, name string) (*clientv3.Client, *etcdsync.Mutex, string, chan error) {
 	c := single(t)
-	admin := c.Client(t)
 	g := newRHGate()
-	s := session(t, c.Client(t, g.dial()))
-	m := etcdsync.NewMutex(s, "rh-bound-done")
+	m := etcdsync.NewMutex(session(t, c.Client(t, g.dial())), name)
 	ctx := ctxT(t)
 	require.NoError(t, m.Lock(ctx))
 	key := m.Key()
 	g.armed.Store(true)
-	defer close(g.open)
+	t.Cleanup(func() { close(g.open) })
 	errc := make(chan error, 1)
 	go func() { errc <- m.Unlock(ctx) }()
 	within(t, g.held, testTimeout, "unlock txn held")
+	return c.Client(t), m, key, errc
+}
+
+// An Unlock in flight must return at once when the hold ends meanwhile
+// because Done's watch saw the key deleted (Done first called during Unlock).
+func TestRHUnlockBoundDoneDuringUnlock(t *testing.T) {
+	admin, m, key, errc := rhUnlockHeld(t, "rh-bound-done")
+	ctx := ctxT(t)
 	done := m.Done() // first call, after the unhold took its bound
 	_, err := admin.Delete(ctx, key)
 	require.NoError(t, err)
@@ -90,19 +97,8 @@ func TestRHUnlockBoundDoneDuringUnlock(t *testing.T) {
 
 // Same, the hold ended by a concurrent Do that finds the key gone.
 func TestRHUnlockBoundDoLost(t *testing.T) {
-	c := single(t)
-	admin := c.Client(t)
-	g := newRHGate()
-	s := session(t, c.Client(t, g.dial()))
-	m := etcdsync.NewMutex(s, "rh-bound-do")
+	admin, m, key, errc := rhUnlockHeld(t, "rh-bound-do")
 	ctx := ctxT(t)
-	require.NoError(t, m.Lock(ctx))
-	key := m.Key()
-	g.armed.Store(true)
-	defer close(g.open)
-	errc := make(chan error, 1)
-	go func() { errc <- m.Unlock(ctx) }()
-	within(t, g.held, testTimeout, "unlock txn held")
 	_, err := admin.Delete(ctx, key)
 	require.NoError(t, err)
 	_, err = m.Do(ctx, clientv3.OpPut("rh-bound-do-x", "1"))

@@ -301,9 +301,7 @@ func robustWork(t *testing.T, ctx, work context.Context, w *faultWorker, rng *ra
 			continue
 		}
 		granted := h.now()
-		rec := holdRec{worker: w.id, start: p.Header().Revision, rev: p.Rev()}
-		fired := make(chan time.Time, 1)
-		go func(done <-chan struct{}) { <-done; fired <- time.Now() }(p.Done())
+		rec, ended := recordHold(w.id, p)
 		h.add(&h.lock, porcupine.Operation{ClientId: w.id, Input: lockOp{acquire: true, rev: rec.rev}, Call: call, Return: granted})
 		for range 1 + rng.IntN(3) {
 			seq++
@@ -311,14 +309,10 @@ func robustWork(t *testing.T, ctx, work context.Context, w *faultWorker, rng *ra
 		}
 		release := h.now()
 		w.unlock(ctx, p)
-		select {
-		case rec.doneAt = <-fired:
-		case <-time.After(faultTTL + testTimeout):
+		if !ended(&rec) {
 			t.Errorf("worker %d: hold %d: Done never fired", w.id, rec.rev)
 			return
 		}
-		rec.lost = !errors.Is(p.Err(), etcdsync.ErrLockReleased)
-		rec.contact = errors.Is(p.Err(), etcdsync.ErrLostContact)
 		h.mu.Lock()
 		h.holds = append(h.holds, rec)
 		h.releases = append(h.releases, releaseRec{worker: w.id, rev: rec.rev, lost: rec.lost, acquire: call, call: release, ret: h.now()})

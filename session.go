@@ -296,7 +296,7 @@ func (ka *beats) run(ctx context.Context) {
 		r := reply{ttl: resp.TTL}
 		ka.mu.Lock()
 		if len(ka.sent) == 0 {
-			err = errors.New("etcdsync: keepalive reply without a request")
+			err = errStrayReply
 		} else {
 			r.sent, ka.sent = ka.sent[0], ka.sent[1:]
 		}
@@ -653,8 +653,7 @@ func (s *Session) unstray(kv *mvccpb.KeyValue) {
 	defer s.releaseKey(key)
 	for s.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(s.ctx, cleanupTimeout)
-		_, err := s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", kv.CreateRevision)).
-			Then(clientv3.OpDelete(key)).Commit()
+		err := deleteAtRev(ctx, s.client, key, kv.CreateRevision)
 		cancel()
 		if err == nil || sleep(s.ctx, retryPause) != nil {
 			return

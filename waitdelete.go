@@ -132,19 +132,27 @@ func (sl *slot) enqueue(ctx context.Context, val string) (turn, error) {
 		return turn{slot: sl, wrote: unsure(err)}, err
 	}
 	t := turn{slot: sl, hdr: resp.Header, wrote: resp.Succeeded, rev: resp.Header.Revision}
+	err = t.queued(resp)
+	return t, err
+}
+
+// queued fills t from an enqueue's response: our key as it already was, if
+// the response has it (it must have our lease), and the keys ahead of it
+// (t.rev: our key's create revision if it is new).
+func (t *turn) queued(resp *clientv3.TxnResponse) error {
 	var own *mvccpb.KeyValue
-	if !resp.Succeeded {
-		own = resp.Responses[0].GetResponseRange().Kvs[0]
-		if clientv3.LeaseID(own.Lease) != lease {
-			return t, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, own.Lease, int64(lease))
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
+		own = kvs[0]
+		if lease := t.s.Lease(); clientv3.LeaseID(own.Lease) != lease {
+			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.key, own.Lease, int64(lease))
 		}
 		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
-	t.ahead = sl.blocking(resp.Responses[1].GetResponseRange().Kvs, t.rev)
+	t.ahead = t.blocking(resp.Responses[1].GetResponseRange().Kvs, t.rev)
 	if own != nil {
-		t.wrote = t.mine(own)
+		t.wrote = t.mine(own) // after t.ahead: a waiting key is ours to withdraw
 	}
-	return t, nil
+	return nil
 }
 
 // mine reports whether a key of ours that existed before this call is this
@@ -175,16 +183,8 @@ func (sl *slot) tryEnqueue(ctx context.Context) (turn, error) {
 	}
 	// Without a key of ours, every direct child is ahead of where ours would be.
 	t := turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
-	var own *mvccpb.KeyValue
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		if own = kvs[0]; clientv3.LeaseID(own.Lease) != lease {
-			return t, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, own.Lease, int64(lease))
-		}
-		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
-	}
-	t.ahead = sl.blocking(resp.Responses[1].GetResponseRange().Kvs, t.rev)
-	if own != nil {
-		t.wrote = t.mine(own)
+	if err := t.queued(resp); err != nil {
+		return t, err
 	}
 	if !t.blocked() && t.value == nil {
 		return sl.enqueue(ctx, "")
@@ -224,8 +224,14 @@ func (sl *slot) deleteAt(ctx context.Context, rev int64) error {
 		}
 		rev = resp.Kvs[0].CreateRevision
 	}
-	_, err := sl.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(sl.key), "=", rev)).
-		Then(clientv3.OpDelete(sl.key)).Commit()
+	return deleteAtRev(ctx, sl.s.client, sl.key, rev)
+}
+
+// deleteAtRev deletes key only while it is the incarnation created at rev, so
+// that however late the server applies it, it never deletes a later one.
+func deleteAtRev(ctx context.Context, cli *clientv3.Client, key string, rev int64) error {
+	_, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+		Then(clientv3.OpDelete(key)).Commit()
 	return err
 }
 
