@@ -25,6 +25,7 @@ import (
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -291,8 +292,44 @@ func BenchmarkWaiterCost(b *testing.B) {
 }
 
 // The floor of a handoff: one delete committed plus its watch event
-// delivered to another client (watch set up in advance).
+// delivered to another client, on a raw watch stream (as a waiter reads it)
+// that watches the key from before the put and stays open: no client
+// goroutine between the server and the reader, nothing set up per sample.
 func BenchmarkFloor(b *testing.B) {
+	watcher, _, admin := benchEtcd(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ws, err := pb.NewWatchClient(watcher.ActiveConnection()).Watch(ctx)
+	must(b, err)
+	must(b, ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
+		Key: []byte("floor"), Filters: []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT}}}}))
+	created, err := ws.Recv()
+	must(b, err)
+	if !created.Created {
+		b.Fatalf("first response on the floor's watch: %v", created)
+	}
+	var samples []time.Duration
+	for i := 0; i < b.N; i++ {
+		_, err := admin.Put(ctx, "floor", "x")
+		must(b, err)
+		start := time.Now()
+		_, err = admin.Delete(ctx, "floor")
+		must(b, err)
+		for {
+			resp, err := ws.Recv()
+			must(b, err)
+			if len(resp.Events) > 0 {
+				break
+			}
+		}
+		samples = append(samples, time.Since(start))
+	}
+	reportLatency(b, samples, "floor-")
+}
+
+// The floor as etcd's client sees it: the same, through clientv3.Watch (its
+// goroutines between the stream and the reader), a watch set up per sample.
+func BenchmarkFloorClientWatch(b *testing.B) {
 	watcher, _, admin := benchEtcd(b)
 	var samples []time.Duration
 	ctx := context.Background()
@@ -319,7 +356,9 @@ func BenchmarkFloor(b *testing.B) {
 // Handoff latency with N waiters queued: holder's Unlock start to the next
 // waiter's Lock return. N waiters queue (each in its watch) behind a holder;
 // then each new holder unlocks at once, and the first half of the chain is
-// sampled (so the queue is between N and N/2 long), setup after setup.
+// sampled (so the queue is between N and N/2 long), round after round. The
+// holder and the waiters are made once (sessions, keepalive streams and
+// connections warm) and lock again in every round.
 func BenchmarkHandoff(b *testing.B) {
 	for _, n := range []int{1, 10, 100, 500, 1000} {
 		for _, l := range libs {
@@ -328,10 +367,15 @@ func BenchmarkHandoff(b *testing.B) {
 				admin := c.Client(b)
 				cnt := counter{created: make(chan struct{}, queueWatches(l, n)+16)}
 				cli := c.Client(b, cnt.dial()...)
+				holder := l.newMutex(b, admin, "bench-handoff")
+				waiters := make([]benchMutex, n)
+				for i := range waiters {
+					waiters[i] = l.newMutex(b, cli, "bench-handoff")
+				}
 				var samples []time.Duration
 				b.ResetTimer()
 				for len(samples) < b.N {
-					samples = append(samples, handoffQueue(b, admin, cli, &cnt, l, n)...)
+					samples = append(samples, handoffQueue(b, admin, holder, waiters, &cnt, l)...)
 				}
 				b.StopTimer()
 				reportLatency(b, samples[:b.N], "handoff-")
@@ -349,13 +393,13 @@ func queueWatches(l lib, n int) int {
 	return total
 }
 
-// handoffQueue queues n waiters behind a holder, releases the holder and
+// handoffQueue queues the waiters behind the holder, releases the holder and
 // lets the chain run; it returns the first max(1, n/2) handoff latencies.
-func handoffQueue(b *testing.B, admin, cli *clientv3.Client, cnt *counter, l lib, n int) []time.Duration {
+func handoffQueue(b *testing.B, admin *clientv3.Client, holder benchMutex, waiters []benchMutex, cnt *counter, l lib) []time.Duration {
 	b.StopTimer()
 	defer b.StartTimer()
 	ctx := context.Background()
-	holder := l.newMutex(b, admin, "bench-handoff")
+	n := len(waiters)
 	must(b, holder.Lock(ctx))
 	var (
 		mu        sync.Mutex
@@ -363,8 +407,7 @@ func handoffQueue(b *testing.B, admin, cli *clientv3.Client, cnt *counter, l lib
 		lastStart time.Time
 		wg        sync.WaitGroup
 	)
-	for i := 0; i < n; i++ {
-		m := l.newMutex(b, cli, "bench-handoff")
+	for i, m := range waiters {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

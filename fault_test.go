@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,7 +31,8 @@ import (
 const (
 	faultTTL     = 2 * time.Second
 	faultWorkers = 3
-	faultIncs    = 50 // per worker: 14 faults x 3 x 50 = 2100 guarded increments
+	faultIncs    = 50 // per worker: 14 faults x 3 x 50 = 2100 guarded increments of Mutex and Election
+	faultIncsToo = 40 // per worker for RWMutex writers and Semaphore: 9 faults x 3 x 40 = 1080 each
 )
 
 type fault struct {
@@ -45,8 +47,8 @@ type fault struct {
 	// pause: the victim freezes while holding (ignores Done) until healed,
 	// then writes with the guard it took before, as a stopped process would.
 	pause bool
-	// election: the workers campaign and resign instead of lock and unlock.
-	election bool
+	// kind: the primitive the workers take (Mutex by default).
+	kind primKind
 	// impatient: the victim gives up waiting after 150 ms and tries again,
 	// so that it joins the queue at all moments of the fault.
 	impatient bool
@@ -114,17 +116,25 @@ func TestFaults(t *testing.T) {
 			require.NoError(t, err)
 		}},
 	}
-	// The same machinery serves Election: some of the faults again, campaigning.
+	// The same machinery serves Election, RWMutex and Semaphore: the
+	// faults again, campaigning, reading and writing, and holding permits.
+	mutexFaults := faults
 	for _, f := range []fault{faults[1], faults[4], faults[6], faults[7], faults[8]} {
-		f.name, f.election = "election-"+f.name, true
+		f.name, f.kind = "election-"+f.name, kindElection
 		faults = append(faults, f)
 	}
+	for _, k := range []primKind{kindRWMutex, kindSemaphore} {
+		for _, f := range mutexFaults {
+			f.name, f.kind = k.String()+"-"+f.name, k
+			faults = append(faults, f)
+		}
+	}
 	var report []string
-	total := 0
+	total := map[primKind]int{}
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
 			r := runFault(t, f)
-			total += r.incs
+			total[f.kind] += r.incs
 			report = append(report, r.String())
 		})
 	}
@@ -132,15 +142,46 @@ func TestFaults(t *testing.T) {
 	for _, line := range report {
 		t.Log(line)
 	}
-	t.Logf("total guarded increments: %d", total)
+	t.Logf("guarded increments: mutex and election %d, rwmutex (writers) %d, semaphore %d",
+		total[kindMutex]+total[kindElection], total[kindRWMutex], total[kindSemaphore])
 	if !t.Failed() && len(report) == len(faults) {
-		require.GreaterOrEqual(t, total, 1000)
+		require.GreaterOrEqual(t, total[kindMutex]+total[kindElection], 1000)
+		require.GreaterOrEqual(t, total[kindRWMutex], 1000)
+		require.GreaterOrEqual(t, total[kindSemaphore], 1000)
 	}
+}
+
+// primKind is the primitive a fault run's workers take.
+type primKind int
+
+const (
+	kindMutex primKind = iota
+	kindElection
+	kindRWMutex   // writers weigh faultWorkers, readers 1
+	kindSemaphore // faultPermits permits; requests of 1 or 2
+)
+
+const faultPermits = 2
+
+func (k primKind) String() string {
+	return [...]string{"mutex", "election", "rwmutex", "semaphore"}[k]
+}
+
+// capacity is the weight of holds that may hold at once (checkHolds).
+func (k primKind) capacity() int64 {
+	switch k {
+	case kindRWMutex:
+		return faultWorkers
+	case kindSemaphore:
+		return faultPermits
+	}
+	return 1
 }
 
 type holdRec struct {
 	worker     int
 	start, rev int64 // revision at which the hold began; create revision of its key
+	weight     int64 // of the hold against the check's capacity (checkHolds)
 	lost       bool  // ended otherwise than by our Unlock
 	contact    bool  // lost with the session's contact (ErrLostContact)
 	doneAt     time.Time
@@ -151,7 +192,7 @@ type holdRec struct {
 // the hold was lost, and with contact. That func reports false when Done did
 // not fire within faultTTL+testTimeout.
 func recordHold(worker int, p primitive) (holdRec, func(*holdRec) bool) {
-	rec := holdRec{worker: worker, start: p.Header().Revision, rev: p.Rev()}
+	rec := holdRec{worker: worker, start: p.Header().Revision, rev: p.Rev(), weight: p.weight}
 	fired := make(chan time.Time, 1)
 	go func(done <-chan struct{}) { <-done; fired <- time.Now() }(p.Done()) // ends with the hold
 	return rec, func(rec *holdRec) bool {
@@ -186,7 +227,8 @@ type faultRun struct {
 	injected chan struct{} // closed when the fault has started
 	healed   chan struct{} // closed when it is over
 
-	staleWrites int // writes by the paused victim that got through
+	staleWrites int     // writes by the paused victim that got through
+	halfDone    []int64 // revisions at which a reader saw a writer's work half done
 	workers     []*faultWorker
 }
 
@@ -263,15 +305,23 @@ func (d *deleteLog) stop(t *testing.T, rev int64) {
 }
 
 // checkHolds checks holds against the server's deletes of their keys: each
-// began before its key was deleted, none began before the previous one's
-// key was deleted (revision order), and a lost hold's Done fired no later
-// than the server deleted its key when it lost contact, else within slack.
-// It returns the violations and, per lost hold, how long Done fired before
-// the delete was seen.
-func checkHolds(holds []holdRec, log *deleteLog, slack time.Duration) (problems []string, leads []time.Duration) {
-	holds = slices.Clone(holds)
-	sort.Slice(holds, func(i, j int) bool { return holds[i].start < holds[j].start })
-	for i, h := range holds {
+// began before its key was deleted; at no revision do the holds whose key
+// existed (from the revision they began to their key's delete) weigh more
+// than capacity (a Mutex: weight 1 of 1, so none began before the previous
+// one's key was deleted); and a lost hold's Done fired no later than the
+// server deleted its key when it lost contact, else within slack. Holds that
+// share a key (read holds of one session) are one hold. It returns the
+// violations and, per lost hold, how long Done fired before the delete was
+// seen.
+func checkHolds(holds []holdRec, log *deleteLog, slack time.Duration, capacity int64) (problems []string, leads []time.Duration) {
+	type edge struct {
+		rev    int64
+		weight int64 // + at a start, - at a delete
+		h      holdRec
+	}
+	var edges []edge
+	seen := map[int64]bool{} // key create revisions
+	for _, h := range holds {
 		del, ok := log.get(h.rev)
 		if !ok {
 			problems = append(problems, fmt.Sprintf("hold at %d: its key's delete was not seen", h.rev))
@@ -280,10 +330,38 @@ func checkHolds(holds []holdRec, log *deleteLog, slack time.Duration) (problems 
 		if del.rev <= h.start {
 			problems = append(problems, fmt.Sprintf("hold at %d (worker %d) began at %d, but its key was deleted at %d: granted with no key", h.rev, h.worker, h.start, del.rev))
 		}
-		if i+1 < len(holds) && del.rev > holds[i+1].start {
-			problems = append(problems, fmt.Sprintf("holds overlap: %d (worker %d, began %d) held until %d, %d (worker %d) began at %d", h.rev, h.worker, h.start, del.rev, holds[i+1].rev, holds[i+1].worker, holds[i+1].start))
+		if !seen[h.rev] {
+			seen[h.rev] = true
+			edges = append(edges, edge{h.start, h.weight, h}, edge{del.rev, -h.weight, h})
 		}
-		if !h.lost {
+	}
+	// Deletes at a revision come before holds that began at it.
+	sort.Slice(edges, func(i, j int) bool {
+		if edges[i].rev != edges[j].rev {
+			return edges[i].rev < edges[j].rev
+		}
+		return edges[i].weight < edges[j].weight
+	})
+	var in int64
+	var inside []holdRec
+	for _, e := range edges {
+		in += e.weight
+		if e.weight < 0 {
+			inside = slices.DeleteFunc(inside, func(h holdRec) bool { return h.rev == e.h.rev })
+			continue
+		}
+		inside = append(inside, e.h)
+		if in > capacity {
+			var who []string
+			for _, h := range inside {
+				who = append(who, fmt.Sprintf("%d (worker %d, weight %d, began %d)", h.rev, h.worker, h.weight, h.start))
+			}
+			problems = append(problems, fmt.Sprintf("holds overlap at revision %d, weight %d of %d: %s", e.rev, in, capacity, strings.Join(who, ", ")))
+		}
+	}
+	for _, h := range holds {
+		del, ok := log.get(h.rev)
+		if !ok || !h.lost {
 			continue
 		}
 		lead := del.seen.Sub(h.doneAt)
@@ -400,13 +478,20 @@ func runFault(t *testing.T, f fault) faultResult {
 		violate("counter %d, but %d guarded increments succeeded", got, len(r.incs))
 	}
 	sort.Slice(r.incs, func(i, j int) bool { return r.incs[i].commit < r.incs[j].commit })
-	for i := 1; i < len(r.incs); i++ {
+	for i := 1; i < len(r.incs) && f.kind != kindSemaphore; i++ { // permit holders overlap
 		if r.incs[i].token < r.incs[i-1].token {
 			violate("fencing token went back: %d after %d", r.incs[i].token, r.incs[i-1].token)
 		}
 	}
+	for _, at := range r.halfDone {
+		for _, h := range r.holds {
+			if del, ok := r.log.get(h.rev); ok && h.weight == faultWorkers && h.start <= at && at < del.rev {
+				violate("a reader saw a writer's work half done at revision %d while the writer (hold %d) held", at, h.rev)
+			}
+		}
+	}
 	var problems []string
-	problems, res.leads = checkHolds(r.holds, r.log, time.Second)
+	problems, res.leads = checkHolds(r.holds, r.log, time.Second, f.kind.capacity())
 	for _, p := range problems {
 		violate("%s", p)
 	}
@@ -531,16 +616,20 @@ func (w *faultWorker) session(ctx context.Context) (*etcdsync.Session, error) {
 func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 	r := w.r
 	counter := r.name + "/counter"
-	for done := 0; done < faultIncs; {
+	incs := faultIncs
+	if r.f.kind >= kindRWMutex {
+		incs = faultIncsToo
+	}
+	for done, iter := 0, 0; done < incs; iter++ {
 		if r.ctx.Err() != nil {
-			t.Errorf("worker %d: %d of %d increments before the deadline", w.id, done, faultIncs)
+			t.Errorf("worker %d: %d of %d increments before the deadline", w.id, done, incs)
 			return
 		}
 		s, err := w.session(r.ctx)
 		if err != nil {
 			continue
 		}
-		m := newPrimitive(r.f.election, s, r.name+"/lock")
+		m := newPrimitive(r.f.kind, s, r.name+"/lock", w.id+iter)
 		patience := 5 * time.Second
 		if r.f.impatient && w.id == 0 {
 			patience = 150 * time.Millisecond
@@ -555,7 +644,7 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 		guard := m.guard()
 
 		ok := w.increment(m, guard, counter, rec.rev)
-		if ok {
+		if ok && m.role != readRole {
 			done++
 			progress <- struct{}{}
 		}
@@ -569,8 +658,11 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 	}
 }
 
-// increment reads the counter and writes it plus one, guarded by the hold.
-// The paused victim freezes while holding and then writes with the guard it
+// increment does the hold's work, guarded by the hold: it reads the counter
+// and writes it plus one (a writer then copies it to counter/b, so that a
+// reader sees the work half done if it runs meanwhile; a permit holder
+// writes only if nobody wrote since its read); a reader reads both. The
+// paused victim freezes while holding and then writes with the guard it
 // took before the pause, as a process waking from a stop would.
 func (w *faultWorker) increment(m primitive, guard clientv3.Cmp, counter string, token int64) bool {
 	r := w.r
@@ -585,13 +677,24 @@ func (w *faultWorker) increment(m primitive, guard clientv3.Cmp, counter string,
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
 	defer cancel()
+	if m.role == readRole && !paused {
+		resp, err := m.Do(ctx, clientv3.OpGet(counter), clientv3.OpGet(counter+"/b"))
+		if err != nil {
+			return false
+		}
+		if value(resp.Responses[0]) != value(resp.Responses[1]) {
+			r.mu.Lock()
+			r.halfDone = append(r.halfDone, resp.Header.Revision)
+			r.mu.Unlock()
+		}
+		return true
+	}
 	resp, err := w.cli.Get(ctx, counter)
 	if err != nil {
 		return false
 	}
 	n, _ := strconv.Atoi(string(resp.Kvs[0].Value))
 	put := clientv3.OpPut(counter, strconv.Itoa(n+1))
-	var commit int64
 	if paused {
 		tr, err := w.cli.Txn(ctx).If(guard).Then(put).Commit()
 		if err == nil && tr.Succeeded {
@@ -600,17 +703,29 @@ func (w *faultWorker) increment(m primitive, guard clientv3.Cmp, counter string,
 			r.mu.Unlock()
 		}
 		return false
-	} else {
-		tr, err := m.Do(ctx, put)
-		if err != nil {
-			return false
-		}
-		commit = tr.Header.Revision
+	}
+	if m.role == permitRole { // others may hold: write only over what was read
+		put = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(counter), "=", resp.Kvs[0].ModRevision)}, []clientv3.Op{put}, nil)
+	}
+	tr, err := m.Do(ctx, put)
+	if err != nil || m.role == permitRole && !tr.Responses[0].GetResponseTxn().Succeeded {
+		return false
 	}
 	r.mu.Lock()
-	r.incs = append(r.incs, incRec{token: token, commit: commit})
+	r.incs = append(r.incs, incRec{token: token, commit: tr.Header.Revision})
 	r.mu.Unlock()
+	if m.role == writeRole {
+		m.Do(ctx, clientv3.OpPut(counter+"/b", strconv.Itoa(n+1))) // lost meanwhile: the next writer writes both
+	}
 	return true
+}
+
+// value is the value a Get in a transaction read, "0" when absent.
+func value(op *pb.ResponseOp) string {
+	if kvs := op.GetResponseRange().GetKvs(); len(kvs) > 0 {
+		return string(kvs[0].Value)
+	}
+	return "0"
 }
 
 // unlock releases the hold, retrying while it is held and the release fails
@@ -623,14 +738,27 @@ func (w *faultWorker) unlock(ctx context.Context, m primitive) {
 	}
 }
 
-// primitive is one contender for the name, a Mutex or an Election, seen
-// through what the suite needs of either.
+// primitive is one contender for the name (a Mutex, an Election, a reader
+// or a writer of an RWMutex, a holder of semaphore permits) seen through
+// what the suite needs of any.
 type primitive struct {
 	held
 	acquire func(context.Context) error
 	release func(context.Context) error
 	guard   func() clientv3.Cmp
+	weight  int64 // see checkHolds
+	role    role
 }
+
+// role is what a hold's work is (faultWorker.increment).
+type role int
+
+const (
+	incRole    role = iota // increment the counter
+	writeRole              // increment the counter, then copy it to counter/b
+	readRole               // read both
+	permitRole             // increment the counter if nobody wrote since the read
+)
 
 type held interface {
 	Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error)
@@ -640,12 +768,26 @@ type held interface {
 	Err() error
 }
 
-func newPrimitive(election bool, s *etcdsync.Session, name string) primitive {
-	if election {
+// newPrimitive returns a contender of kind; i chooses between a reader and
+// a writer, or between requests of 1 and 2 permits.
+func newPrimitive(kind primKind, s *etcdsync.Session, name string, i int) primitive {
+	switch kind {
+	case kindElection:
 		e := etcdsync.NewElection(s, name)
-		return primitive{held: e, guard: e.IsLeader, release: e.Resign,
+		return primitive{held: e, guard: e.IsLeader, release: e.Resign, weight: 1,
 			acquire: func(ctx context.Context) error { return e.Campaign(ctx, "candidate") }}
+	case kindRWMutex:
+		rw := etcdsync.NewRWMutex(s, name)
+		if i%2 == 0 {
+			return primitive{held: rw, acquire: rw.Lock, release: rw.Unlock, guard: rw.IsOwner, weight: faultWorkers, role: writeRole}
+		}
+		return primitive{held: rw, acquire: rw.RLock, release: rw.RUnlock, guard: rw.IsOwner, weight: 1, role: readRole}
+	case kindSemaphore:
+		sm := etcdsync.NewSemaphore(s, name, faultPermits)
+		n := int64(i%2 + 1)
+		return primitive{held: sm, release: sm.Release, guard: sm.IsOwner, weight: n, role: permitRole,
+			acquire: func(ctx context.Context) error { return sm.Acquire(ctx, n) }}
 	}
 	m := etcdsync.NewMutex(s, name)
-	return primitive{held: m, acquire: m.Lock, release: m.Unlock, guard: m.IsOwner}
+	return primitive{held: m, acquire: m.Lock, release: m.Unlock, guard: m.IsOwner, weight: 1}
 }

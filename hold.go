@@ -26,6 +26,8 @@ type hold struct {
 	start     startHeader  // of the revision at which the hold began
 	over      atomic.Bool  // finish ran
 	releasing atomic.Int32 // Unlocks in flight: a delete seen meanwhile may be theirs
+	shares    int          // values of the session that share the hold (s.mu; 1 but for read holds)
+	closing   bool         // its last share is releasing it: nobody joins (s.mu)
 
 	mu    sync.Mutex
 	last  *pb.ResponseHeader      // of the last write through the hold (Proclaim)
@@ -41,13 +43,36 @@ type hold struct {
 // newHold makes the hold of a key this session reserved (claimKey); the hold
 // frees the reservation when it finishes.
 func newHold(sl *slot, rev int64, hdr *pb.ResponseHeader) *hold {
-	h := &hold{slot: sl, rev: rev, start: startHeader{cluster: hdr.ClusterId, member: hdr.MemberId, rev: hdr.Revision, term: hdr.RaftTerm}}
+	h := &hold{slot: sl, rev: rev, shares: 1, start: startHeader{cluster: hdr.ClusterId, member: hdr.MemberId, rev: hdr.Revision, term: hdr.RaftTerm}}
 	sl.s.mu.Lock()
 	use := sl.s.keys[sl.key]
 	use.hold = h
 	sl.s.keys[sl.key] = use
+	if sl.rule.shared {
+		sl.s.wakeLocked(sl.key) // those waiting to share it join
+	}
 	sl.s.mu.Unlock()
 	return h
+}
+
+// leave drops one share of h and reports whether it was the last, which
+// then releases the key (unhold) while nobody joins.
+func (h *hold) leave() bool {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	h.shares--
+	h.closing = h.shares == 0
+	return h.closing
+}
+
+// rejoin takes back the last share after its release failed with the hold
+// still there, and lets those waiting to share it join.
+func (h *hold) rejoin() {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	h.shares++
+	h.closing = false
+	h.s.wakeLocked(h.key)
 }
 
 // context returns a context that ends when the hold ends, with its cause.
@@ -306,6 +331,7 @@ type holder struct {
 
 	mu   sync.Mutex
 	h    *hold
+	n    int   // this value's shares of h (more than 1 only for read holds)
 	last error // why the previous hold ended
 }
 
@@ -322,17 +348,63 @@ func newHolder(s *Session, name, kind string) holder {
 // take acquires a hold (see slot.acquire) and makes it current. It returns
 // the value the key already had when it existed.
 func (hr *holder) take(ctx context.Context, val string, md mode) ([]byte, error) {
+	return hr.takeAs(ctx, &hr.slot, val, md)
+}
+
+// takeAs is take through sl: the holder's slot under the rule of this one
+// acquire (a Semaphore's weight).
+func (hr *holder) takeAs(ctx context.Context, sl *slot, val string, md mode) ([]byte, error) {
 	if hr.bad != nil {
 		return nil, hr.bad
 	}
-	h, value, err := hr.slot.acquire(ctx, val, md)
+	h, value, err := sl.acquire(ctx, val, md)
 	if err != nil {
 		return nil, err
 	}
 	hr.mu.Lock()
-	hr.h = h
+	if hr.h != h {
+		hr.h, hr.n = h, 0
+	}
+	hr.n++
 	hr.mu.Unlock()
 	return value, nil
+}
+
+// release ends the current hold (unhold). For a shared hold it ends this
+// value's share: the value's last share leaves the hold, and the session's
+// last share releases the key. When that release fails with the hold still
+// there, the value holds again (one share), so it can be retried.
+func (hr *holder) release(ctx context.Context) error {
+	h, err := hr.held(ErrLockReleased)
+	if err != nil {
+		return err
+	}
+	if !h.rule.shared {
+		return h.unhold(ctx)
+	}
+	hr.mu.Lock()
+	if hr.h != h { // another goroutine released this value's last share meanwhile
+		hr.mu.Unlock()
+		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, hr.slot.name())
+	}
+	if hr.n--; hr.n == 0 {
+		hr.h, hr.last = nil, fmt.Errorf("%w: %s released by this value", ErrLockReleased, h.key)
+	}
+	hr.mu.Unlock()
+	if !h.leave() {
+		return nil
+	}
+	err = h.unhold(ctx)
+	if err != nil && h.live() {
+		h.rejoin()
+		hr.mu.Lock()
+		if hr.h != h {
+			hr.h, hr.n = h, 0
+		}
+		hr.n++
+		hr.mu.Unlock()
+	}
+	return err
 }
 
 // abandon ends the current hold after a failure that leaves it unwanted: it
@@ -354,7 +426,7 @@ func (hr *holder) current() *hold {
 	defer hr.mu.Unlock()
 	if hr.h != nil && !hr.h.live() {
 		hr.h.finish(nil) // frees the key's reservation when the session ended
-		hr.last, hr.h = hr.h.err(), nil
+		hr.last, hr.h, hr.n = hr.h.err(), nil, 0
 	}
 	return hr.h
 }

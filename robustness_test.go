@@ -145,7 +145,7 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 			t.Errorf("fencing token went back: %d after %d", h.writes[i].token, h.writes[i-1].token)
 		}
 	}
-	problems, leads := checkHolds(h.holds, log, faultTTL)
+	problems, leads := checkHolds(h.holds, log, faultTTL, 1)
 	for _, p := range problems {
 		t.Error(p)
 	}
@@ -285,7 +285,11 @@ func robustWork(t *testing.T, ctx, work context.Context, w *faultWorker, rng *ra
 			continue
 		}
 		kind := rng.IntN(10)
-		p := newPrimitive(kind >= 7, s, robustName)
+		pk := kindMutex
+		if kind >= 7 {
+			pk = kindElection
+		}
+		p := newPrimitive(pk, s, robustName, 0)
 		if kind < 3 {
 			p.acquire = p.held.(*etcdsync.Mutex).TryLock
 		}

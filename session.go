@@ -451,13 +451,32 @@ func (s *Session) revoke(bound time.Duration) error {
 // a key. With wait it blocks until the key is free or ctx ends; without, it
 // returns ErrLocked at once. A reservation is freed by releaseKey, once.
 func (s *Session) claimKey(ctx context.Context, key string, wait bool) error {
-	_, err := s.claim(ctx, key, wait, nil)
+	_, err := s.claim(ctx, key, wait, nil, nil)
 	return err
 }
 
+// shareKey is claimKey for a key whose holds the session's primitives share
+// (an RWMutex's read key): when the session holds the key, it joins that hold
+// (counted, see hold.leave) and returns it; else it reserves the key and
+// returns nil. With wait, an acquire or a release of the key in flight is
+// waited for; without, it is an error wrapping ErrLocked.
+func (s *Session) shareKey(ctx context.Context, key string, wait bool) (*hold, error) {
+	var joined *hold
+	_, err := s.claim(ctx, key, wait, nil, func(h *hold) bool {
+		if h.live() && !h.closing {
+			h.shares++
+			joined = h
+		}
+		return joined != nil
+	})
+	return joined, err
+}
+
 // claim is claimKey, except that once the key is free it claims nothing and
-// returns false when skip (called with s.mu held) says so.
-func (s *Session) claim(ctx context.Context, key string, wait bool, skip func() bool) (bool, error) {
+// returns false when skip (called with s.mu held) says so, and that while
+// the key is held it claims nothing and returns false when join (called
+// with s.mu held) takes a share of the hold.
+func (s *Session) claim(ctx context.Context, key string, wait bool, skip func() bool, join func(*hold) bool) (bool, error) {
 	for {
 		s.mu.Lock()
 		use, taken := s.keys[key]
@@ -469,6 +488,10 @@ func (s *Session) claim(ctx context.Context, key string, wait bool, skip func() 
 			s.keys[key] = keyUse{} // a channel is made only when someone waits
 			s.mu.Unlock()
 			return true, nil
+		}
+		if join != nil && use.hold != nil && join(use.hold) {
+			s.mu.Unlock()
+			return false, nil
 		}
 		if use.freed == nil && wait {
 			use.freed = make(chan struct{})
@@ -491,8 +514,18 @@ func (s *Session) claim(ctx context.Context, key string, wait bool, skip func() 
 
 // keyUse is a key reserved by a primitive of the session (claimKey).
 type keyUse struct {
-	freed chan struct{} // closed when released; nil until someone waits
+	freed chan struct{} // closed when released, or when a hold can be joined (wake); nil until someone waits
 	hold  *hold         // its hold, once it holds
+}
+
+// wakeLocked lets the callers waiting for key (claim) look again: its hold
+// began, or can be joined again. s.mu is held.
+func (s *Session) wakeLocked(key string) {
+	if use := s.keys[key]; use.freed != nil {
+		close(use.freed)
+		use.freed = nil
+		s.keys[key] = use
+	}
 }
 
 // releaseKey frees a reservation made by claimKey.
@@ -647,7 +680,7 @@ func (s *Session) unstray(kv *mvccpb.KeyValue) {
 	}
 	// Wait until no primitive of the session uses the key: an acquire that
 	// created kv has recorded it by then, and the key is left alone.
-	if claimed, _ := s.claim(s.ctx, key, true, func() bool { return s.oursLocked(kv) }); !claimed {
+	if claimed, _ := s.claim(s.ctx, key, true, func() bool { return s.oursLocked(kv) }, nil); !claimed {
 		return
 	}
 	defer s.releaseKey(key)

@@ -44,17 +44,21 @@ func checkName(name string) error {
 type slot struct {
 	s      *Session
 	prefix string // NAME/
-	key    string // NAME/<lease-hex>
-	kind   string // of primitive: mutex, election
+	key    string // NAME/<lease-hex>, or NAME/read/<lease-hex> and so on (rule.dir)
+	kind   string // of primitive: mutex, election, rwmutex, semaphore
 	rule   rule
 }
 
 // rule says whom a contender waits for: which of the keys under its prefix
-// created before its own block it, and how many blocking keys may remain
-// when it holds.
+// created before its own block it, their weights, and how much blocking
+// weight may remain ahead when it holds.
 type rule struct {
+	dir    string // our key's directory under the prefix: "" (NAME/<hex>), "read/", "write/"
 	blocks func(prefix string, kv *mvccpb.KeyValue) bool
-	room   int
+	weigh  func(kv *mvccpb.KeyValue) (int64, error) // a blocking key's weight (its value is read); nil: 1 each, keys only
+	room   int64                                    // blocking weight that may remain ahead
+	free   string                                   // under the prefix: what must be empty for a try to write at once
+	shared bool                                     // holds of one session share the key (counted)
 }
 
 // exclusive is the rule of a Mutex or an Election: every direct child of the
@@ -62,15 +66,46 @@ type rule struct {
 var exclusive = rule{blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return isChild(prefix, string(kv.Key)) }}
 
 // blocking returns the keys of kvs (sorted by create revision) created before
-// rev that block, oldest first.
-func (sl *slot) blocking(kvs []*mvccpb.KeyValue, rev int64) []*mvccpb.KeyValue {
+// rev that block, oldest first. A key whose weight the rule cannot read is an
+// error wrapping ErrInvalidArgument.
+func (sl *slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
 	var out []*mvccpb.KeyValue
 	for _, kv := range kvs {
 		if kv.CreateRevision < rev && sl.rule.blocks(sl.prefix, kv) {
+			if sl.rule.weigh != nil {
+				if _, err := sl.rule.weigh(kv); err != nil {
+					return nil, err
+				}
+			}
 			out = append(out, kv)
 		}
 	}
-	return out
+	return out, nil
+}
+
+// weight is the total weight of kvs, blocking keys that blocking accepted.
+func (r *rule) weight(kvs []*mvccpb.KeyValue) int64 {
+	if r.weigh == nil {
+		return int64(len(kvs))
+	}
+	var w int64
+	for _, kv := range kvs {
+		n, _ := r.weigh(kv)
+		w += n
+	}
+	return w
+}
+
+// nearest returns the keys ahead a waiter watches: the nearest ones whose
+// weight exceeds the room (the turn cannot come before one of them goes),
+// and the one behind them.
+func (t *turn) nearest() []*mvccpb.KeyValue {
+	i, w := len(t.ahead), int64(0)
+	for i > 0 && w <= t.rule.room {
+		i--
+		w += t.rule.weight(t.ahead[i : i+1])
+	}
+	return t.ahead[max(0, i-1):]
 }
 
 // name is the primitive's name: the prefix without its slash.
@@ -83,8 +118,13 @@ func newSlot(s *Session, name, kind string) (slot, error) {
 	if err := checkName(name); err != nil {
 		return slot{}, err
 	}
-	prefix := name + "/"
-	return slot{s: s, prefix: prefix, key: fmt.Sprintf("%s%x", prefix, int64(s.Lease())), kind: kind, rule: exclusive}, nil
+	return slot{s: s, prefix: name + "/", kind: kind}.with(exclusive), nil
+}
+
+// with returns the slot under rule r, its key in r's directory.
+func (sl slot) with(r rule) slot {
+	sl.rule, sl.key = r, fmt.Sprintf("%s%s%x", sl.prefix, r.dir, int64(sl.s.Lease()))
+	return sl
 }
 
 // isChild reports whether key is a direct child NAME/<hex> of prefix: the
@@ -102,9 +142,18 @@ func isChild(prefix, key string) bool {
 	return true
 }
 
-func listOp(prefix string) clientv3.Op {
-	return clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+// listOp lists the keys under the prefix in create-revision order, with
+// their values only when the rule weighs them.
+func (sl *slot) listOp() clientv3.Op {
+	return clientv3.OpGet(sl.prefix, sl.listOpts()...)
+}
+
+func (sl *slot) listOpts() []clientv3.OpOption {
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
+	if sl.rule.weigh == nil {
+		opts = append(opts, clientv3.WithKeysOnly())
+	}
+	return opts
 }
 
 // turn is the outcome of an acquire: our key's create revision, the keys
@@ -123,10 +172,11 @@ type turn struct {
 // restart with WithLease, or a create the client retried after it committed.
 func (sl *slot) enqueue(ctx context.Context, val string) (turn, error) {
 	lease := sl.s.Lease()
+	list := sl.listOp()
 	resp, err := sl.s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)).
-		Then(clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)), listOp(sl.prefix)).
-		Else(clientv3.OpGet(sl.key), listOp(sl.prefix)).
+		Then(clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)), list).
+		Else(clientv3.OpGet(sl.key), list).
 		Commit()
 	if err != nil {
 		return turn{slot: sl, wrote: unsure(err)}, err
@@ -148,7 +198,10 @@ func (t *turn) queued(resp *clientv3.TxnResponse) error {
 		}
 		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
-	t.ahead = t.blocking(resp.Responses[1].GetResponseRange().Kvs, t.rev)
+	var err error
+	if t.ahead, err = t.blocking(resp.Responses[1].GetResponseRange().Kvs, t.rev); err != nil {
+		return err
+	}
 	if own != nil {
 		t.wrote = t.mine(own) // after t.ahead: a waiting key is ours to withdraw
 	}
@@ -163,17 +216,18 @@ func (t *turn) mine(kv *mvccpb.KeyValue) bool {
 	return t.s.made(kv) || t.blocked()
 }
 
-// tryEnqueue writes our key only if nothing at all is under NAME/: one RPC and
-// no write when the name is held. When only nested keys (NAME/x/…) exist the
-// compare fails although nobody holds NAME, so it falls back to enqueue. The
-// returned turn has keys ahead when the name is held; the caller then
-// withdraws the key if it wrote one.
-func (sl *slot) tryEnqueue(ctx context.Context) (turn, error) {
+// tryEnqueue writes our key only if nothing at all is under NAME/ (under
+// NAME/<rule.free>): one RPC and no write when the name is held. When the
+// compare fails although nothing blocks us (only nested keys NAME/x/…, or
+// keys that leave us room), it falls back to enqueue. The returned turn has
+// keys ahead when the name is held; the caller then withdraws the key if it
+// wrote one.
+func (sl *slot) tryEnqueue(ctx context.Context, val string) (turn, error) {
 	lease := sl.s.Lease()
 	resp, err := sl.s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(sl.prefix), "=", 0).WithPrefix()).
-		Then(clientv3.OpPut(sl.key, "", clientv3.WithLease(lease))).
-		Else(clientv3.OpGet(sl.key), listOp(sl.prefix)).
+		If(clientv3.Compare(clientv3.CreateRevision(sl.prefix+sl.rule.free), "=", 0).WithPrefix()).
+		Then(clientv3.OpPut(sl.key, val, clientv3.WithLease(lease))).
+		Else(clientv3.OpGet(sl.key), sl.listOp()).
 		Commit()
 	if err != nil {
 		return turn{slot: sl, wrote: unsure(err)}, err
@@ -187,7 +241,7 @@ func (sl *slot) tryEnqueue(ctx context.Context) (turn, error) {
 		return t, err
 	}
 	if !t.blocked() && t.value == nil {
-		return sl.enqueue(ctx, "")
+		return sl.enqueue(ctx, val)
 	}
 	return t, nil
 }
@@ -235,9 +289,15 @@ func deleteAtRev(ctx context.Context, cli *clientv3.Client, key string, rev int6
 	return err
 }
 
-// blocked reports whether more keys that block us are listed ahead than the
-// rule leaves room for.
-func (t *turn) blocked() bool { return len(t.ahead) > t.rule.room }
+// blocked reports whether more weight that blocks us is listed ahead than
+// the rule leaves room for.
+func (t *turn) blocked() bool { return t.rule.weight(t.ahead) > t.rule.room }
+
+// final reports whether a wait that failed with err must not retry: our key
+// is gone, or a key ahead breaks the rule (another capacity, say).
+func final(err error) bool {
+	return errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrInvalidArgument)
+}
 
 // wait blocks until the keys ahead of ours no longer block it (see rule),
 // then returns the header of the revision at which the turn came. It returns ErrSessionExpired (wrapped) as
@@ -250,7 +310,7 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 		case err == nil:
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case errors.Is(err, ErrSessionExpired):
+		case final(err):
 			return nil, err
 		default:
 			// The stream broke (member restart, lost leader, compaction):
@@ -258,7 +318,7 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 			if err := sleep(ctx, retryPause); err != nil {
 				return nil, err
 			}
-			if err := t.settle(ctx, t.hdr.Revision); err != nil && errors.Is(err, ErrSessionExpired) {
+			if err := t.settle(ctx, t.hdr.Revision); err != nil && final(err) {
 				return nil, err
 			}
 		}
@@ -296,9 +356,9 @@ type stream struct {
 // came (nothing blocks us), an error wrapping ErrSessionExpired when our key
 // went, or another error when the stream failed.
 //
-// It watches our own key and the nearest room+2 keys that block us (room:
-// see rule): the turn cannot come before one of the nearest room+1 goes, and
-// the one behind them is watched too, so that when it goes first (while the
+// It watches our own key and the nearest keys that block us (turn.nearest):
+// the nearest ones whose weight exceeds the rule's room, as the turn cannot
+// come before one of them goes, and the one behind them too, so that when it goes first (while the
 // nearest still block us) the waiter learns, off the critical path, what is
 // left ahead: by a read when keys it does not watch were listed, else at
 // once. When the turn then comes, the list is exact and needs no read. All watches start at the serving member's current
@@ -352,7 +412,7 @@ func (t *turn) watch(ctx context.Context) error {
 			// as blocked as before.
 			rest := slices.DeleteFunc(slices.Clone(t.ahead), func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
 			switch {
-			case len(rest) <= t.rule.room:
+			case t.rule.weight(rest) <= t.rule.room:
 				err = st.confirm(ctx, gone)
 			case st.watchesAll(rest):
 				t.ahead = rest // still blocked: nothing to undo if the stream breaks
@@ -367,11 +427,10 @@ func (t *turn) watch(ctx context.Context) error {
 	return nil
 }
 
-// watchNearest makes the stream watch the nearest room+2 keys that block
-// us, and only those.
+// watchNearest makes the stream watch the nearest keys that block us (see
+// turn.nearest), and only those.
 func (st *stream) watchNearest() error {
-	ahead := st.t.ahead
-	near := ahead[len(ahead)-min(len(ahead), st.t.rule.room+2):]
+	near := st.t.nearest()
 	isNear := func(key string) bool {
 		return slices.ContainsFunc(near, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
 	}
@@ -518,8 +577,7 @@ func (st *stream) drop(id int64) error {
 // (serializable when the member is that recent, else linearizable) and
 // updates t. It returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
-	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(t.rev),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
+	opts := append(t.listOpts(), clientv3.WithMaxCreateRev(t.rev))
 	resp, err := t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
 	if err == nil && resp.Header.Revision < atLeast {
 		resp, err = t.s.client.Get(ctx, t.prefix, opts...)
@@ -534,7 +592,11 @@ func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	if !mine {
 		return errOwnKeyGone
 	}
-	t.ahead, t.hdr = t.blocking(resp.Kvs, t.rev), resp.Header
+	ahead, err := t.blocking(resp.Kvs, t.rev)
+	if err != nil {
+		return err
+	}
+	t.ahead, t.hdr = ahead, resp.Header
 	return nil
 }
 
@@ -571,7 +633,8 @@ const createGrace = time.Second
 // applies it. Past ctx's end it blocks at most createGrace for the create and
 // as long again for the cleanup. The reservation is freed. In tryTurn mode a held
 // name gives an error wrapping ErrLocked. A hold is returned only while the
-// session lives.
+// session lives. Under a shared rule, a live hold of the key in the session
+// is joined (counted) without touching etcd.
 func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, sl.why(ctx, err)
@@ -579,7 +642,11 @@ func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte,
 	if err := sl.s.Err(); err != nil {
 		return nil, nil, sl.s.endedErr()
 	}
-	if err := sl.s.claimKey(ctx, sl.key, m == waitTurn); err != nil {
+	if sl.rule.shared {
+		if h, err := sl.s.shareKey(ctx, sl.key, m == waitTurn); err != nil || h != nil {
+			return h, nil, err
+		}
+	} else if err := sl.s.claimKey(ctx, sl.key, m == waitTurn); err != nil {
 		return nil, nil, err
 	}
 	if err := ctx.Err(); err != nil { // it ended as the key was freed
@@ -602,11 +669,11 @@ func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte,
 	var t turn
 	var err error
 	if m == tryTurn {
-		t, err = sl.tryEnqueue(ectx)
+		t, err = sl.tryEnqueue(ectx, val)
 	} else {
 		t, err = sl.enqueue(ectx, val)
 	}
-	unknown := err != nil && t.wrote // the create failed, and may yet be applied
+	unknown := err != nil && t.wrote && t.hdr == nil // the create failed, and may yet be applied
 	if err == nil && t.wrote && t.value == nil {
 		sl.s.created(sl.key, t.rev) // a sweeper of the key leaves it to us
 	}

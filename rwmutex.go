@@ -1,0 +1,152 @@
+package etcdsync
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// RWMutex is a distributed read/write lock on a name: many readers or one
+// writer. A reader's key is NAME/read/<lease-hex>, a writer's
+// NAME/write/<lease-hex>, the directories etcd's experimental recipes
+// RWMutex uses, so the two exclude each other. All keys form one queue in
+// create-revision order: a reader waits for the writers created before it, a
+// writer for every key created before it, so a waiting writer holds back the
+// readers that come after it. Read holds of one Session on a name share one
+// key (counted: the last RUnlock deletes it), whichever RWMutex values take
+// them; write holds exclude each other as Mutexes do. Lock on a value that
+// holds a read (or RLock on one that holds the write) waits for that hold
+// to end, as sync.RWMutex does. All methods are safe for concurrent use.
+type RWMutex struct {
+	w, r holder
+
+	mu   sync.Mutex
+	last *holder // the holder of the last hold taken
+}
+
+// NewRWMutex returns an RWMutex on name for session s. It does not touch
+// etcd. An invalid name or a nil session is reported by every call that uses
+// them.
+func NewRWMutex(s *Session, name string) *RWMutex {
+	rw := &RWMutex{w: newHolder(s, name, "rwmutex"), r: newHolder(s, name, "rwmutex")}
+	if rw.w.bad == nil {
+		rw.w.slot = rw.w.slot.with(writeRule)
+		rw.r.slot = rw.r.slot.with(readRule)
+	}
+	return rw
+}
+
+// readRule: a reader waits for the writers created before it, and its key
+// is shared by the session's read holds; TryRLock writes at once when no
+// writer key exists.
+var readRule = rule{dir: "read/", blocks: inDirs("write/"), free: "write/", shared: true}
+
+// writeRule: a writer waits for every reader and writer created before it.
+var writeRule = rule{dir: "write/", blocks: inDirs("read/", "write/")}
+
+// inDirs returns a blocks rule: the key is a direct child NAME/<dir><id> of
+// one of dirs, id in hex or decimal (etcd's recipes name keys by time).
+func inDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
+	return func(prefix string, kv *mvccpb.KeyValue) bool {
+		rest, ok := strings.CutPrefix(string(kv.Key), prefix)
+		if !ok {
+			return false
+		}
+		for _, d := range dirs {
+			if isChild(d, rest) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// RLock blocks until a read hold is taken, ctx ends (the error wraps
+// ctx.Err()) or the session ends (ErrSessionExpired). When the session
+// already holds a read on the name, it shares that hold at once, without an
+// RPC. A waiter whose own key vanishes returns ErrSessionExpired at once. On
+// error no key of this call is left behind.
+func (rw *RWMutex) RLock(ctx context.Context) error { return rw.take(&rw.r, ctx, waitTurn) }
+
+// TryRLock takes a read hold if no writer holds or waits, else returns an
+// error wrapping ErrLocked. When a writer holds or waits it costs one RPC
+// and writes nothing. ctx bounds the call.
+func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.take(&rw.r, ctx, tryTurn) }
+
+// RUnlock ends one read hold of this value. The session's last read hold on
+// the name deletes the read key (at the revision it was created), in one RPC
+// bounded by ctx and by the hold; earlier ones touch nothing. On an RPC
+// error the hold stays and RUnlock can be retried; with no read hold it
+// returns an error wrapping ErrLockReleased.
+func (rw *RWMutex) RUnlock(ctx context.Context) error { return rw.r.release(ctx) }
+
+// Lock blocks until the write hold is taken: every reader and writer
+// created before it has gone. ctx and the session bound it as RLock's.
+func (rw *RWMutex) Lock(ctx context.Context) error { return rw.take(&rw.w, ctx, waitTurn) }
+
+// TryLock takes the write hold if nobody holds or waits, else returns an
+// error wrapping ErrLocked, in one RPC that writes nothing when held.
+func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.take(&rw.w, ctx, tryTurn) }
+
+// Unlock releases the write hold as Mutex.Unlock does.
+func (rw *RWMutex) Unlock(ctx context.Context) error { return rw.w.release(ctx) }
+
+func (rw *RWMutex) take(hr *holder, ctx context.Context, md mode) error {
+	if _, err := hr.take(ctx, "", md); err != nil {
+		return err
+	}
+	rw.mu.Lock()
+	rw.last = hr
+	rw.mu.Unlock()
+	return nil
+}
+
+// cur is the holder of the current hold (the write hold first), else of
+// the last hold taken.
+func (rw *RWMutex) cur() *holder {
+	switch {
+	case rw.w.current() != nil:
+		return &rw.w
+	case rw.r.current() != nil:
+		return &rw.r
+	}
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.last != nil {
+		return rw.last
+	}
+	return &rw.w
+}
+
+// Do runs ops in one transaction only while the current hold (write, else
+// read) is there, as Mutex.Do does.
+func (rw *RWMutex) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	return rw.cur().do(ctx, ops...)
+}
+
+// Key returns the key of the current hold (write, else read), or "".
+func (rw *RWMutex) Key() string { return rw.cur().key() }
+
+// Rev returns the current hold's fencing token (its key's create revision),
+// or 0. Successive write holds on a name have increasing Revs.
+func (rw *RWMutex) Rev() int64 { return rw.cur().rev() }
+
+// IsOwner returns a comparison that holds while the current hold is there;
+// with no hold it is always false.
+func (rw *RWMutex) IsOwner() clientv3.Cmp { return rw.cur().guard() }
+
+// Header returns the header of the revision at which the current hold
+// began, or nil.
+func (rw *RWMutex) Header() *pb.ResponseHeader { return rw.cur().header() }
+
+// Done returns a channel closed when the current hold ends (see Mutex.Done);
+// with no hold, a closed channel.
+func (rw *RWMutex) Done() <-chan struct{} { return rw.cur().done() }
+
+// Err returns nil while a hold is current, else why the last one ended (as
+// Mutex.Err).
+func (rw *RWMutex) Err() error { return rw.cur().err() }

@@ -1,0 +1,373 @@
+package etcdsync_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
+)
+
+// rwCheck records read and write holds and fails when a writer overlaps
+// anyone or a write fencing token does not increase.
+type rwCheck struct {
+	readers, writers atomic.Int32
+	maxReaders       atomic.Int32
+	mu               sync.Mutex
+	lastWriteRev     int64
+}
+
+func (x *rwCheck) read(t *testing.T) {
+	if w := x.writers.Load(); w != 0 {
+		t.Errorf("a reader holds with %d writers", w)
+	}
+	n := x.readers.Add(1)
+	for m := x.maxReaders.Load(); n > m && !x.maxReaders.CompareAndSwap(m, n); m = x.maxReaders.Load() {
+	}
+}
+
+func (x *rwCheck) write(t *testing.T, rev int64) {
+	if w := x.writers.Add(1); w != 1 {
+		t.Errorf("%d writers at once", w)
+	}
+	if r := x.readers.Load(); r != 0 {
+		t.Errorf("a writer holds with %d readers", r)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if rev <= x.lastWriteRev {
+		t.Errorf("write fencing token %d after %d", rev, x.lastWriteRev)
+	}
+	x.lastWriteRev = rev
+}
+
+// Readers hold together, a writer alone; sessions, values on one session
+// and goroutines sharing a value all take part.
+func TestRWMutexExclusion(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		ctx := ctxT(t)
+		var x rwCheck
+		var wg sync.WaitGroup
+		const rounds = 6
+		work := func(rw *etcdsync.RWMutex, id int) {
+			defer wg.Done()
+			for i := 0; i < rounds; i++ {
+				if (i+id)%3 == 0 {
+					if err := rw.Lock(ctx); err != nil {
+						t.Errorf("Lock: %v", err)
+						return
+					}
+					x.write(t, rw.Rev())
+					time.Sleep(time.Millisecond)
+					x.writers.Add(-1)
+					if err := rw.Unlock(ctx); err != nil {
+						t.Errorf("Unlock: %v", err)
+						return
+					}
+					continue
+				}
+				if err := rw.RLock(ctx); err != nil {
+					t.Errorf("RLock: %v", err)
+					return
+				}
+				x.read(t)
+				time.Sleep(3 * time.Millisecond)
+				x.readers.Add(-1)
+				if err := rw.RUnlock(ctx); err != nil {
+					t.Errorf("RUnlock: %v", err)
+					return
+				}
+			}
+		}
+		shared := session(t, c.Client(t))
+		sharedValue := etcdsync.NewRWMutex(shared, "rwx")
+		for i := 0; i < 3; i++ {
+			wg.Add(3)
+			go work(etcdsync.NewRWMutex(session(t, c.Client(t)), "rwx"), 3*i)
+			go work(etcdsync.NewRWMutex(shared, "rwx"), 3*i+1)
+			go work(sharedValue, 3*i+2)
+		}
+		wg.Wait()
+		require.Empty(t, keys(t, c.Client(t), "rwx/"))
+	})
+}
+
+// Readers really hold at once: two readers of different sessions each wait,
+// holding, until the other holds too.
+func TestRWMutexReadersTogether(t *testing.T) {
+	c := single(t)
+	ctx := ctxT(t)
+	var both sync.WaitGroup
+	both.Add(2)
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		rw := etcdsync.NewRWMutex(session(t, c.Client(t)), "rwtogether")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			require.NoError(t, rw.RLock(ctx))
+			both.Done()
+			both.Wait() // deadlocks (and the test times out) unless both hold
+			require.NoError(t, rw.RUnlock(ctx))
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	within(t, done, testTimeout, "two readers holding at once")
+}
+
+// FIFO: a waiting writer holds back readers that come after it, and TryRLock
+// fails then in one RPC without writing.
+func TestRWMutexWriterNotStarved(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		ctx := ctxT(t)
+		admin := c.Client(t)
+		r1 := etcdsync.NewRWMutex(session(t, admin), "rwfifo")
+		require.NoError(t, r1.RLock(ctx))
+		w := etcdsync.NewRWMutex(session(t, admin), "rwfifo")
+		wgot := make(chan struct{})
+		go func() { defer close(wgot); require.NoError(t, w.Lock(ctx)) }()
+		waitKeys(t, admin, "rwfifo/", 2)
+
+		var cnt counter
+		r2 := etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), "rwfifo")
+		cnt.take()
+		revBefore := storeRev(t, admin)
+		require.ErrorIs(t, r2.TryRLock(ctx), etcdsync.ErrLocked)
+		n, methods := cnt.take()
+		require.Equal(t, int64(1), n, "TryRLock behind a waiting writer: %v", methods)
+		require.Equal(t, revBefore, storeRev(t, admin), "TryRLock wrote")
+
+		r2got := make(chan struct{})
+		go func() { defer close(r2got); require.NoError(t, r2.RLock(ctx)) }()
+		waitKeys(t, admin, "rwfifo/", 3)
+		notWithin(t, r2got, 300*time.Millisecond, "reader behind a waiting writer")
+		require.NoError(t, r1.RUnlock(ctx))
+		within(t, wgot, testTimeout, "writer after the first reader")
+		notWithin(t, r2got, 200*time.Millisecond, "reader while the writer holds")
+		require.NoError(t, w.Unlock(ctx))
+		within(t, r2got, testTimeout, "reader after the writer")
+		require.NoError(t, r2.RUnlock(ctx))
+		require.Empty(t, keys(t, admin, "rwfifo/"))
+	})
+}
+
+// storeRev returns the store's revision.
+func storeRev(t *testing.T, cli *clientv3.Client) int64 {
+	t.Helper()
+	resp, err := cli.Get(ctxT(t), "\x00")
+	require.NoError(t, err)
+	return resp.Header.Revision
+}
+
+// Read holds of one session share one key, counted, whichever values and
+// goroutines take them; the last RUnlock deletes it. A write hold of the
+// same session waits for them.
+func TestRWMutexSessionSharesReadKey(t *testing.T) {
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	var cnt counter
+	s := session(t, c.Client(t, cnt.dial()...))
+	a, b := etcdsync.NewRWMutex(s, "rwshare"), etcdsync.NewRWMutex(s, "rwshare")
+	require.NoError(t, a.RLock(ctx))
+	cnt.take()
+	require.NoError(t, b.RLock(ctx))
+	require.NoError(t, a.RLock(ctx)) // a second read hold of one value
+	require.NoError(t, b.TryRLock(ctx))
+	n, methods := cnt.take()
+	require.Zero(t, n, "joining the session's read hold: %v", methods)
+	require.Len(t, keys(t, admin, "rwshare/"), 1)
+	require.Equal(t, a.Key(), b.Key())
+	require.Equal(t, a.Rev(), b.Rev())
+
+	wgot := make(chan struct{})
+	w := etcdsync.NewRWMutex(s, "rwshare")
+	go func() { defer close(wgot); require.NoError(t, w.Lock(ctx)) }()
+
+	require.NoError(t, b.RUnlock(ctx))
+	require.NoError(t, a.RUnlock(ctx))
+	require.NoError(t, a.RUnlock(ctx))
+	require.ErrorIs(t, a.RUnlock(ctx), etcdsync.ErrLockReleased, "a has no read hold left")
+	require.ErrorIs(t, a.Err(), etcdsync.ErrLockReleased)
+	require.NotEmpty(t, b.Key(), "b still holds a share")
+	notWithin(t, wgot, 200*time.Millisecond, "writer of the session while a read share is held")
+	require.NoError(t, b.RUnlock(ctx))
+	within(t, wgot, testTimeout, "writer after the session's last read share")
+	require.Len(t, keys(t, admin, "rwshare/write/"), 1)
+	require.Empty(t, keys(t, admin, "rwshare/read/"))
+	require.NoError(t, w.Unlock(ctx))
+}
+
+// etcd's experimental recipe RWMutex and ours exclude each other on one name,
+// both ways.
+func TestRWMutexInteropWithRecipe(t *testing.T) {
+	c := single(t)
+	ctx := ctxT(t)
+	es, err := concurrency.NewSession(c.Client(t))
+	require.NoError(t, err)
+	defer es.Close()
+	theirs := recipe.NewRWMutex(es, "rwinterop")
+	ours := etcdsync.NewRWMutex(session(t, c.Client(t)), "rwinterop")
+
+	// Their writer holds: our reader and writer wait.
+	require.NoError(t, theirs.Lock())
+	require.ErrorIs(t, ours.TryRLock(ctx), etcdsync.ErrLocked)
+	got := make(chan struct{})
+	go func() { defer close(got); require.NoError(t, ours.RLock(ctx)) }()
+	notWithin(t, got, 300*time.Millisecond, "our reader while their writer holds")
+	require.NoError(t, theirs.Unlock())
+	within(t, got, testTimeout, "our reader after their writer")
+
+	// Our reader holds: their reader joins, their writer waits.
+	theirReader := recipe.NewRWMutex(es, "rwinterop")
+	require.NoError(t, theirReader.RLock())
+	twgot := make(chan struct{})
+	go func() { defer close(twgot); require.NoError(t, theirs.Lock()) }()
+	notWithin(t, twgot, 300*time.Millisecond, "their writer while readers hold")
+	require.NoError(t, theirReader.RUnlock())
+	notWithin(t, twgot, 200*time.Millisecond, "their writer while our reader holds")
+	require.NoError(t, ours.RUnlock(ctx))
+	within(t, twgot, testTimeout, "their writer after our reader")
+
+	// Their writer holds: our writer waits, then holds.
+	wgot := make(chan struct{})
+	go func() { defer close(wgot); require.NoError(t, ours.Lock(ctx)) }()
+	notWithin(t, wgot, 300*time.Millisecond, "our writer while theirs holds")
+	require.NoError(t, theirs.Unlock())
+	within(t, wgot, testTimeout, "our writer after theirs")
+	require.NoError(t, ours.Unlock(ctx))
+}
+
+// A writer's release reaches the readers behind it (they now hold) and,
+// with no RPC, the readers behind the next writer; a reader's release
+// reaches only the writer behind the readers.
+func TestRWMutexHerd(t *testing.T) {
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	w1 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
+	require.NoError(t, w1.Lock(ctx))
+	cnt := counter{created: make(chan struct{}, 64)}
+	cli := c.Client(t, cnt.dial()...)
+	const group = 5
+	var wg sync.WaitGroup
+	readersIn := make(chan *etcdsync.RWMutex, 2*group)
+	startReader := func() {
+		rw := etcdsync.NewRWMutex(session(t, cli), "rwherd")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := rw.RLock(ctx); err != nil {
+				t.Errorf("RLock: %v", err)
+				return
+			}
+			readersIn <- rw
+		}()
+	}
+	queued := 1
+	for i := 0; i < group; i++ {
+		startReader()
+		queued++
+		waitKeys(t, admin, "rwherd/", queued)
+	}
+	w2 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
+	w2got := make(chan struct{})
+	go func() { defer close(w2got); require.NoError(t, w2.Lock(ctx)) }()
+	queued++
+	waitKeys(t, admin, "rwherd/", queued)
+	for i := 0; i < group; i++ {
+		startReader()
+		queued++
+		waitKeys(t, admin, "rwherd/", queued)
+	}
+	// Watches: own key and W1 for the first group; own, W2 and W1 for
+	// the second.
+	for range group*2 + group*3 {
+		within(t, cnt.created, testTimeout, "reader's watch created")
+	}
+	cnt.take()
+	events := cnt.events.Load()
+	require.NoError(t, w1.Unlock(ctx))
+	var first []*etcdsync.RWMutex
+	for range group {
+		select {
+		case rw := <-readersIn:
+			first = append(first, rw)
+		case <-time.After(testTimeout):
+			t.Fatal("readers behind the first writer did not all hold")
+		}
+	}
+	require.LessOrEqual(t, cnt.events.Load()-events, int64(2*group), "events of the first writer's release")
+	n, methods := cnt.take()
+	require.Zero(t, n, "RPCs of readers after the first writer's release: %v", methods)
+	for _, rw := range first {
+		require.NoError(t, rw.RUnlock(ctx))
+	}
+	within(t, w2got, testTimeout, "second writer after the first readers")
+	time.Sleep(100 * time.Millisecond) // a reader behind the second writer would be in by now
+	require.Zero(t, len(readersIn), "readers behind the second writer hold while it does")
+	require.NoError(t, w2.Unlock(ctx))
+	wg.Wait()
+	close(readersIn)
+	for rw := range readersIn {
+		require.NoError(t, rw.RUnlock(ctx))
+	}
+	require.Empty(t, keys(t, admin, "rwherd/"))
+}
+
+// Bad input is an error wrapping a sentinel, and leaves nothing in etcd;
+// cancels at any moment leave no key; a waiter whose key vanishes returns
+// ErrSessionExpired at once.
+func TestRWMutexErrorsAndLeftovers(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli)
+	require.ErrorIs(t, etcdsync.NewRWMutex(nil, "x").RLock(ctx), etcdsync.ErrInvalidArgument)
+	require.ErrorIs(t, etcdsync.NewRWMutex(s, "").Lock(ctx), etcdsync.ErrInvalidName)
+	require.ErrorIs(t, etcdsync.NewRWMutex(s, "a\x00b").TryRLock(ctx), etcdsync.ErrInvalidName)
+	require.ErrorIs(t, etcdsync.NewRWMutex(s, "rwerr").RUnlock(ctx), etcdsync.ErrLockReleased)
+	require.ErrorIs(t, etcdsync.NewRWMutex(s, "rwerr").Unlock(ctx), etcdsync.ErrLockReleased)
+	resp, err := cli.Get(ctx, "", clientv3.WithFromKey(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Zero(t, resp.Count)
+
+	w := etcdsync.NewRWMutex(session(t, cli), "rwleft")
+	require.NoError(t, w.Lock(ctx))
+	held := w.Key()
+	rw := etcdsync.NewRWMutex(s, "rwleft")
+	for i := 0; i < 60; i++ {
+		rctx, cancel := context.WithTimeout(ctx, time.Duration(i%12)*250*time.Microsecond)
+		if i%2 == 0 {
+			require.Error(t, rw.RLock(rctx))
+		} else {
+			require.Error(t, rw.Lock(rctx))
+		}
+		cancel()
+		require.Equal(t, []string{held}, keys(t, cli, "rwleft/"), "trial %d", i)
+	}
+
+	got := make(chan error, 1)
+	go func() { got <- rw.RLock(ctx) }()
+	waitKeys(t, cli, "rwleft/", 2)
+	ks := keys(t, cli, "rwleft/read/")
+	require.Len(t, ks, 1)
+	_, err = cli.Delete(ctx, ks[0])
+	require.NoError(t, err)
+	select {
+	case err := <-got:
+		require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a reader whose key was deleted did not return")
+	}
+	require.NoError(t, w.Unlock(ctx))
+	require.Empty(t, keys(t, cli, "rwleft/"))
+}

@@ -1,0 +1,121 @@
+package etcdsync
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Semaphore is a distributed weighted semaphore on a name: at most capacity
+// permits held at once, granted in FIFO order (a large request blocks later
+// small ones, as in golang.org/x/sync/semaphore). A hold is one key
+// NAME/<lease-hex> bound to the session's lease, whose value is
+// "<permits>/<capacity>": a crashed holder's permits come back when its
+// lease ends. Every participant on a name must use one capacity. Two
+// Semaphore values on one Session and name exclude each other, as Mutexes
+// do (they would share the key). All methods are safe for concurrent use.
+type Semaphore struct {
+	hr       holder
+	capacity int64
+}
+
+// NewSemaphore returns a Semaphore on name with capacity permits for session
+// s. It does not touch etcd. An invalid name, a nil session or a capacity
+// below 1 is reported by every call, with an error wrapping ErrInvalidName or
+// ErrInvalidArgument.
+func NewSemaphore(s *Session, name string, capacity int64) *Semaphore {
+	sm := &Semaphore{hr: newHolder(s, name, "semaphore"), capacity: capacity}
+	if sm.hr.bad == nil && capacity < 1 {
+		sm.hr.bad = fmt.Errorf("%w: semaphore %s: capacity %d, want at least 1", ErrInvalidArgument, name, capacity)
+	}
+	return sm
+}
+
+// Acquire blocks until n permits are held, ctx ends (the error wraps
+// ctx.Err()) or the session ends (ErrSessionExpired): it holds once the
+// permits of every key created before its own, holding or waiting, leave
+// room for n. A waiter whose own key vanishes returns ErrSessionExpired at
+// once. n outside 1..capacity, or a participant ahead with another capacity,
+// is an error wrapping ErrInvalidArgument. On error no key of this call is
+// left behind. A value holds at most one hold: Acquire on a holding value
+// waits for Release.
+func (sm *Semaphore) Acquire(ctx context.Context, n int64) error { return sm.take(ctx, n, waitTurn) }
+
+// TryAcquire takes n permits if they are free and nobody waits ahead, else
+// returns an error wrapping ErrLocked. When nothing is held it costs one RPC;
+// when permits are taken but enough are free, two; when not enough are free
+// it costs one RPC and writes nothing.
+func (sm *Semaphore) TryAcquire(ctx context.Context, n int64) error {
+	return sm.take(ctx, n, tryTurn)
+}
+
+func (sm *Semaphore) take(ctx context.Context, n int64, md mode) error {
+	if sm.hr.bad != nil {
+		return sm.hr.bad
+	}
+	if n < 1 || n > sm.capacity {
+		return fmt.Errorf("%w: acquire %d permits of semaphore %s, capacity %d", ErrInvalidArgument, n, sm.hr.slot.name(), sm.capacity)
+	}
+	sl := sm.hr.slot
+	sl.rule = permits(sm.capacity, n)
+	_, err := sm.hr.takeAs(ctx, &sl, fmt.Sprintf("%d/%d", n, sm.capacity), md)
+	return err
+}
+
+// permits is the rule of a request for n of capacity permits: every direct
+// child of the prefix created before ours blocks with its permits, and
+// capacity-n of them may remain.
+func permits(capacity, n int64) rule {
+	return rule{
+		blocks: exclusive.blocks,
+		room:   capacity - n,
+		weigh: func(kv *mvccpb.KeyValue) (int64, error) {
+			w, c, ok := strings.Cut(string(kv.Value), "/")
+			weight, err1 := strconv.ParseInt(w, 10, 64)
+			cp, err2 := strconv.ParseInt(c, 10, 64)
+			switch {
+			case !ok || err1 != nil || err2 != nil || weight < 1 || weight > cp:
+				return 0, fmt.Errorf("%w: key %s has value %q, not a semaphore's <permits>/<capacity>", ErrInvalidArgument, kv.Key, kv.Value)
+			case cp != capacity:
+				return 0, fmt.Errorf("%w: key %s holds or waits for %d of %d permits, and this semaphore's capacity is %d", ErrInvalidArgument, kv.Key, weight, cp, capacity)
+			}
+			return weight, nil
+		},
+	}
+}
+
+// Release releases this value's hold (all its permits): it deletes the key
+// at the revision it was created, in one RPC bounded by ctx and by the hold,
+// as Mutex.Unlock does.
+func (sm *Semaphore) Release(ctx context.Context) error { return sm.hr.release(ctx) }
+
+// Do runs ops in one transaction only while this hold is there, as Mutex.Do.
+func (sm *Semaphore) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	return sm.hr.do(ctx, ops...)
+}
+
+// Key returns the held key, or "" when not held.
+func (sm *Semaphore) Key() string { return sm.hr.key() }
+
+// Rev returns the hold's fencing token (its key's create revision), or 0;
+// successive holds on a name have increasing Revs.
+func (sm *Semaphore) Rev() int64 { return sm.hr.rev() }
+
+// IsOwner returns a comparison that holds while this hold is there; with no
+// hold it is always false.
+func (sm *Semaphore) IsOwner() clientv3.Cmp { return sm.hr.guard() }
+
+// Header returns the header of the revision at which the hold began, or nil.
+func (sm *Semaphore) Header() *pb.ResponseHeader { return sm.hr.header() }
+
+// Done returns a channel closed when the hold ends (see Mutex.Done); with no
+// hold, a closed channel.
+func (sm *Semaphore) Done() <-chan struct{} { return sm.hr.done() }
+
+// Err returns nil while held, else why the last hold ended (as Mutex.Err).
+func (sm *Semaphore) Err() error { return sm.hr.err() }

@@ -1,0 +1,269 @@
+package etcdsync_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Never more permits held than the capacity, with weighted requests from
+// sessions, values on one session and goroutines sharing a value; several
+// holders at once do happen.
+func TestSemaphoreExclusion(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		ctx := ctxT(t)
+		const capacity, rounds = 3, 5
+		var inUse, most atomic.Int64
+		var mu sync.Mutex
+		var lastRev int64
+		var wg sync.WaitGroup
+		work := func(sm *etcdsync.Semaphore, id int) {
+			defer wg.Done()
+			for i := 0; i < rounds; i++ {
+				n := int64((i+id)%capacity + 1)
+				if err := sm.Acquire(ctx, n); err != nil {
+					t.Errorf("Acquire(%d): %v", n, err)
+					return
+				}
+				mu.Lock()
+				if sm.Rev() <= lastRev && n == capacity {
+					t.Errorf("a full hold's token %d after %d", sm.Rev(), lastRev)
+				}
+				lastRev = max(lastRev, sm.Rev())
+				mu.Unlock()
+				u := inUse.Add(n)
+				if u > capacity {
+					t.Errorf("%d permits in use, capacity %d", u, capacity)
+				}
+				for m := most.Load(); u > m && !most.CompareAndSwap(m, u); m = most.Load() {
+				}
+				time.Sleep(2 * time.Millisecond)
+				inUse.Add(-n)
+				if err := sm.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		}
+		shared := session(t, c.Client(t))
+		sharedValue := etcdsync.NewSemaphore(shared, "semx", capacity)
+		for i := 0; i < 3; i++ {
+			wg.Add(3)
+			go work(etcdsync.NewSemaphore(session(t, c.Client(t)), "semx", capacity), 3*i)
+			go work(etcdsync.NewSemaphore(shared, "semx", capacity), 3*i+1)
+			go work(sharedValue, 3*i+2)
+		}
+		wg.Wait()
+		require.Empty(t, keys(t, c.Client(t), "semx/"))
+		t.Logf("most permits in use at once: %d", most.Load())
+	})
+}
+
+// Holders of 1 permit each hold at once up to the capacity.
+func TestSemaphoreHoldersTogether(t *testing.T) {
+	c := single(t)
+	ctx := ctxT(t)
+	const capacity = 3
+	var all sync.WaitGroup
+	all.Add(capacity)
+	var wg sync.WaitGroup
+	for i := 0; i < capacity; i++ {
+		sm := etcdsync.NewSemaphore(session(t, c.Client(t)), "semtogether", capacity)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			require.NoError(t, sm.Acquire(ctx, 1))
+			all.Done()
+			all.Wait() // deadlocks (the test times out) unless all hold at once
+			require.NoError(t, sm.Release(ctx))
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	within(t, done, testTimeout, "capacity holders at once")
+}
+
+// FIFO: a large request blocks later small ones although permits are free;
+// TryAcquire then fails in one RPC without writing.
+func TestSemaphoreFIFO(t *testing.T) {
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		ctx := ctxT(t)
+		admin := c.Client(t)
+		a := etcdsync.NewSemaphore(session(t, admin), "semfifo", 3)
+		require.NoError(t, a.Acquire(ctx, 1))
+		big := etcdsync.NewSemaphore(session(t, admin), "semfifo", 3)
+		bigGot := make(chan struct{})
+		go func() { defer close(bigGot); require.NoError(t, big.Acquire(ctx, 3)) }()
+		waitKeys(t, admin, "semfifo/", 2)
+
+		var cnt counter
+		small := etcdsync.NewSemaphore(session(t, c.Client(t, cnt.dial()...)), "semfifo", 3)
+		cnt.take()
+		before := storeRev(t, admin)
+		require.ErrorIs(t, small.TryAcquire(ctx, 1), etcdsync.ErrLocked)
+		n, methods := cnt.take()
+		require.Equal(t, int64(1), n, "TryAcquire behind a waiter: %v", methods)
+		require.Equal(t, before, storeRev(t, admin), "TryAcquire wrote")
+
+		smallGot := make(chan struct{})
+		go func() { defer close(smallGot); require.NoError(t, small.Acquire(ctx, 1)) }()
+		waitKeys(t, admin, "semfifo/", 3)
+		notWithin(t, smallGot, 300*time.Millisecond, "a small request behind a waiting large one")
+		require.NoError(t, a.Release(ctx))
+		within(t, bigGot, testTimeout, "the large request once all permits are free")
+		notWithin(t, smallGot, 200*time.Millisecond, "a small request while the large one holds all")
+		require.NoError(t, big.Release(ctx))
+		within(t, smallGot, testTimeout, "the small request after the large one")
+		require.NoError(t, small.Release(ctx))
+
+		// TryAcquire with permits free and nobody waiting: two RPCs.
+		require.NoError(t, a.Acquire(ctx, 1))
+		cnt.take()
+		require.NoError(t, small.TryAcquire(ctx, 2))
+		n, methods = cnt.take()
+		require.Equal(t, int64(2), n, "TryAcquire of free permits beside a holder: %v", methods)
+		require.ErrorIs(t, big.TryAcquire(ctx, 1), etcdsync.ErrLocked)
+		require.NoError(t, small.Release(ctx))
+		require.NoError(t, a.Release(ctx))
+		require.Empty(t, keys(t, admin, "semfifo/"))
+	})
+}
+
+// Whatever order holders release in, waiters hold as soon as the permits
+// allow, and a release reaches O(capacity) waiters, not all of them.
+func TestSemaphoreReleaseOrderAndHerd(t *testing.T) {
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	const capacity, waiters = 3, 12
+	holders := make([]*etcdsync.Semaphore, capacity)
+	for i := range holders {
+		holders[i] = etcdsync.NewSemaphore(session(t, admin), "semherd", capacity)
+		require.NoError(t, holders[i].Acquire(ctx, 1))
+	}
+	cnt := counter{created: make(chan struct{}, 8*waiters)}
+	cli := c.Client(t, cnt.dial()...)
+	got := make(chan int, waiters)
+	ws := make([]*etcdsync.Semaphore, waiters)
+	for i := range ws {
+		ws[i] = etcdsync.NewSemaphore(session(t, cli), "semherd", capacity)
+		go func() {
+			if err := ws[i].Acquire(ctx, 1); err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			got <- i
+		}()
+		waitKeys(t, admin, "semherd/", capacity+i+1)
+		// Own key, the nearest capacity-0 keys whose permits exceed the
+		// room (capacity-1 = 2, so 3 keys), and one behind them.
+		for range 1 + min(capacity+i, capacity+1) {
+			within(t, cnt.created, testTimeout, "waiter's watch created")
+		}
+	}
+	events := cnt.events.Load()
+	// Release the holders newest first: the first waiter holds at the
+	// first release although it does not wait for that key alone.
+	for k := capacity - 1; k >= 0; k-- {
+		require.NoError(t, holders[k].Release(ctx))
+		select {
+		case i := <-got:
+			require.Equal(t, capacity-1-k, i, "FIFO")
+		case <-time.After(testTimeout):
+			t.Fatalf("no waiter held after release %d", capacity-k)
+		}
+	}
+	require.LessOrEqual(t, cnt.events.Load()-events, int64(capacity*(capacity+1)), "events for %d releases", capacity)
+	// The rest hand over one by one, in order.
+	for i := 0; i < waiters; i++ {
+		require.NoError(t, ws[i].Release(ctx))
+		if i+capacity < waiters {
+			select {
+			case j := <-got:
+				require.Equal(t, i+capacity, j, "FIFO")
+			case <-time.After(testTimeout):
+				t.Fatalf("waiter %d did not hold", i+capacity)
+			}
+		}
+	}
+	require.Empty(t, keys(t, admin, "semherd/"))
+}
+
+// Bad input and another capacity: errors wrapping sentinels, no key left.
+func TestSemaphoreErrors(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli)
+	require.ErrorIs(t, etcdsync.NewSemaphore(nil, "x", 1).Acquire(ctx, 1), etcdsync.ErrInvalidArgument)
+	require.ErrorIs(t, etcdsync.NewSemaphore(s, "", 1).Acquire(ctx, 1), etcdsync.ErrInvalidName)
+	for _, capacity := range []int64{0, -1} {
+		require.ErrorIs(t, etcdsync.NewSemaphore(s, "semerr", capacity).Acquire(ctx, 1), etcdsync.ErrInvalidArgument)
+	}
+	sm := etcdsync.NewSemaphore(s, "semerr", 2)
+	for _, n := range []int64{0, -1, 3} {
+		require.ErrorIs(t, sm.Acquire(ctx, n), etcdsync.ErrInvalidArgument, "n=%d", n)
+		require.ErrorIs(t, sm.TryAcquire(ctx, n), etcdsync.ErrInvalidArgument, "n=%d", n)
+	}
+	require.ErrorIs(t, sm.Release(ctx), etcdsync.ErrLockReleased)
+	resp, err := cli.Get(ctx, "", clientv3.WithFromKey(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Zero(t, resp.Count)
+
+	require.NoError(t, sm.Acquire(ctx, 1))
+	other := etcdsync.NewSemaphore(session(t, cli), "semerr", 5)
+	for _, acquire := range []func(context.Context, int64) error{other.Acquire, other.TryAcquire} {
+		err := acquire(ctx, 1)
+		require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+		require.Contains(t, err.Error(), "capacity")
+		require.Equal(t, []string{sm.Key()}, keys(t, cli, "semerr/"))
+	}
+	// A Mutex's key under the name is no semaphore participant.
+	require.NoError(t, sm.Release(ctx))
+	m := etcdsync.NewMutex(session(t, cli), "semerr")
+	require.NoError(t, m.Lock(ctx))
+	require.ErrorIs(t, sm.Acquire(ctx, 1), etcdsync.ErrInvalidArgument)
+	require.Equal(t, []string{m.Key()}, keys(t, cli, "semerr/"))
+	require.NoError(t, m.Unlock(ctx))
+}
+
+// Cancels at any moment leave no key; a waiter whose key vanishes returns
+// ErrSessionExpired at once.
+func TestSemaphoreLeftovers(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	holder := etcdsync.NewSemaphore(session(t, cli), "semleft", 2)
+	require.NoError(t, holder.Acquire(ctx, 2))
+	sm := etcdsync.NewSemaphore(session(t, cli), "semleft", 2)
+	for i := 0; i < 60; i++ {
+		rctx, cancel := context.WithTimeout(ctx, time.Duration(i%12)*250*time.Microsecond)
+		require.Error(t, sm.Acquire(rctx, int64(i%2+1)))
+		cancel()
+		require.Equal(t, []string{holder.Key()}, keys(t, cli, "semleft/"), "trial %d", i)
+	}
+	got := make(chan error, 1)
+	go func() { got <- sm.Acquire(ctx, 1) }()
+	waitKeys(t, cli, "semleft/", 2)
+	for _, k := range keys(t, cli, "semleft/") {
+		if k != holder.Key() {
+			_, err := cli.Delete(ctx, k)
+			require.NoError(t, err)
+		}
+	}
+	select {
+	case err := <-got:
+		require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiter whose key was deleted did not return")
+	}
+	require.NoError(t, holder.Release(ctx))
+	require.Empty(t, keys(t, cli, "semleft/"))
+}
