@@ -28,6 +28,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
 )
 
 // benchFsync keeps fsync on in the benchmarks' etcd (a production disk);
@@ -788,4 +789,181 @@ func TestChildEtcd(t *testing.T) {
 	defer c.Close()
 	fmt.Println("ENDPOINT " + c.Endpoints()[0])
 	io.Copy(io.Discard, os.Stdin)
+}
+
+// RWMutex, ours and etcd's experimental recipe side by side.
+type benchRW interface {
+	RLock(context.Context) error
+	RUnlock(context.Context) error
+	Lock(context.Context) error
+	Unlock(context.Context) error
+}
+
+// recipeRW adapts etcd's recipe RWMutex, which takes no context.
+type recipeRW struct{ rw *recipe.RWMutex }
+
+func (r recipeRW) RLock(context.Context) error   { return r.rw.RLock() }
+func (r recipeRW) RUnlock(context.Context) error { return r.rw.RUnlock() }
+func (r recipeRW) Lock(context.Context) error    { return r.rw.Lock() }
+func (r recipeRW) Unlock(context.Context) error  { return r.rw.Unlock() }
+
+var rwLibs = []struct {
+	name          string
+	readerWatches int // watches a reader queued behind one writer creates
+	newRW         func(b *testing.B, cli *clientv3.Client, name string) benchRW
+}{
+	{"etcdsync", 2, func(b *testing.B, cli *clientv3.Client, name string) benchRW {
+		return etcdsync.NewRWMutex(benchSession(b, cli), name)
+	}},
+	{"recipe", 1, func(b *testing.B, cli *clientv3.Client, name string) benchRW {
+		return recipeRW{recipe.NewRWMutex(etcdSession(b, cli), name)}
+	}},
+}
+
+// Uncontended read and write holds: RPCs and writes per lock+unlock.
+func BenchmarkRWMutexUncontended(b *testing.B) {
+	for _, l := range rwLibs {
+		for _, mode := range []string{"read", "write"} {
+			b.Run(mode+"/"+l.name, func(b *testing.B) {
+				cli, cnt, admin := benchEtcd(b)
+				rw := l.newRW(b, cli, "bench-rw")
+				ctx := context.Background()
+				lock, unlock := rw.Lock, rw.Unlock
+				if mode == "read" {
+					lock, unlock = rw.RLock, rw.RUnlock
+				}
+				cnt.take()
+				before := rev(b, admin)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					must(b, lock(ctx))
+					must(b, unlock(ctx))
+				}
+				b.StopTimer()
+				n, _ := cnt.take()
+				b.ReportMetric(float64(n)/float64(b.N), "rpcs/op")
+				b.ReportMetric(float64(rev(b, admin)-before)/float64(b.N), "writes/op")
+			})
+		}
+	}
+}
+
+// A writer's release with N readers queued behind it: from the writer's
+// Unlock start to the last reader's RLock return; the watch events the
+// readers' client receives, and its RPCs after the release, per release.
+func BenchmarkRWHandoff(b *testing.B) {
+	for _, n := range []int{1, 10, 100} {
+		for _, l := range rwLibs {
+			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+				admin := c.Client(b)
+				cnt := counter{created: make(chan struct{}, n*l.readerWatches+16)}
+				cli := c.Client(b, cnt.dial()...)
+				ctx := context.Background()
+				w := l.newRW(b, admin, "bench-rwh")
+				readers := make([]benchRW, n)
+				for i := range readers {
+					readers[i] = l.newRW(b, cli, "bench-rwh")
+				}
+				var samples []time.Duration
+				var events, rpcs int64
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					b.StopTimer()
+					must(b, w.Lock(ctx))
+					var wg sync.WaitGroup
+					for _, r := range readers {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							if err := r.RLock(ctx); err != nil {
+								b.Error(err)
+							}
+						}()
+					}
+					for range n * l.readerWatches { // every reader in its watch
+						<-cnt.created
+					}
+					cnt.take()
+					ev := cnt.events.Load()
+					b.StartTimer()
+					start := time.Now()
+					must(b, w.Unlock(ctx))
+					wg.Wait()
+					samples = append(samples, time.Since(start))
+					b.StopTimer()
+					events += cnt.events.Load() - ev
+					k, _ := cnt.take()
+					rpcs += k
+					for _, r := range readers {
+						must(b, r.RUnlock(ctx))
+					}
+					b.StartTimer()
+				}
+				b.StopTimer()
+				reportLatency(b, samples, "all-readers-")
+				b.ReportMetric(float64(events)/float64(b.N), "events/release")
+				b.ReportMetric(float64(rpcs)/float64(b.N), "after-release-rpcs/op")
+			})
+		}
+	}
+}
+
+// Semaphore: watch events per release with N waiters queued behind
+// capacity holders (one permit each), holders releasing oldest first.
+func BenchmarkSemaphoreEventsPerRelease(b *testing.B) {
+	const capacity = 4
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+			admin := c.Client(b)
+			// A waiter watches its own key, the nearest capacity keys (their
+			// permits exceed its room of capacity-1) and one behind them.
+			watches := 0
+			for i := 0; i < n; i++ {
+				watches += 1 + min(capacity+i, capacity+1)
+			}
+			cnt := counter{created: make(chan struct{}, watches+16)}
+			cli := c.Client(b, cnt.dial()...)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			held := make(chan *etcdsync.Semaphore, n+capacity)
+			for i := 0; i < capacity; i++ {
+				sm := etcdsync.NewSemaphore(benchSession(b, admin), "bench-sem", capacity)
+				must(b, sm.Acquire(ctx, 1))
+				held <- sm
+			}
+			var wg sync.WaitGroup
+			for i := 0; i < n; i++ {
+				sm := etcdsync.NewSemaphore(benchSession(b, cli), "bench-sem", capacity)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if sm.Acquire(ctx, 1) == nil {
+						held <- sm
+					}
+				}()
+				if i < 10 || i%50 == 0 {
+					waitKeys(b, admin, "bench-sem/", capacity+i+1) // queue in order
+				}
+			}
+			for range watches { // every waiter in its watch
+				<-cnt.created
+			}
+			before := cnt.events.Load()
+			releases := 0
+			b.ResetTimer()
+			for ; releases < b.N && releases < n; releases++ {
+				must(b, (<-held).Release(context.Background()))
+			}
+			b.StopTimer()
+			// The last release's waiter holds once its event arrived.
+			for i := 0; i < capacity; i++ {
+				must(b, (<-held).Release(context.Background()))
+			}
+			b.ReportMetric(float64(cnt.events.Load()-before)/float64(releases+capacity), "events/release")
+			cancel()
+			wg.Wait()
+		})
+	}
 }

@@ -125,3 +125,70 @@ func ExampleMutex_Rev() {
 	// <nil>
 	// true
 }
+
+func ExampleRWMutex() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	s1, _ := etcdsync.NewSession(cli)
+	defer s1.Close()
+	s2, _ := etcdsync.NewSession(cli)
+	defer s2.Close()
+	r1, r2 := etcdsync.NewRWMutex(s1, "/config/billing"), etcdsync.NewRWMutex(s2, "/config/billing")
+	// Readers of two sessions hold at once.
+	if err := r1.RLock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if err := r2.RLock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("two readers hold")
+
+	// A writer waits for both; TryLock says so at once.
+	w := etcdsync.NewRWMutex(s2, "/config/billing")
+	fmt.Println("writer can lock now:", w.TryLock(ctx) == nil)
+	r1.RUnlock(ctx)
+	r2.RUnlock(ctx)
+	if err := w.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Writes guarded by the write hold.
+	_, err := w.Do(ctx, clientv3.OpPut("/config/billing/doc", "v2"))
+	fmt.Println("written:", err == nil)
+	w.Unlock(ctx)
+	// Output:
+	// two readers hold
+	// writer can lock now: false
+	// written: true
+}
+
+func ExampleSemaphore() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	s1, _ := etcdsync.NewSession(cli)
+	defer s1.Close()
+	s2, _ := etcdsync.NewSession(cli)
+	defer s2.Close()
+	a := etcdsync.NewSemaphore(s1, "/downstream/connections", 3)
+	b := etcdsync.NewSemaphore(s2, "/downstream/connections", 3)
+	if err := a.Acquire(ctx, 2); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("2 more free:", b.TryAcquire(ctx, 2) == nil)
+	fmt.Println("1 more free:", b.TryAcquire(ctx, 1) == nil)
+	b.Release(ctx)
+
+	// Every participant must agree on the capacity.
+	c := etcdsync.NewSemaphore(s2, "/downstream/connections", 5)
+	fmt.Println(errors.Is(c.Acquire(ctx, 1), etcdsync.ErrInvalidArgument))
+	a.Release(ctx)
+	// Output:
+	// 2 more free: false
+	// 1 more free: true
+	// true
+}

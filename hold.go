@@ -24,9 +24,9 @@ type hold struct {
 	*slot     // the holder's
 	rev       int64
 	start     startHeader  // of the revision at which the hold began
-	over      atomic.Bool  // finish ran
 	releasing atomic.Int32 // Unlocks in flight: a delete seen meanwhile may be theirs
-	shares    int          // values of the session that share the hold (s.mu; 1 but for read holds)
+	shares    int32        // values of the session that share the hold (s.mu; 1 but for read holds)
+	over      atomic.Bool  // finish ran
 	closing   bool         // its last share is releasing it: nobody joins (s.mu)
 
 	mu    sync.Mutex

@@ -34,8 +34,8 @@ type RWMutex struct {
 func NewRWMutex(s *Session, name string) *RWMutex {
 	rw := &RWMutex{w: newHolder(s, name, "rwmutex"), r: newHolder(s, name, "rwmutex")}
 	if rw.w.bad == nil {
-		rw.w.slot = rw.w.slot.with(writeRule)
-		rw.r.slot = rw.r.slot.with(readRule)
+		rw.w.slot = rw.w.slot.with(&writeRule)
+		rw.r.slot = rw.r.slot.with(&readRule)
 	}
 	return rw
 }

@@ -70,8 +70,8 @@ func (sm *Semaphore) take(ctx context.Context, n int64, md mode) error {
 // permits is the rule of a request for n of capacity permits: every direct
 // child of the prefix created before ours blocks with its permits, and
 // capacity-n of them may remain.
-func permits(capacity, n int64) rule {
-	return rule{
+func permits(capacity, n int64) *rule {
+	return &rule{
 		blocks: exclusive.blocks,
 		room:   capacity - n,
 		weigh: func(kv *mvccpb.KeyValue) (int64, error) {

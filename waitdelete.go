@@ -46,7 +46,7 @@ type slot struct {
 	prefix string // NAME/
 	key    string // NAME/<lease-hex>, or NAME/read/<lease-hex> and so on (rule.dir)
 	kind   string // of primitive: mutex, election, rwmutex, semaphore
-	rule   rule
+	rule   *rule
 }
 
 // rule says whom a contender waits for: which of the keys under its prefix
@@ -118,11 +118,11 @@ func newSlot(s *Session, name, kind string) (slot, error) {
 	if err := checkName(name); err != nil {
 		return slot{}, err
 	}
-	return slot{s: s, prefix: name + "/", kind: kind}.with(exclusive), nil
+	return slot{s: s, prefix: name + "/", kind: kind}.with(&exclusive), nil
 }
 
 // with returns the slot under rule r, its key in r's directory.
-func (sl slot) with(r rule) slot {
+func (sl slot) with(r *rule) slot {
 	sl.rule, sl.key = r, fmt.Sprintf("%s%s%x", sl.prefix, r.dir, int64(sl.s.Lease()))
 	return sl
 }
