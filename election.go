@@ -101,6 +101,16 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 	return nil
 }
 
+// Run campaigns with val (as Campaign, bounded by ctx), calls fn with a
+// context that is cancelled the moment the leadership ends (context.Cause
+// says why), and resigns after fn returns, bounded by the session's TTL even
+// if ctx has ended: a leader-only loop. A panic in fn resigns and goes on. It
+// returns Campaign's error, or fn's error joined with the cause when the
+// leadership ended before fn returned, and with Resign's error, if any.
+func (e *Election) Run(ctx context.Context, val string, fn func(ctx context.Context) error) error {
+	return e.hr.run(ctx, func(ctx context.Context) error { return e.Campaign(ctx, val) }, e.Resign, fn)
+}
+
 // Proclaim sets the leader's value without a new election. It blocks for one
 // RPC bounded by ctx. When this value does not lead (or its leadership is
 // gone, which then resets its state) it returns an error wrapping

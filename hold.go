@@ -497,3 +497,54 @@ var closed = func() chan struct{} {
 	close(c)
 	return c
 }()
+
+// run is the Run of every primitive: it takes a hold (take, bounded by ctx),
+// calls fn with a context that ends when ctx ends or, with the hold's cause
+// (context.Cause), the moment the hold ends, and releases the hold (release)
+// once fn has returned or panicked, bounded by the session's TTL whatever ctx
+// says; a panic goes on after the release. It returns take's error, or fn's
+// error joined with why the hold ended if it ended before the release, and
+// with the release's error.
+func (hr *holder) run(ctx context.Context, take, release func(context.Context) error, fn func(context.Context) error) (err error) {
+	if err := take(ctx); err != nil {
+		return err
+	}
+	h := hr.current()
+	if h == nil { // ended as it began
+		return hr.err()
+	}
+	h.done() // watch the key: a delete behind our back ends fn's context
+	hctx := h.context()
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
+	defer stop()
+	defer func() {
+		p := recover()
+		err = errors.Join(err, h.afterRun(ctx, release))
+		if p != nil {
+			panic(p)
+		}
+	}()
+	return fn(fctx)
+}
+
+// afterRun releases h after a Run's fn, if it is still held, bounded by the
+// TTL; it returns why the hold ended otherwise, joined with the release's
+// error.
+func (h *hold) afterRun(ctx context.Context, release func(context.Context) error) error {
+	var released error
+	if h.live() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.s.ttl)
+		defer cancel()
+		released = release(rctx)
+	}
+	cause := h.err()
+	if errors.Is(cause, ErrLockReleased) { // released: by us, or by fn itself
+		return released
+	}
+	if cause != nil && errors.Is(released, ErrLockReleased) {
+		released = nil // the release found the hold gone: the cause says why
+	}
+	return errors.Join(cause, released)
+}

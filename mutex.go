@@ -61,6 +61,17 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	return h.unhold(ctx)
 }
 
+// Run takes the lock (as Lock, bounded by ctx), calls fn with a context that
+// is cancelled the moment the hold ends (context.Cause says why: lost
+// contact, key deleted, lease revoked, session closed), and releases the lock
+// after fn returns, bounded by the session's TTL even if ctx has ended. A
+// panic in fn releases the lock and goes on. It returns Lock's error, or fn's
+// error joined with the cause when the hold ended before fn returned, and
+// with the release's error, if any.
+func (m *Mutex) Run(ctx context.Context, fn func(ctx context.Context) error) error {
+	return m.hr.run(ctx, m.Lock, m.Unlock, fn)
+}
+
 // Do runs ops in one transaction only while this hold is current (its key
 // still exists at the held create revision), and returns the transaction's
 // response. It blocks for one RPC bounded by ctx. When the hold is gone it

@@ -95,6 +95,18 @@ func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.take(&rw.w, ct
 // Unlock releases the write hold as Mutex.Unlock does.
 func (rw *RWMutex) Unlock(ctx context.Context) error { return rw.w.release(ctx) }
 
+// Run takes the write lock, calls fn while it is held and unlocks, as
+// Mutex.Run does.
+func (rw *RWMutex) Run(ctx context.Context, fn func(ctx context.Context) error) error {
+	return rw.w.run(ctx, rw.Lock, rw.Unlock, fn)
+}
+
+// RRun takes a read hold, calls fn while it is held and ends the hold, as
+// Mutex.Run does; fn's context ends when the shared read key goes.
+func (rw *RWMutex) RRun(ctx context.Context, fn func(ctx context.Context) error) error {
+	return rw.r.run(ctx, rw.RLock, rw.RUnlock, fn)
+}
+
 func (rw *RWMutex) take(hr *holder, ctx context.Context, md mode) error {
 	if _, err := hr.take(ctx, "", md); err != nil {
 		return err

@@ -2,6 +2,7 @@ package etcdsync_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -104,23 +105,32 @@ func TestRWMutexExclusion(t *testing.T) {
 func TestRWMutexReadersTogether(t *testing.T) {
 	c := single(t)
 	ctx := ctxT(t)
-	var both sync.WaitGroup
-	both.Add(2)
-	var wg sync.WaitGroup
-	for i := 0; i < 2; i++ {
+	holdTogether(t, 2, func() (func() error, func() error) {
 		rw := etcdsync.NewRWMutex(session(t, c.Client(t)), "rwtogether")
+		return func() error { return rw.RLock(ctx) }, func() error { return rw.RUnlock(ctx) }
+	})
+}
+
+// holdTogether runs n holders (made by hold: take and release), each of
+// which takes its hold and waits until all n hold before it releases: it
+// fails t unless all n hold at once within testTimeout.
+func holdTogether(t *testing.T, n int, hold func() (take, release func() error)) {
+	var all, wg sync.WaitGroup
+	all.Add(n)
+	for i := 0; i < n; i++ {
+		take, release := hold()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			require.NoError(t, rw.RLock(ctx))
-			both.Done()
-			both.Wait() // deadlocks (and the test times out) unless both hold
-			require.NoError(t, rw.RUnlock(ctx))
+			require.NoError(t, take())
+			all.Done()
+			all.Wait() // never returns (the test times out) unless all hold
+			require.NoError(t, release())
 		}()
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	within(t, done, testTimeout, "two readers holding at once")
+	within(t, done, testTimeout, fmt.Sprintf("%d holders at once", n))
 }
 
 // FIFO: a waiting writer holds back readers that come after it, and TryRLock

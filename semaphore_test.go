@@ -71,23 +71,10 @@ func TestSemaphoreHoldersTogether(t *testing.T) {
 	c := single(t)
 	ctx := ctxT(t)
 	const capacity = 3
-	var all sync.WaitGroup
-	all.Add(capacity)
-	var wg sync.WaitGroup
-	for i := 0; i < capacity; i++ {
+	holdTogether(t, capacity, func() (func() error, func() error) {
 		sm := etcdsync.NewSemaphore(session(t, c.Client(t)), "semtogether", capacity)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			require.NoError(t, sm.Acquire(ctx, 1))
-			all.Done()
-			all.Wait() // deadlocks (the test times out) unless all hold at once
-			require.NoError(t, sm.Release(ctx))
-		}()
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	within(t, done, testTimeout, "capacity holders at once")
+		return func() error { return sm.Acquire(ctx, 1) }, func() error { return sm.Release(ctx) }
+	})
 }
 
 // FIFO: a large request blocks later small ones although permits are free;
