@@ -258,16 +258,21 @@ func TestRWMutexInteropWithRecipe(t *testing.T) {
 
 // A writer's release reaches the readers behind it (they now hold) and,
 // with no RPC, the readers behind the next writer; a reader's release
-// reaches only the writer behind the readers.
+// reaches only the writer behind the readers. N = 10 and 100 readers.
 func TestRWMutexHerd(t *testing.T) {
+	for _, group := range []int{5, 50} {
+		t.Run(fmt.Sprintf("N=%d", 2*group), func(t *testing.T) { testRWMutexHerd(t, group) })
+	}
+}
+
+func testRWMutexHerd(t *testing.T, group int) {
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
 	w1 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
 	require.NoError(t, w1.Lock(ctx))
-	cnt := counter{created: make(chan struct{}, 64)}
+	cnt := counter{created: make(chan struct{}, 5*group+16)}
 	cli := c.Client(t, cnt.dial()...)
-	const group = 5
 	var wg sync.WaitGroup
 	readersIn := make(chan *etcdsync.RWMutex, 2*group)
 	startReader := func() {
@@ -286,8 +291,11 @@ func TestRWMutexHerd(t *testing.T) {
 	for i := 0; i < group; i++ {
 		startReader()
 		queued++
-		waitKeys(t, admin, "rwherd/", queued)
+		if i < 10 || i%10 == 0 {
+			waitKeys(t, admin, "rwherd/", queued) // queue in order
+		}
 	}
+	waitKeys(t, admin, "rwherd/", queued)
 	w2 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
 	w2got := make(chan struct{})
 	go func() { defer close(w2got); require.NoError(t, w2.Lock(ctx)) }()
@@ -296,8 +304,11 @@ func TestRWMutexHerd(t *testing.T) {
 	for i := 0; i < group; i++ {
 		startReader()
 		queued++
-		waitKeys(t, admin, "rwherd/", queued)
+		if i < 10 || i%10 == 0 {
+			waitKeys(t, admin, "rwherd/", queued)
+		}
 	}
+	waitKeys(t, admin, "rwherd/", queued)
 	// Watches: own key and W1 for the first group; own, W2 and W1 for
 	// the second.
 	for range group*2 + group*3 {

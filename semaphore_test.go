@@ -2,6 +2,7 @@ package etcdsync_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -124,12 +125,19 @@ func TestSemaphoreFIFO(t *testing.T) {
 }
 
 // Whatever order holders release in, waiters hold as soon as the permits
-// allow, and a release reaches O(capacity) waiters, not all of them.
+// allow, and a release reaches O(capacity) waiters, not all of them. N = 10
+// and 100 waiters.
 func TestSemaphoreReleaseOrderAndHerd(t *testing.T) {
+	for _, n := range []int{10, 100} {
+		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) { testSemaphoreHerd(t, n) })
+	}
+}
+
+func testSemaphoreHerd(t *testing.T, waiters int) {
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
-	const capacity, waiters = 3, 12
+	const capacity = 3
 	holders := make([]*etcdsync.Semaphore, capacity)
 	for i := range holders {
 		holders[i] = etcdsync.NewSemaphore(session(t, admin), "semherd", capacity)
@@ -148,7 +156,7 @@ func TestSemaphoreReleaseOrderAndHerd(t *testing.T) {
 			}
 			got <- i
 		}()
-		waitKeys(t, admin, "semherd/", capacity+i+1)
+		waitKeys(t, admin, "semherd/", capacity+i+1) // queue in order
 		// Own key, the nearest capacity-0 keys whose permits exceed the
 		// room (capacity-1 = 2, so 3 keys), and one behind them.
 		for range 1 + min(capacity+i, capacity+1) {
