@@ -65,14 +65,30 @@ func (h *hold) leave() bool {
 	return h.closing
 }
 
-// rejoin takes back the last share after its release failed with the hold
-// still there, and lets those waiting to share it join.
-func (h *hold) rejoin() {
+// kept takes back the last share after its release failed with the hold
+// seemingly still there. Its delete may have committed, or may yet: nobody
+// joins the hold any more (it stays closing), and its watch, started here,
+// ends it if the key goes.
+func (h *hold) kept() {
 	h.s.mu.Lock()
-	defer h.s.mu.Unlock()
 	h.shares++
-	h.closing = false
-	h.s.wakeLocked(h.key)
+	h.s.mu.Unlock()
+	h.done()
+}
+
+// check reads h's key: while the key is h's it returns the read's revision;
+// when the key is gone or replaced it ends h and returns an error wrapping
+// ErrNotHeld.
+func (h *hold) check(ctx context.Context) (int64, error) {
+	resp, err := h.s.client.Get(ctx, h.key)
+	if err != nil {
+		return 0, err
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
+		h.lost(resp.Header.Revision)
+		return 0, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+	}
+	return resp.Header.Revision, nil
 }
 
 // context returns a context that ends when the hold ends, with its cause.
@@ -242,15 +258,11 @@ func (h *hold) watchKey(hctx context.Context) {
 		if sleep(hctx, retryPause) != nil {
 			return
 		}
-		resp, err := h.s.client.Get(hctx, h.key)
+		rev, err := h.check(hctx)
 		if err != nil {
-			continue
+			continue // the hold's context has ended when the key is gone
 		}
-		if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
-			h.lost(resp.Header.Revision)
-			return
-		}
-		from = resp.Header.Revision + 1
+		from = rev + 1
 	}
 }
 
@@ -373,7 +385,9 @@ func (hr *holder) takeAs(ctx context.Context, sl *slot, val string, md mode) ([]
 // release ends the current hold (unhold). For a shared hold it ends this
 // value's share: the value's last share leaves the hold, and the session's
 // last share releases the key. When that release fails with the hold still
-// there, the value holds again (one share), so it can be retried.
+// there, the value holds again (one share), so it can be retried, and
+// nobody joins the hold any more (hold.kept). An ended ctx sends nothing and
+// changes nothing.
 func (hr *holder) release(ctx context.Context) error {
 	h, err := hr.held(ErrLockReleased)
 	if err != nil {
@@ -381,6 +395,9 @@ func (hr *holder) release(ctx context.Context) error {
 	}
 	if !h.rule.shared {
 		return h.unhold(ctx)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("etcdsync: release %s: %w", h.key, err)
 	}
 	hr.mu.Lock()
 	if hr.h != h { // another goroutine released this value's last share meanwhile
@@ -396,7 +413,7 @@ func (hr *holder) release(ctx context.Context) error {
 	}
 	err = h.unhold(ctx)
 	if err != nil && h.live() {
-		h.rejoin()
+		h.kept()
 		hr.mu.Lock()
 		if hr.h != h {
 			hr.h, hr.n = h, 0

@@ -21,6 +21,10 @@ import (
 // them; write holds exclude each other as Mutexes do. Lock on a value that
 // holds a read (or RLock on one that holds the write) waits for that hold
 // to end, as sync.RWMutex does. All methods are safe for concurrent use.
+//
+// The recipe's layout has one exception to "a lock on NAME/x never blocks
+// NAME": a Mutex or Election on NAME/read or NAME/write writes keys that
+// look like this RWMutex's readers or writers, and counts as one.
 type RWMutex struct {
 	w, r holder
 
@@ -42,8 +46,10 @@ func NewRWMutex(s *Session, name string) *RWMutex {
 
 // readRule: a reader waits for the writers created before it, and its key
 // is shared by the session's read holds; TryRLock writes at once when no
-// writer key exists.
-var readRule = rule{dir: "read/", blocks: inDirs("write/"), free: "write/", shared: true}
+// writer key exists. A reader watches only the nearest writer, so that a
+// writer's release reaches only the readers it lets in (those behind the
+// next writer read once when their turn comes).
+var readRule = rule{dir: "read/", blocks: inDirs("write/"), free: "write/", shared: true, exact: true}
 
 // writeRule: a writer waits for every reader and writer created before it.
 var writeRule = rule{dir: "write/", blocks: inDirs("read/", "write/")}
@@ -67,21 +73,24 @@ func inDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
 
 // RLock blocks until a read hold is taken, ctx ends (the error wraps
 // ctx.Err()) or the session ends (ErrSessionExpired). When the session
-// already holds a read on the name, it shares that hold at once, without an
-// RPC. A waiter whose own key vanishes returns ErrSessionExpired at once. On
-// error no key of this call is left behind.
+// already holds a read on the name, it shares that hold after one read that
+// shows its key still there. A waiter whose own key vanishes returns
+// ErrSessionExpired at once. On error no key of this call is left behind.
 func (rw *RWMutex) RLock(ctx context.Context) error { return rw.take(&rw.r, ctx, waitTurn) }
 
 // TryRLock takes a read hold if no writer holds or waits, else returns an
 // error wrapping ErrLocked. When a writer holds or waits it costs one RPC
-// and writes nothing. ctx bounds the call.
+// and writes nothing. It also returns ErrLocked, sending nothing, while
+// another read acquire or the last read release of this session on the name
+// is in flight. ctx bounds the call.
 func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.take(&rw.r, ctx, tryTurn) }
 
 // RUnlock ends one read hold of this value. The session's last read hold on
 // the name deletes the read key (at the revision it was created), in one RPC
 // bounded by ctx and by the hold; earlier ones touch nothing. On an RPC
-// error the hold stays and RUnlock can be retried; with no read hold it
-// returns an error wrapping ErrLockReleased.
+// error the hold stays and RUnlock can be retried (until the hold ends, which
+// it does if the delete did commit, other RLocks of the session wait); with
+// no read hold it returns an error wrapping ErrLockReleased.
 func (rw *RWMutex) RUnlock(ctx context.Context) error { return rw.r.release(ctx) }
 
 // Lock blocks until the write hold is taken: every reader and writer

@@ -456,20 +456,39 @@ func (s *Session) claimKey(ctx context.Context, key string, wait bool) error {
 }
 
 // shareKey is claimKey for a key whose holds the session's primitives share
-// (an RWMutex's read key): when the session holds the key, it joins that hold
-// (counted, see hold.leave) and returns it; else it reserves the key and
-// returns nil. With wait, an acquire or a release of the key in flight is
-// waited for; without, it is an error wrapping ErrLocked.
+// (an RWMutex's read key): when the session holds the key and one read shows
+// it still there, it joins that hold (counted, see hold.leave) and returns
+// it; else it reserves the key and returns nil. With wait, an acquire or a
+// release of the key in flight is waited for; without, it is an error
+// wrapping ErrLocked.
 func (s *Session) shareKey(ctx context.Context, key string, wait bool) (*hold, error) {
-	var joined *hold
-	_, err := s.claim(ctx, key, wait, nil, func(h *hold) bool {
-		if h.live() && !h.closing {
-			h.shares++
-			joined = h
+	for {
+		var seen *hold
+		if _, err := s.claim(ctx, key, wait, nil, func(h *hold) bool {
+			if h.live() && !h.closing {
+				seen = h
+			}
+			return seen != nil
+		}); err != nil || seen == nil {
+			return nil, err
 		}
-		return joined != nil
-	})
-	return joined, err
+		// Its key may be gone unnoticed (deleted, nobody watching).
+		if _, err := seen.check(ctx); err != nil {
+			if seen.live() {
+				return nil, fmt.Errorf("etcdsync: join the session's hold of %s: %w", key, err)
+			}
+			continue // it ended: wait until it is freed
+		}
+		s.mu.Lock()
+		joined := s.keys[key].hold == seen && seen.live() && !seen.closing
+		if joined {
+			seen.shares++
+		}
+		s.mu.Unlock()
+		if joined {
+			return seen, nil
+		}
+	}
 }
 
 // claim is claimKey, except that once the key is free it claims nothing and

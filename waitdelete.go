@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -59,6 +60,10 @@ type rule struct {
 	room   int64                                    // blocking weight that may remain ahead
 	free   string                                   // under the prefix: what must be empty for a try to write at once
 	shared bool                                     // holds of one session share the key (counted)
+	// exact: watch only the keys that keep us out, not also the one behind
+	// them, so that a release reaches only waiters it may let in; a waiter
+	// whose nearest key goes while older ones were listed then reads once.
+	exact bool
 }
 
 // exclusive is the rule of a Mutex or an Election: every direct child of the
@@ -84,6 +89,7 @@ func (sl *slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue,
 }
 
 // weight is the total weight of kvs, blocking keys that blocking accepted.
+// It saturates at math.MaxInt64.
 func (r *rule) weight(kvs []*mvccpb.KeyValue) int64 {
 	if r.weigh == nil {
 		return int64(len(kvs))
@@ -91,19 +97,30 @@ func (r *rule) weight(kvs []*mvccpb.KeyValue) int64 {
 	var w int64
 	for _, kv := range kvs {
 		n, _ := r.weigh(kv)
-		w += n
+		w = addWeights(w, n)
 	}
 	return w
 }
 
+// addWeights adds two weights (≥ 0), saturating at math.MaxInt64.
+func addWeights(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
 // nearest returns the keys ahead a waiter watches: the nearest ones whose
 // weight exceeds the room (the turn cannot come before one of them goes),
-// and the one behind them.
+// and, unless the rule is exact, the one behind them.
 func (t *turn) nearest() []*mvccpb.KeyValue {
 	i, w := len(t.ahead), int64(0)
 	for i > 0 && w <= t.rule.room {
 		i--
-		w += t.rule.weight(t.ahead[i : i+1])
+		w = addWeights(w, t.rule.weight(t.ahead[i:i+1]))
+	}
+	if t.rule.exact {
+		return t.ahead[i:]
 	}
 	return t.ahead[max(0, i-1):]
 }
@@ -182,19 +199,23 @@ func (sl *slot) enqueue(ctx context.Context, val string) (turn, error) {
 		return turn{slot: sl, wrote: unsure(err)}, err
 	}
 	t := turn{slot: sl, hdr: resp.Header, wrote: resp.Succeeded, rev: resp.Header.Revision}
-	err = t.queued(resp)
+	err = t.queued(resp, val)
 	return t, err
 }
 
 // queued fills t from an enqueue's response: our key as it already was, if
-// the response has it (it must have our lease), and the keys ahead of it
-// (t.rev: our key's create revision if it is new).
-func (t *turn) queued(resp *clientv3.TxnResponse) error {
+// the response has it (it must have our lease and, under a rule that weighs
+// keys, the value val asks for), and the keys ahead of it (t.rev: our key's
+// create revision if it is new).
+func (t *turn) queued(resp *clientv3.TxnResponse, val string) error {
 	var own *mvccpb.KeyValue
 	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
 		own = kvs[0]
 		if lease := t.s.Lease(); clientv3.LeaseID(own.Lease) != lease {
 			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.key, own.Lease, int64(lease))
+		}
+		if t.rule.weigh != nil && string(own.Value) != val { // a restarted process's key, resumed
+			return fmt.Errorf("%w: key %s exists with %q, and this call asks for %q: acquire it as it is, then release it", ErrInvalidArgument, t.key, own.Value, val)
 		}
 		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
@@ -225,7 +246,8 @@ func (t *turn) mine(kv *mvccpb.KeyValue) bool {
 func (sl *slot) tryEnqueue(ctx context.Context, val string) (turn, error) {
 	lease := sl.s.Lease()
 	resp, err := sl.s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(sl.prefix+sl.rule.free), "=", 0).WithPrefix()).
+		If(clientv3.Compare(clientv3.CreateRevision(sl.prefix+sl.rule.free), "=", 0).WithPrefix(),
+			clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)). // ours may lie outside rule.free
 		Then(clientv3.OpPut(sl.key, val, clientv3.WithLease(lease))).
 		Else(clientv3.OpGet(sl.key), sl.listOp()).
 		Commit()
@@ -237,7 +259,7 @@ func (sl *slot) tryEnqueue(ctx context.Context, val string) (turn, error) {
 	}
 	// Without a key of ours, every direct child is ahead of where ours would be.
 	t := turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
-	if err := t.queued(resp); err != nil {
+	if err := t.queued(resp, val); err != nil {
 		return t, err
 	}
 	if !t.blocked() && t.value == nil {
