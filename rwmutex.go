@@ -82,7 +82,8 @@ func (rw *RWMutex) RLock(ctx context.Context) error { return rw.take(&rw.r, ctx,
 // error wrapping ErrLocked. When a writer holds or waits it costs one RPC
 // and writes nothing. It also returns ErrLocked, sending nothing, while
 // another read acquire or the last read release of this session on the name
-// is in flight. ctx bounds the call.
+// is in flight, and after such a release failed, until its hold ends or a
+// retry releases it. ctx bounds the call.
 func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.take(&rw.r, ctx, tryTurn) }
 
 // RUnlock ends one read hold of this value. The session's last read hold on

@@ -153,7 +153,10 @@ func TestRWMutexWriterNotStarved(t *testing.T) {
 		require.ErrorIs(t, r2.TryRLock(ctx), etcdsync.ErrLocked)
 		n, methods := cnt.take()
 		require.Equal(t, int64(1), n, "TryRLock behind a waiting writer: %v", methods)
-		require.Equal(t, revBefore, storeRev(t, admin), "TryRLock wrote")
+		require.ErrorIs(t, r2.TryLock(ctx), etcdsync.ErrLocked)
+		n, methods = cnt.take()
+		require.Equal(t, int64(1), n, "TryLock behind a reader and a writer: %v", methods)
+		require.Equal(t, revBefore, storeRev(t, admin), "TryRLock or TryLock wrote")
 
 		r2got := make(chan struct{})
 		go func() { defer close(r2got); require.NoError(t, r2.RLock(ctx)) }()

@@ -462,10 +462,11 @@ func (s *Session) claimKey(ctx context.Context, key string, wait bool) error {
 // release of the key in flight is waited for; without, it is an error
 // wrapping ErrLocked.
 func (s *Session) shareKey(ctx context.Context, key string, wait bool) (*hold, error) {
+	joinable := func(h *hold) bool { return h.rule.shared && h.live() && !h.closing } // not a Mutex on NAME/read
 	for {
 		var seen *hold
 		if _, err := s.claim(ctx, key, wait, nil, func(h *hold) bool {
-			if h.live() && !h.closing {
+			if joinable(h) {
 				seen = h
 			}
 			return seen != nil
@@ -473,14 +474,14 @@ func (s *Session) shareKey(ctx context.Context, key string, wait bool) (*hold, e
 			return nil, err
 		}
 		// Its key may be gone unnoticed (deleted, nobody watching).
-		if _, err := seen.check(ctx); err != nil {
+		if err := s.checkBounded(ctx, seen); err != nil {
 			if seen.live() {
-				return nil, fmt.Errorf("etcdsync: join the session's hold of %s: %w", key, err)
+				return nil, err
 			}
 			continue // it ended: wait until it is freed
 		}
 		s.mu.Lock()
-		joined := s.keys[key].hold == seen && seen.live() && !seen.closing
+		joined := s.keys[key].hold == seen && joinable(seen)
 		if joined {
 			seen.shares++
 		}
@@ -489,6 +490,23 @@ func (s *Session) shareKey(ctx context.Context, key string, wait bool) (*hold, e
 			return seen, nil
 		}
 	}
+}
+
+// checkBounded is h.check bounded by ctx and by the session's end.
+func (s *Session) checkBounded(ctx context.Context, h *hold) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	_, err := h.check(ctx)
+	switch {
+	case err == nil:
+	case s.ctx.Err() != nil:
+		return s.endedErr()
+	default:
+		return fmt.Errorf("etcdsync: join the session's hold of %s: %w", h.key, err)
+	}
+	return nil
 }
 
 // claim is claimKey, except that once the key is free it claims nothing and

@@ -7,8 +7,9 @@ cd "$(dirname "$0")/../.."
 mkdir -p docs
 out=docs/bench.txt
 {
-  go test -run '^$' -bench 'LockUnlock|TryLockHeld|CampaignProclaimResign|Floor|Handoff|ElectionHandoff|Throughput64' -benchtime 100x -count 3 -timeout 60m .
+  go test -run '^$' -bench 'LockUnlock|TryLockHeld|CampaignProclaimResign|Floor|Handoff|ElectionHandoff|Throughput64|RWMutexUncontended' -benchtime 100x -count 3 -timeout 60m .
   go test -run '^$' -bench 'WaiterCost|EventsPerRelease' -benchtime 20x -count 3 -timeout 60m .
   go test -run '^$' -bench 'Hold10k' -benchtime 1x -count 3 -timeout 60m .
+  go test -run '^$' -bench 'ClientAllocs' -benchtime 2000x -count 3 -timeout 60m .
 } | tee "$out"
 go run ./internal/benchchart -svg docs/handoff.svg "$out"
