@@ -108,7 +108,7 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 // returns Campaign's error, or fn's error joined with the cause when the
 // leadership ended before fn returned, and with Resign's error, if any.
 func (e *Election) Run(ctx context.Context, val string, fn func(ctx context.Context) error) error {
-	return e.hr.run(ctx, func(ctx context.Context) error { return e.Campaign(ctx, val) }, e.Resign, fn)
+	return e.hr.run(ctx, 1, func(ctx context.Context) error { return e.Campaign(ctx, val) }, e.Resign, fn)
 }
 
 // Proclaim sets the leader's value without a new election. It blocks for one

@@ -192,3 +192,63 @@ func ExampleSemaphore() {
 	// 1 more free: true
 	// true
 }
+
+func ExampleMutex_Run() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(10*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	m := etcdsync.NewMutex(s, "/jobs/nightly-report")
+	// fn runs only while the lock is held; its context is cancelled the
+	// moment the hold ends, and the lock is released when fn returns.
+	err = m.Run(ctx, func(ctx context.Context) error {
+		_, token, _ := etcdsync.HoldFrom(ctx) // pass it to systems that fence
+		fmt.Println("holding, token > 0:", token > 0)
+		// A nested Run through ctx enters the same hold at once.
+		return m.Run(ctx, func(ctx context.Context) error {
+			_, inner, _ := etcdsync.HoldFrom(ctx)
+			fmt.Println("nested, same token:", inner == token)
+			return nil
+		})
+	})
+	fmt.Println("released:", err, m.Key() == "")
+	// Output:
+	// holding, token > 0: true
+	// nested, same token: true
+	// released: <nil> true
+}
+
+func ExampleElection_Run() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	s, err := etcdsync.NewSession(cli)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	e := etcdsync.NewElection(s, "/services/billing/leader")
+	// A leader-only loop: it starts once this candidate leads and must stop
+	// when its context ends (context.Cause says why leadership ended).
+	err = e.Run(ctx, "host-a:8080", func(ctx context.Context) error {
+		for i := 1; i <= 3; i++ {
+			if err := e.Proclaim(ctx, fmt.Sprintf("host-a:8080, round %d", i)); err != nil {
+				return err
+			}
+		}
+		fmt.Println("led three rounds")
+		return nil // Run resigns
+	})
+	fmt.Println("resigned:", err, e.Key() == "")
+	// Output:
+	// led three rounds
+	// resigned: <nil> true
+}

@@ -521,8 +521,16 @@ var closed = func() chan struct{} {
 // once fn has returned or panicked, bounded by the session's TTL whatever ctx
 // says; a panic goes on after the release. It returns take's error, or fn's
 // error joined with why the hold ended if it ended before the release, and
-// with the release's error.
-func (hr *holder) run(ctx context.Context, take, release func(context.Context) error, fn func(context.Context) error) (err error) {
+// with the release's error. fn's context carries the hold (n: its permits):
+// a Run whose ctx carries a live hold of the same session and name enters
+// it (see reenter).
+func (hr *holder) run(ctx context.Context, n int64, take, release func(context.Context) error, fn func(context.Context) error) (err error) {
+	if enter, err := hr.reenter(ctx, n); err != nil || enter {
+		if err != nil {
+			return err
+		}
+		return fn(ctx)
+	}
 	if err := take(ctx); err != nil {
 		return err
 	}
@@ -532,7 +540,7 @@ func (hr *holder) run(ctx context.Context, take, release func(context.Context) e
 	}
 	h.done() // watch the key: a delete behind our back ends fn's context
 	hctx := h.context()
-	fctx, cancel := context.WithCancelCause(ctx)
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, &ctxHold{h: h, n: n, outer: holdIn(ctx)}))
 	defer cancel(nil)
 	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
 	defer stop()
@@ -564,4 +572,59 @@ func (h *hold) afterRun(ctx context.Context, release func(context.Context) error
 		released = nil // the release found the hold gone: the cause says why
 	}
 	return errors.Join(cause, released)
+}
+
+// ctxHold is a hold that a Run's context carries, innermost first.
+type ctxHold struct {
+	h     *hold
+	n     int64 // permits (1 but for a Semaphore)
+	outer *ctxHold
+}
+
+type ctxHoldKey struct{}
+
+func holdIn(ctx context.Context) *ctxHold {
+	e, _ := ctx.Value(ctxHoldKey{}).(*ctxHold)
+	return e
+}
+
+// reenter reports whether a Run with ctx runs inside a live hold that ctx
+// carries of this session and name, for n permits: the same kind of hold (a
+// Mutex in a Mutex, a read or a write in a write of an RWMutex, a read in a
+// read, permits within the permits held). A hold ctx carries that such a Run
+// could never get (a write inside a read, a Mutex inside an Election on the
+// same name and session, more permits) is an error wrapping
+// ErrInvalidArgument, not a deadlock.
+func (hr *holder) reenter(ctx context.Context, n int64) (bool, error) {
+	sl := &hr.slot
+	for e := holdIn(ctx); e != nil; e = e.outer {
+		h := e.h
+		if h.s != sl.s || h.prefix != sl.prefix || !h.live() {
+			continue
+		}
+		switch {
+		case h.kind != sl.kind:
+			return false, fmt.Errorf("%w: %s is held by a %s Run of this context", ErrInvalidArgument, sl.name(), h.kind)
+		case h.rule.dir == sl.rule.dir && n <= e.n, sl.rule.shared: // same hold, or a read in a write
+			return true, nil
+		case n > e.n:
+			return false, fmt.Errorf("%w: a Run for %d permits of %s inside one holding %d", ErrInvalidArgument, n, sl.name(), e.n)
+		default:
+			return false, fmt.Errorf("%w: a write Run inside a read Run of %s could never be granted", ErrInvalidArgument, sl.name())
+		}
+	}
+	return false, nil
+}
+
+// HoldFrom returns the innermost hold that ctx carries (the context a Run
+// hands to its fn, or one derived from it): its key and fencing token (the
+// key's create revision), to pass along with fn's writes to other systems.
+// ok is false when ctx carries none. It does not touch etcd; the hold may
+// have ended since (then fn's context has ended too).
+func HoldFrom(ctx context.Context) (key string, rev int64, ok bool) {
+	e := holdIn(ctx)
+	if e == nil {
+		return "", 0, false
+	}
+	return e.h.key, e.h.rev, true
 }

@@ -3,6 +3,7 @@ package etcdsync_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,4 +109,172 @@ func TestRunAcquireFails(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, etcdsync.NewMutex(s, "runbad").Run(ended, fn), context.Canceled)
 	require.False(t, called)
+}
+
+// A Run inside a Run of the same session and name enters the outer hold at
+// once (through the context, whichever value), sees its fencing token in
+// HoldFrom, and only the outermost Run releases: one delete in all.
+func TestRunReentrant(t *testing.T) {
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli)
+	m, other := etcdsync.NewMutex(s, "reenter"), etcdsync.NewMutex(s, "reenter")
+	wch := cli.Watch(ctx, "reenter/", clientv3.WithPrefix(), clientv3.WithFilterPut())
+	var outerRev int64
+	inner := make(chan struct{})
+	go func() {
+		defer close(inner)
+		err := m.Run(ctx, func(ctx context.Context) error {
+			_, rev, ok := etcdsync.HoldFrom(ctx)
+			require.True(t, ok)
+			outerRev = rev
+			return m.Run(ctx, func(ctx context.Context) error {
+				return other.Run(ctx, func(ctx context.Context) error {
+					key, rev, ok := etcdsync.HoldFrom(ctx)
+					require.True(t, ok)
+					require.Equal(t, outerRev, rev)
+					require.Equal(t, []string{key}, keys(t, cli, "reenter/"))
+					return nil
+				})
+			})
+		})
+		require.NoError(t, err)
+	}()
+	within(t, inner, 5*time.Second, "nested Runs (a deadlock would hang)")
+	require.Empty(t, keys(t, cli, "reenter/"))
+	_, _, ok := etcdsync.HoldFrom(ctx)
+	require.False(t, ok, "HoldFrom outside a Run")
+	select {
+	case wr := <-wch:
+		require.Len(t, wr.Events, 1, "one delete: the outermost Run's release")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no delete seen")
+	}
+}
+
+// Goroutines that share a *Mutex but not a context exclude each other.
+func TestRunSharedValueExcludes(t *testing.T) {
+	c := single(t)
+	ctx := ctxT(t)
+	m := etcdsync.NewMutex(session(t, c.Client(t)), "runshared")
+	var x exclusionCheck
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 3; j++ {
+				require.NoError(t, m.Run(ctx, func(ctx context.Context) error {
+					_, rev, _ := etcdsync.HoldFrom(ctx)
+					x.enter(t, rev)
+					time.Sleep(time.Millisecond) // widen the window an overlap would show in
+					x.leave()
+					return nil
+				}))
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 12, x.holds)
+}
+
+// RWMutex, Semaphore and mixed kinds: a read inside a write runs, a write
+// inside a read (or more permits, or another kind on the same key) is an
+// error wrapping ErrInvalidArgument at once, not a deadlock.
+func TestRunReentrantKinds(t *testing.T) {
+	c := single(t)
+	ctx := ctxT(t)
+	s := session(t, c.Client(t))
+	rw := etcdsync.NewRWMutex(s, "rerw")
+	ran := 0
+	count := func(context.Context) error { ran++; return nil }
+	require.NoError(t, rw.Run(ctx, func(ctx context.Context) error {
+		return rw.RRun(ctx, func(ctx context.Context) error { return rw.Run(ctx, count) })
+	}))
+	require.NoError(t, rw.RRun(ctx, func(ctx context.Context) error { return rw.RRun(ctx, count) }))
+	err := rw.RRun(ctx, func(ctx context.Context) error { return rw.Run(ctx, count) })
+	require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+	require.Equal(t, 2, ran)
+
+	sm := etcdsync.NewSemaphore(s, "resem", 3)
+	require.NoError(t, sm.Run(ctx, 2, func(ctx context.Context) error { return sm.Run(ctx, 1, count) }))
+	require.ErrorIs(t, sm.Run(ctx, 2, func(ctx context.Context) error { return sm.Run(ctx, 3, count) }), etcdsync.ErrInvalidArgument)
+
+	e, m := etcdsync.NewElection(s, "remixed"), etcdsync.NewMutex(s, "remixed")
+	require.ErrorIs(t, e.Run(ctx, "v", func(ctx context.Context) error { return m.Run(ctx, count) }), etcdsync.ErrInvalidArgument)
+	require.Equal(t, 3, ran)
+	for _, p := range []string{"rerw/", "resem/", "remixed/"} {
+		require.Empty(t, keys(t, c.Client(t), p))
+	}
+}
+
+// A hold lost while fn runs: cut off from etcd past the TTL, fn's context
+// ends (ErrSessionExpired, ErrLostContact) before the server can give the
+// lock to the next waiter; with the lease revoked or the key deleted, it
+// ends with ErrNotHeld.
+func TestRunLossCancelsFirst(t *testing.T) {
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	t.Run("cut off", func(t *testing.T) {
+		cli, p := r12Proxied(t, c)
+		s := session(t, cli, etcdsync.WithTTL(2*time.Second))
+		m := etcdsync.NewMutex(s, "runcut")
+		next := etcdsync.NewMutex(session(t, admin), "runcut")
+		nextGot := make(chan time.Time, 1)
+		var cancelled time.Time
+		err := m.Run(ctx, func(fctx context.Context) error {
+			go func() {
+				if next.Lock(ctx) == nil {
+					nextGot <- time.Now()
+				}
+			}()
+			waitKeys(t, admin, "runcut/", 2)
+			p.Blackhole(true)
+			defer p.Blackhole(false)
+			select {
+			case <-fctx.Done():
+				cancelled = time.Now()
+			case <-time.After(10 * time.Second):
+				t.Fatal("fn's context did not end")
+			}
+			require.ErrorIs(t, context.Cause(fctx), etcdsync.ErrLostContact)
+			return nil
+		})
+		require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
+		require.ErrorIs(t, err, etcdsync.ErrLostContact)
+		select {
+		case got := <-nextGot:
+			require.True(t, cancelled.Before(got), "fn's context ended %v, the next holder got the lock %v", cancelled, got)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the next waiter did not get the lock once the lease expired")
+		}
+		require.NoError(t, next.Unlock(ctx))
+	})
+	for _, tc := range []struct {
+		name string
+		end  func(s *etcdsync.Session, key string)
+	}{
+		{"lease revoked", func(s *etcdsync.Session, _ string) {
+			_, err := admin.Revoke(ctx, s.Lease())
+			require.NoError(t, err)
+		}},
+		{"key deleted", func(_ *etcdsync.Session, key string) {
+			_, err := admin.Delete(ctx, key)
+			require.NoError(t, err)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := session(t, admin)
+			err := etcdsync.NewMutex(s, "runend").Run(ctx, func(fctx context.Context) error {
+				key, _, _ := etcdsync.HoldFrom(fctx)
+				tc.end(s, key)
+				within(t, fctx.Done(), 5*time.Second, "fn's context after "+tc.name)
+				require.ErrorIs(t, context.Cause(fctx), etcdsync.ErrNotHeld)
+				return nil
+			})
+			require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+		})
+	}
 }

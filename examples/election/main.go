@@ -1,14 +1,18 @@
-// Command election shows etcdsync's Election at work: three candidates
-// campaign, the leader proclaims a few values that an observer prints, then
-// the leader "crashes" (orphans its session without resigning) and the
-// example prints who took over and how long failover took; that leader then
-// resigns cleanly and the last candidate takes over within a round trip.
+// Command election shows etcdsync's Election at work with Election.Run:
+// three candidates each run a leader-only loop that Run starts once they
+// lead and stops (its context cancelled, with the cause) the moment they do
+// not. The leader proclaims a few values that an observer prints, then
+// "crashes" (orphans its session without resigning) and the example prints
+// who took over and how long failover took; that leader then steps down (its
+// loop returns, Run resigns) and the last candidate takes over within a
+// round trip.
 //
 // It starts an embedded etcd unless ETCD_ENDPOINTS (comma-separated) is set.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -25,7 +29,14 @@ type candidate struct {
 	id       string
 	session  *etcdsync.Session
 	election *etcdsync.Election
-	err      error // Campaign's result
+	stepDown chan struct{} // closed: end the leader-only loop (Run then resigns)
+	done     chan error    // Run's result
+}
+
+// leads reports a candidate that began to lead, with its term.
+type leads struct {
+	c    *candidate
+	term int64
 }
 
 func main() {
@@ -61,53 +72,53 @@ func run(ttl time.Duration) error {
 	}()
 	defer func() { ocancel(); <-observed }()
 
-	// Each candidate's Campaign runs in a goroutine that reports on won.
-	won := make(chan *candidate, 3)
-	var leader *candidate
+	started := make(chan leads, 3)
+	var cands []*candidate
 	for _, id := range []string{"alpha", "beta", "gamma"} {
 		s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
 		if err != nil {
 			return err
 		}
 		defer s.Close()
-		c := &candidate{id: id, session: s, election: etcdsync.NewElection(s, name)}
-		go func() {
-			c.err = c.election.Campaign(ctx, c.id+" is leading")
-			won <- c
-		}()
-		if leader == nil { // alpha leads first, the others queue behind it
-			if leader, err = winner(ctx, won); err != nil {
+		c := &candidate{id: id, session: s, election: etcdsync.NewElection(s, name),
+			stepDown: make(chan struct{}), done: make(chan error, 1)}
+		cands = append(cands, c)
+		go func() { c.done <- c.election.Run(ctx, c.id+" is leading", c.lead(started)) }()
+		if id == "alpha" { // alpha leads first, the others queue behind it
+			if _, err := next(ctx, started); err != nil {
 				return err
 			}
-			fmt.Printf("%s leads (term %d)\n", id, leader.election.Rev())
 		}
 	}
+	alpha := cands[0]
+	time.Sleep(300 * time.Millisecond) // let alpha's loop report a few times
 
-	for i := 1; i <= 3; i++ {
-		if err := leader.election.Proclaim(ctx, fmt.Sprintf("%s: report %d", leader.id, i)); err != nil {
-			return err
-		}
-	}
-
-	fmt.Printf("%s crashes without resigning (its lease expires within %v)\n", leader.id, ttl)
+	fmt.Printf("alpha crashes without resigning (its lease expires within %v)\n", ttl)
 	crashed := time.Now()
-	leader.session.Orphan()
-	next, err := winner(ctx, won)
+	alpha.session.Orphan()
+	if err := <-alpha.done; !errors.Is(err, etcdsync.ErrSessionClosed) {
+		return fmt.Errorf("alpha's Run returned %v, want its session's end", err)
+	}
+	fmt.Println("alpha's loop stopped: its context ended with its session")
+	second, err := next(ctx, started)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s took over after %v (term %d)\n", next.id, time.Since(crashed).Round(time.Millisecond), next.election.Rev())
+	fmt.Printf("%s took over after %v (term %d)\n", second.c.id, time.Since(crashed).Round(time.Millisecond), second.term)
 
+	time.Sleep(200 * time.Millisecond)
 	resigned := time.Now()
-	if err := next.election.Resign(ctx); err != nil {
+	close(second.c.stepDown)
+	if err := <-second.c.done; err != nil {
 		return err
 	}
-	last, err := winner(ctx, won)
+	last, err := next(ctx, started)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s resigned; %s took over after %v (term %d)\n", next.id, last.id, time.Since(resigned).Round(time.Millisecond), last.election.Rev())
-	if err := last.election.Resign(ctx); err != nil {
+	fmt.Printf("%s stepped down; %s took over after %v (term %d)\n", second.c.id, last.c.id, time.Since(resigned).Round(time.Millisecond), last.term)
+	close(last.c.stepDown)
+	if err := <-last.c.done; err != nil {
 		return err
 	}
 	resp, err := cli.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -117,16 +128,41 @@ func run(ttl time.Duration) error {
 	if resp.Count != 0 {
 		return fmt.Errorf("%d candidate keys left behind", resp.Count)
 	}
-	fmt.Println("all resigned; no candidate key left")
+	fmt.Println("all stepped down; no candidate key left")
 	return nil
 }
 
-// winner waits for the next candidate whose Campaign returned.
-func winner(ctx context.Context, won <-chan *candidate) (*candidate, error) {
+// lead returns the candidate's leader-only loop: it reports that it leads,
+// then proclaims a report every 100 ms until it is told to step down or its
+// leadership ends (its context is cancelled; context.Cause says why).
+func (c *candidate) lead(started chan<- leads) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		_, term, _ := etcdsync.HoldFrom(ctx) // the term's fencing token
+		fmt.Printf("%s leads (term %d)\n", c.id, term)
+		started <- leads{c, term}
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for i := 1; ; i++ {
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-c.stepDown:
+				return nil
+			case <-tick.C:
+				if err := c.election.Proclaim(ctx, fmt.Sprintf("%s: report %d", c.id, i)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// next waits for the next candidate to lead.
+func next(ctx context.Context, started <-chan leads) (leads, error) {
 	select {
-	case c := <-won:
-		return c, c.err
+	case l := <-started:
+		return l, nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return leads{}, ctx.Err()
 	}
 }
