@@ -105,10 +105,10 @@ func writeTables(w io.Writer, r results) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "Other figures (median of runs)\n\n| benchmark | etcdsync | concurrency |\n|---|---|---|\n")
+	fmt.Fprintf(w, "Other figures (median of runs)\n\n| benchmark | etcdsync | etcd (concurrency, or recipes for RWMutex) |\n|---|---|---|\n")
 	var names []string
 	for name := range r {
-		if rest, ok := strings.CutSuffix(name, "/etcdsync"); ok && !strings.Contains(rest, "Handoff/") && !strings.HasPrefix(rest, "BenchmarkHandoffSteady") {
+		if rest, ok := strings.CutSuffix(name, "/etcdsync"); ok && !strings.HasPrefix(rest, "BenchmarkHandoff/") && !strings.HasPrefix(rest, "BenchmarkHandoffSteady") {
 			names = append(names, rest)
 		}
 		if strings.Contains(name, "/etcdsync/") { // BenchmarkWaiterCost/etcdsync/ahead=1
@@ -120,6 +120,9 @@ func writeTables(w io.Writer, r results) {
 		oursName, theirsName := name+"/etcdsync", name+"/concurrency"
 		if strings.Contains(name, "/etcdsync/") {
 			oursName, theirsName = name, strings.Replace(name, "/etcdsync/", "/concurrency/", 1)
+		}
+		if _, ok := r[theirsName]; !ok { // RWMutex: etcd's experimental recipe
+			theirsName = strings.Replace(theirsName, "/concurrency", "/recipe", 1)
 		}
 		var units []string
 		for u := range r[oursName] {
@@ -137,12 +140,23 @@ func writeTables(w io.Writer, r results) {
 			fmt.Fprintf(w, "| %s %s | %.3g | %s |\n", label, u, ours, t)
 		}
 	}
-	for _, single := range []struct{ name, unit string }{
+	singles := []struct{ name, unit string }{
 		{"BenchmarkThroughput64/raw-put-delete", "ops/s"},
 		{"BenchmarkHold10k", "heap-bytes/lock"},
 		{"BenchmarkHold10k", "heap-MiB"},
 		{"BenchmarkHold10k", "goroutines/lock"},
-	} {
+	}
+	var sems []string
+	for name := range r {
+		if strings.HasPrefix(name, "BenchmarkSemaphoreEventsPerRelease/") {
+			sems = append(sems, name)
+		}
+	}
+	sort.Strings(sems)
+	for _, name := range sems {
+		singles = append(singles, struct{ name, unit string }{name, "events/release"})
+	}
+	for _, single := range singles {
 		if v, ok := r.get(single.name, single.unit); ok {
 			fmt.Fprintf(w, "| %s %s | %.4g | |\n", strings.TrimPrefix(single.name, "Benchmark"), single.unit, v)
 		}
