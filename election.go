@@ -84,6 +84,12 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 		}
 		// The leadership was gone behind our back: campaign anew.
 	}
+	return e.elect(ctx, val)
+}
+
+// elect is Campaign past its checks: it waits for this value's own term,
+// if any, to end (as a second Lock on a Mutex does), then campaigns.
+func (e *Election) elect(ctx context.Context, val string) error {
 	old, err := e.hr.take(ctx, val, waitTurn)
 	if err != nil {
 		return err
@@ -106,9 +112,16 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 // says why), and resigns after fn returns, bounded by the session's TTL even
 // if ctx has ended: a leader-only loop. A panic in fn resigns and goes on. It
 // returns Campaign's error, or fn's error joined with the cause when the
-// leadership ended before fn returned, and with Resign's error, if any.
+// leadership ended before fn returned, and with Resign's error, if any. On a
+// value that already leads (by another Run, or Campaign) it waits for that
+// term to end, as Mutex.Run does on a held Mutex. Inside fn's context, a Run
+// of this session and name with the same val enters the term at once; with
+// another val it is an error wrapping ErrInvalidArgument.
 func (e *Election) Run(ctx context.Context, val string, fn func(ctx context.Context) error) error {
-	return e.hr.run(ctx, 1, func(ctx context.Context) error { return e.Campaign(ctx, val) }, e.Resign, fn)
+	if e.hr.bad != nil {
+		return e.hr.bad
+	}
+	return e.hr.run(ctx, 1, val, func(ctx context.Context) error { return e.elect(ctx, val) }, e.Resign, fn)
 }
 
 // Proclaim sets the leader's value without a new election. It blocks for one

@@ -404,6 +404,11 @@ func (hr *holder) release(ctx context.Context) error {
 		hr.mu.Unlock()
 		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, hr.slot.name())
 	}
+	for e := holdIn(ctx); e != nil; e = e.outer {
+		if e.h == h && e.left.CompareAndSwap(false, true) { // fn ends its RRun's share: RRun will not
+			break
+		}
+	}
 	if hr.n--; hr.n == 0 {
 		hr.h, hr.last = nil, fmt.Errorf("%w: %s released by this value", ErrLockReleased, h.key)
 	}
@@ -521,15 +526,21 @@ var closed = func() chan struct{} {
 // once fn has returned or panicked, bounded by the session's TTL whatever ctx
 // says; a panic goes on after the release. It returns take's error, or fn's
 // error joined with why the hold ended if it ended before the release, and
-// with the release's error. fn's context carries the hold (n: its permits):
-// a Run whose ctx carries a live hold of the same session and name enters
-// it (see reenter).
-func (hr *holder) run(ctx context.Context, n int64, take, release func(context.Context) error, fn func(context.Context) error) (err error) {
-	if enter, err := hr.reenter(ctx, n); err != nil || enter {
+// with the release's error. fn's context carries the hold (n: its permits;
+// tag: what else a Run inside must agree on, an Election's value or a
+// Semaphore's capacity): a Run whose ctx carries a live hold of the same
+// session and name enters it (see reenter), and returns fn's error joined
+// with why the hold ended if it ended meanwhile.
+func (hr *holder) run(ctx context.Context, n int64, tag string, take, release func(context.Context) error, fn func(context.Context) error) (err error) {
+	if e, err := hr.reenter(ctx, n, tag); err != nil || e != nil {
 		if err != nil {
 			return err
 		}
-		return fn(ctx)
+		err = fn(ctx)
+		if cause := e.h.err(); cause != nil && !errors.Is(cause, ErrLockReleased) {
+			err = errors.Join(err, cause)
+		}
+		return err
 	}
 	if err := take(ctx); err != nil {
 		return err
@@ -540,13 +551,14 @@ func (hr *holder) run(ctx context.Context, n int64, take, release func(context.C
 	}
 	h.done() // watch the key: a delete behind our back ends fn's context
 	hctx := h.context()
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, &ctxHold{h: h, n: n, outer: holdIn(ctx)}))
+	e := &ctxHold{h: h, n: n, tag: tag, outer: holdIn(ctx)}
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, e))
 	defer cancel(nil)
 	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
 	defer stop()
 	defer func() {
 		p := recover()
-		err = errors.Join(err, h.afterRun(ctx, release))
+		err = errors.Join(err, e.afterRun(ctx, release))
 		if p != nil {
 			panic(p)
 		}
@@ -554,12 +566,14 @@ func (hr *holder) run(ctx context.Context, n int64, take, release func(context.C
 	return fn(fctx)
 }
 
-// afterRun releases h after a Run's fn, if it is still held, bounded by the
+// afterRun releases the Run's hold after its fn, if it is still held and fn
+// did not release it (its share, for a read hold) itself, bounded by the
 // TTL; it returns why the hold ended otherwise, joined with the release's
 // error.
-func (h *hold) afterRun(ctx context.Context, release func(context.Context) error) error {
+func (e *ctxHold) afterRun(ctx context.Context, release func(context.Context) error) error {
+	h := e.h
 	var released error
-	if h.live() {
+	if h.live() && !e.left.Load() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.s.ttl)
 		defer cancel()
 		released = release(rctx)
@@ -577,7 +591,9 @@ func (h *hold) afterRun(ctx context.Context, release func(context.Context) error
 // ctxHold is a hold that a Run's context carries, innermost first.
 type ctxHold struct {
 	h     *hold
-	n     int64 // permits (1 but for a Semaphore)
+	n     int64       // permits (1 but for a Semaphore)
+	tag   string      // an Election's value, a Semaphore's capacity
+	left  atomic.Bool // fn released the Run's share of a read hold itself
 	outer *ctxHold
 }
 
@@ -588,32 +604,35 @@ func holdIn(ctx context.Context) *ctxHold {
 	return e
 }
 
-// reenter reports whether a Run with ctx runs inside a live hold that ctx
-// carries of this session and name, for n permits: the same kind of hold (a
-// Mutex in a Mutex, a read or a write in a write of an RWMutex, a read in a
-// read, permits within the permits held). A hold ctx carries that such a Run
-// could never get (a write inside a read, a Mutex inside an Election on the
-// same name and session, more permits) is an error wrapping
-// ErrInvalidArgument, not a deadlock.
-func (hr *holder) reenter(ctx context.Context, n int64) (bool, error) {
+// reenter returns the live hold ctx carries that a Run of this session and
+// name, for n permits and tag, enters: the same kind of hold (a Mutex in a
+// Mutex, a read or a write in a write of an RWMutex, a read in a read,
+// permits within those held, the same Election value or Semaphore
+// capacity). A hold ctx carries that such a Run could never get (a write
+// inside a read, more permits, another value or capacity, another kind of
+// primitive on the same key) is an error wrapping ErrInvalidArgument, not a
+// deadlock. With neither, it returns nil.
+func (hr *holder) reenter(ctx context.Context, n int64, tag string) (*ctxHold, error) {
 	sl := &hr.slot
 	for e := holdIn(ctx); e != nil; e = e.outer {
 		h := e.h
-		if h.s != sl.s || h.prefix != sl.prefix || !h.live() {
-			continue
-		}
+		sameKey, sameName := h.key == sl.key, h.prefix == sl.prefix && h.kind == sl.kind
 		switch {
-		case h.kind != sl.kind:
-			return false, fmt.Errorf("%w: %s is held by a %s Run of this context", ErrInvalidArgument, sl.name(), h.kind)
+		case h.s != sl.s || !h.live() || !sameKey && !sameName:
+			continue // another lock (an RWMutex and a Mutex on one name use other keys)
+		case !sameName: // a Mutex, an Election, a Semaphore on one name; a Mutex on NAME/write
+			return nil, fmt.Errorf("%w: %s is held by a %s Run of this context", ErrInvalidArgument, h.key, h.kind)
+		case e.tag != tag:
+			return nil, fmt.Errorf("%w: a Run of %s with %q inside one with %q", ErrInvalidArgument, sl.name(), tag, e.tag)
 		case h.rule.dir == sl.rule.dir && n <= e.n, sl.rule.shared: // same hold, or a read in a write
-			return true, nil
+			return e, nil
 		case n > e.n:
-			return false, fmt.Errorf("%w: a Run for %d permits of %s inside one holding %d", ErrInvalidArgument, n, sl.name(), e.n)
+			return nil, fmt.Errorf("%w: a Run for %d permits of %s inside one holding %d", ErrInvalidArgument, n, sl.name(), e.n)
 		default:
-			return false, fmt.Errorf("%w: a write Run inside a read Run of %s could never be granted", ErrInvalidArgument, sl.name())
+			return nil, fmt.Errorf("%w: a write Run inside a read Run of %s could never be granted", ErrInvalidArgument, sl.name())
 		}
 	}
-	return false, nil
+	return nil, nil
 }
 
 // HoldFrom returns the innermost hold that ctx carries (the context a Run

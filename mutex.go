@@ -69,7 +69,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 // error joined with the cause when the hold ended before fn returned, and
 // with the release's error, if any.
 func (m *Mutex) Run(ctx context.Context, fn func(ctx context.Context) error) error {
-	return m.hr.run(ctx, 1, m.Lock, m.Unlock, fn)
+	return m.hr.run(ctx, 1, "", m.Lock, m.Unlock, fn)
 }
 
 // Do runs ops in one transaction only while this hold is current (its key

@@ -108,13 +108,15 @@ func (rw *RWMutex) Unlock(ctx context.Context) error { return rw.w.release(ctx) 
 // Run takes the write lock, calls fn while it is held and unlocks, as
 // Mutex.Run does.
 func (rw *RWMutex) Run(ctx context.Context, fn func(ctx context.Context) error) error {
-	return rw.w.run(ctx, 1, rw.Lock, rw.Unlock, fn)
+	return rw.w.run(ctx, 1, "", rw.Lock, rw.Unlock, fn)
 }
 
 // RRun takes a read hold, calls fn while it is held and ends the hold, as
-// Mutex.Run does; fn's context ends when the shared read key goes.
+// Mutex.Run does; fn's context ends when the shared read key goes. A fn that
+// ends its read hold itself passes its context to RUnlock, so that RRun
+// knows and does not end another share.
 func (rw *RWMutex) RRun(ctx context.Context, fn func(ctx context.Context) error) error {
-	return rw.r.run(ctx, 1, rw.RLock, rw.RUnlock, fn)
+	return rw.r.run(ctx, 1, "", rw.RLock, rw.RUnlock, fn)
 }
 
 func (rw *RWMutex) take(hr *holder, ctx context.Context, md mode) error {

@@ -92,7 +92,7 @@ func permits(capacity, n int64) *rule {
 // Run acquires n permits, calls fn while they are held and releases them,
 // as Mutex.Run does.
 func (sm *Semaphore) Run(ctx context.Context, n int64, fn func(ctx context.Context) error) error {
-	return sm.hr.run(ctx, n, func(ctx context.Context) error { return sm.Acquire(ctx, n) }, sm.Release, fn)
+	return sm.hr.run(ctx, n, strconv.FormatInt(sm.capacity, 10), func(ctx context.Context) error { return sm.Acquire(ctx, n) }, sm.Release, fn)
 }
 
 // Release releases this value's hold (all its permits): it deletes the key
