@@ -24,6 +24,7 @@ import (
 // A process that adopts its lease with less than a third of the TTL left
 // keeps it, and the holds it resumes: the first keepalive goes out at once.
 func TestAdoptLateKeepsLease(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -277,6 +278,7 @@ func TestErrorTexts(t *testing.T) {
 // before the server deletes its key, and within TTL + 1 s of the cut. On a
 // 3-member cluster the session reaches only the slow member.
 func TestSlowLinkIsNotLost(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)

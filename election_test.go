@@ -230,6 +230,7 @@ func (o *observed) next(t *testing.T) string {
 // candidate that is not the leader (etcd-io/etcd#18163), never a nested or
 // outside key (#10297), across compaction and a leader's session expiry.
 func TestObserve(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		cli := c.Client(t)
 		ctx := ctxT(t)

@@ -58,19 +58,18 @@ func TestFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault suite skipped in -short")
 	}
-	var stopped *etcdtest.Member
 	cut := func(_ *testing.T, _ *faultRun, v *faultWorker) { v.blackhole(true) }
 	mend := func(_ *testing.T, _ *faultRun, v *faultWorker) { v.blackhole(false) }
-	restart := func(t *testing.T, r *faultRun, _ *faultWorker) { require.NoError(t, r.c.Restart(stopped)) }
+	restart := func(t *testing.T, r *faultRun, _ *faultWorker) { require.NoError(t, r.c.Restart(r.stopped)) }
 	faults := []fault{
 		{name: "follower-restart", dur: time.Second, heal: restart, inject: func(t *testing.T, r *faultRun, _ *faultWorker) {
-			stopped = r.c.Follower()
-			r.c.Stop(stopped)
+			r.stopped = r.c.Follower()
+			r.c.Stop(r.stopped)
 		}},
 		{name: "leader-restart", dur: time.Second, heal: restart, inject: func(t *testing.T, r *faultRun, _ *faultWorker) {
-			stopped = r.c.Leader()
-			require.NotNil(t, stopped)
-			r.c.Stop(stopped)
+			r.stopped = r.c.Leader()
+			require.NotNil(t, r.stopped)
+			r.c.Stop(r.stopped)
 		}},
 		{name: "leader-transfer", inject: func(t *testing.T, r *faultRun, _ *faultWorker) {
 			require.NoError(t, r.c.TransferLeader(r.ctx))
@@ -129,15 +128,26 @@ func TestFaults(t *testing.T) {
 			faults = append(faults, f)
 		}
 	}
-	var report []string
-	total := map[primKind]int{}
-	for _, f := range faults {
-		t.Run(f.name, func(t *testing.T) {
-			r := runFault(t, f)
-			total[f.kind] += r.incs
-			report = append(report, r.String())
-		})
-	}
+	// Two runs at a time (go test's -parallel, GOMAXPROCS by default): each
+	// has a cluster of its own and mostly waits on its fault, so that the
+	// suite keeps go test ./... within its default 10 minutes.
+	var (
+		mu     sync.Mutex
+		report []string
+		total  = map[primKind]int{}
+	)
+	t.Run("runs", func(t *testing.T) {
+		for _, f := range faults {
+			t.Run(f.name, func(t *testing.T) {
+				t.Parallel()
+				r := runFault(t, f)
+				mu.Lock()
+				defer mu.Unlock()
+				total[f.kind] += r.incs
+				report = append(report, r.String())
+			})
+		}
+	})
 	t.Logf("fault | increments | violations | Done lead over server delete (min / median) | orphan keys")
 	for _, line := range report {
 		t.Log(line)
@@ -227,8 +237,9 @@ type faultRun struct {
 	injected chan struct{} // closed when the fault has started
 	healed   chan struct{} // closed when it is over
 
-	staleWrites int     // writes by the paused victim that got through
-	halfDone    []int64 // revisions at which a reader saw a writer's work half done
+	stopped     *etcdtest.Member // by a restart fault
+	staleWrites int              // writes by the paused victim that got through
+	halfDone    []int64          // revisions at which a reader saw a writer's work half done
 	workers     []*faultWorker
 }
 

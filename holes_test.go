@@ -404,6 +404,7 @@ func caughtUp(t *testing.T, m *etcdtest.Member, rev int64) {
 // lock again). Neither the predecessor's old delete (two holders) nor its own
 // key's old delete (a spurious ErrSessionExpired) may count.
 func TestLaggingFollowerReplays(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c, f, u := peerRig(t)
 	ctx := ctxT(t)
 	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})

@@ -95,6 +95,7 @@ func r13proxied(t *testing.T, endpoint string) (*clientv3.Client, *etcdtest.Prox
 // (ErrLostContact) before a contender of another session gets the hold, and
 // Run's error carries the cause.
 func TestR13BlackholeEveryKind(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	admin := c.Client(t)
 	for _, k := range r13kinds(nil, "x") {
@@ -208,6 +209,7 @@ func TestR13LossEveryWay(t *testing.T) {
 // delayed TTL/2), it still happens, within the TTL, leaving no key, and Run
 // returns only fn's error.
 func TestR13ReleaseSlowLink(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	admin := c.Client(t)
 	const ttl = 3 * time.Second
@@ -239,6 +241,7 @@ func TestR13ReleaseSlowLink(t *testing.T) {
 // too): Run returns within about the TTL (not hanging on the release), says
 // the hold is lost, and the key goes when the lease expires.
 func TestR13ReleaseBlackholed(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	admin := c.Client(t)
 	const ttl = 2 * time.Second
@@ -786,6 +789,7 @@ func TestR13NoGoroutinesLeft(t *testing.T) {
 // cut off from its peers past the TTL is: fn's context ends before a
 // contender on the majority gets the lock.
 func TestR13ThreeMembers(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	if testing.Short() {
 		t.Skip("3 members")
 	}
@@ -892,23 +896,25 @@ func TestR13FnReleaseThenOtherRunKeeps(t *testing.T) {
 		}
 		t.Run(k.kind, func(t *testing.T) {
 			bIn, aDone := make(chan struct{}), make(chan struct{})
+			var b <-chan error
 			a := r13go(func() error {
 				defer close(aDone)
 				return k.run(ctx, func(context.Context) error {
 					if err := k.self(ctx); err != nil {
 						return err
 					}
-					b := r13go(func() error {
+					b = r13go(func() error {
 						return k.run(context.Background(), func(fctx context.Context) error {
 							close(bIn)
 							<-aDone
-							if len(keys(t, admin, k.prefix)) != 1 || fctx.Err() != nil {
-								return fmt.Errorf("B's hold ended when A's Run returned (cause %v)", context.Cause(fctx))
+							// No t here: this may run on after a failed test.
+							resp, err := admin.Get(ctx, k.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+							if err != nil || resp.Count != 1 || fctx.Err() != nil {
+								return fmt.Errorf("B's hold ended when A's Run returned (err %v, cause %v)", err, context.Cause(fctx))
 							}
 							return nil
 						})
 					})
-					t.Cleanup(func() { assert.NoError(t, r13result(t, b, 10*time.Second, "B")) })
 					select {
 					case <-bIn:
 					case <-time.After(5 * time.Second):
@@ -918,6 +924,8 @@ func TestR13FnReleaseThenOtherRunKeeps(t *testing.T) {
 				})
 			})
 			require.NoError(t, r13result(t, a, 10*time.Second, "A"))
+			require.NotNil(t, b)
+			require.NoError(t, r13result(t, b, 10*time.Second, "B"))
 		})
 	}
 }

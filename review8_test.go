@@ -186,6 +186,7 @@ func TestR8FailedWithdrawLeavesKey(t *testing.T) {
 // sweeps the created key; the same Mutex then Locks again and holds; f heals
 // and the old cleanup deletes the new hold's key.
 func TestR8LateWithdrawDeletesLaterHold(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c, f, u := peerRig(t)
 	ctx := ctxT(t)
 	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
@@ -249,6 +250,7 @@ func waitNoKeys(t *testing.T, cli *clientv3.Client, prefix string) {
 // whose create then fails with an RPC error withdraws "any key with this
 // lease created after the floor": the resumed hold, as in issue 8 item 5.
 func TestR8StaleStartRevDeletesResumedHold(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
 	// "via-u" is the control: the same steps with TimeToLive served by an
 	// up-to-date member pass.
 	for _, via := range []string{"via-lagging-f", "via-u"} {
