@@ -373,13 +373,18 @@ func (hr *holder) takeAs(ctx context.Context, sl *slot, val string, md mode) ([]
 	if err != nil {
 		return nil, err
 	}
+	hr.addShare(h)
+	return value, nil
+}
+
+// addShare makes h the value's hold and counts one more share of it.
+func (hr *holder) addShare(h *hold) {
 	hr.mu.Lock()
+	defer hr.mu.Unlock()
 	if hr.h != h {
 		hr.h, hr.n = h, 0
 	}
 	hr.n++
-	hr.mu.Unlock()
-	return value, nil
 }
 
 // release ends the current hold (unhold). For a shared hold it ends this
@@ -419,12 +424,7 @@ func (hr *holder) release(ctx context.Context) error {
 	err = h.unhold(ctx)
 	if err != nil && h.live() {
 		h.kept()
-		hr.mu.Lock()
-		if hr.h != h {
-			hr.h, hr.n = h, 0
-		}
-		hr.n++
-		hr.mu.Unlock()
+		hr.addShare(h)
 	}
 	return err
 }

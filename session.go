@@ -492,12 +492,17 @@ func (s *Session) shareKey(ctx context.Context, key string, wait bool) (*hold, e
 	}
 }
 
+// bound returns ctx ended also by the session's end, and its cancel.
+func (s *Session) bound(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
 // checkBounded is h.check bounded by ctx and by the session's end.
 func (s *Session) checkBounded(ctx context.Context, h *hold) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	stop := context.AfterFunc(s.ctx, cancel)
-	defer stop()
 	_, err := h.check(ctx)
 	switch {
 	case err == nil:

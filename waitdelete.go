@@ -675,10 +675,8 @@ func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte,
 		sl.s.releaseKey(sl.key)
 		return nil, nil, sl.why(ctx, err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
+	wctx, cancel := sl.s.bound(ctx)
 	defer cancel()
-	stop := context.AfterFunc(sl.s.ctx, cancel)
-	defer stop()
 
 	// The create is not cancelled with ctx: a cancelled request may still be
 	// applied by the server after a cleanup sent behind it (the server can
