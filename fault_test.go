@@ -509,10 +509,41 @@ func runFault(t *testing.T, f fault) faultResult {
 	if r.staleWrites > 0 {
 		violate("%d writes of a paused holder got through its stale guard", r.staleWrites)
 	}
+	if res.violations > 0 {
+		r.logHistory(t, put.Header.Revision+1)
+	}
 	if res.orphans > 0 {
 		violate("keys left: %v", left)
 	}
 	return res
+}
+
+// logHistory logs every change under the run's prefix from revision from,
+// and the holds: what a violation is read against.
+func (r *faultRun) logHistory(t *testing.T, from int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(r.ctx, testTimeout)
+	defer cancel()
+	now, err := r.admin.Get(ctx, r.name+"/counter")
+	if err != nil {
+		t.Logf("history: %v", err)
+		return
+	}
+	for wr := range r.admin.Watch(ctx, r.name+"/", clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV()) {
+		for _, ev := range wr.Events {
+			kv := ev.Kv
+			if ev.Type == clientv3.EventTypeDelete && ev.PrevKv != nil {
+				kv = ev.PrevKv
+			}
+			t.Logf("history: rev %d %s %s (create %d, lease %x) %q", ev.Kv.ModRevision, ev.Type, ev.Kv.Key, kv.CreateRevision, kv.Lease, kv.Value)
+		}
+		if wr.Err() != nil || wr.Header.Revision >= now.Header.Revision {
+			break
+		}
+	}
+	for _, h := range r.holds {
+		t.Logf("history: hold %d worker %d weight %d began %d lost %v", h.rev, h.worker, h.weight, h.start, h.lost)
+	}
 }
 
 // faultWorker is one client with proxies to every member, so that its

@@ -182,6 +182,11 @@ type turn struct {
 	ahead []*mvccpb.KeyValue
 	hdr   *pb.ResponseHeader
 	wrote bool // this call may have written the key
+	// gone is the latest delete of a key listed ahead seen since: one
+	// stream delivers the deletes of different watches out of revision
+	// order (a watch's events wait until the server has sent its creation),
+	// and the turn comes no earlier than the latest.
+	gone int64
 }
 
 // enqueue writes our key if absent and reads the queue, in one transaction.
@@ -398,9 +403,11 @@ type stream struct {
 //     revision of the read that saw the key present cannot be that key's
 //     delete, so every event at or below t.hdr.Revision is ignored.
 //
-// Handoff: when a watched key's delete at revision R leaves no more blocking
-// keys listed than the rule allows (older keys can only vanish, never
-// appear), the turn is ours at R unless our own key went at R too (one
+// Handoff: when a watched key's delete leaves no more blocking keys listed
+// than the rule allows (older keys can only vanish, never appear), the turn
+// is ours at R, the latest delete of a listed key seen (a stream delivers
+// the deletes of different watches out of revision order: a watch's events
+// wait until its creation has gone out), unless our own key went by R (one
 // transaction deleting a whole prefix): the server sends one revision's events
 // to the watchers of a stream in no set order. A progress request on the
 // stream settles it: the server answers it after every event up to its
@@ -433,9 +440,10 @@ func (t *turn) watch(ctx context.Context) error {
 			// says what is left: a stream that breaks meanwhile leaves us
 			// as blocked as before.
 			rest := slices.DeleteFunc(slices.Clone(t.ahead), func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
+			t.gone = max(t.gone, gone)
 			switch {
 			case t.rule.weight(rest) <= t.rule.room:
-				err = st.confirm(ctx, gone)
+				err = st.confirm(ctx, t.gone)
 			case st.watchesAll(rest):
 				t.ahead = rest // still blocked: nothing to undo if the stream breaks
 			default:
@@ -595,10 +603,12 @@ func (st *stream) drop(id int64) error {
 		CancelRequest: &pb.WatchCancelRequest{WatchId: id}}})
 }
 
-// settle re-reads the keys up to ours at a revision of at least atLeast
-// (serializable when the member is that recent, else linearizable) and
+// settle re-reads the keys up to ours at a revision of at least atLeast and
+// of the latest delete seen (serializable when the member is that recent,
+// else linearizable) and
 // updates t. It returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
+	atLeast = max(atLeast, t.gone) // a list from before a delete seen would wait for it again
 	opts := append(t.listOpts(), clientv3.WithMaxCreateRev(t.rev))
 	resp, err := t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
 	if err == nil && resp.Header.Revision < atLeast {

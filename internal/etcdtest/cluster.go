@@ -7,6 +7,7 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -83,7 +85,18 @@ func Start(tb TB, opts Options) *Cluster {
 }
 
 // StartCluster starts a cluster with its data under dir. The caller must Close it.
+// A port taken between its choice and the member's bind (by another test
+// process) makes it start again on other ports, a few times.
 func StartCluster(dir string, opts Options) (*Cluster, error) {
+	for try := 0; ; try++ {
+		c, err := startCluster(fmt.Sprintf("%s/%d", dir, try), opts)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || try == 4 {
+			return c, err
+		}
+	}
+}
+
+func startCluster(dir string, opts Options) (*Cluster, error) {
 	if opts.Members == 0 {
 		opts.Members = 1
 	}
