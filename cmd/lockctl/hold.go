@@ -31,32 +31,39 @@ type hold struct {
 	release func(ctx context.Context) error
 }
 
+// mutexHold is a Mutex on name (key NAME/<lease-hex>). It does not touch etcd.
 func mutexHold(s *etcdsync.Session, name string) hold {
 	m := etcdsync.NewMutex(s, name)
 	return hold{held: m, what: "lock", take: m.Lock, try: m.TryLock, release: m.Unlock}
 }
 
+// readHold is a read hold of an RWMutex on name. It does not touch etcd.
 func readHold(s *etcdsync.Session, name string) hold {
 	rw := etcdsync.NewRWMutex(s, name)
 	return hold{held: rw, what: "read lock", take: rw.RLock, try: rw.TryRLock, release: rw.RUnlock}
 }
 
+// writeHold is the write hold of an RWMutex on name. It does not touch etcd.
 func writeHold(s *etcdsync.Session, name string) hold {
 	rw := etcdsync.NewRWMutex(s, name)
 	return hold{held: rw, what: "write lock", take: rw.Lock, try: rw.TryLock, release: rw.Unlock}
 }
 
+// semaphoreHold is permits of a Semaphore of capacity on name. It does not
+// touch etcd.
 func semaphoreHold(s *etcdsync.Session, name string, capacity, permits int64) hold {
 	sm := etcdsync.NewSemaphore(s, name, capacity)
 	return hold{
 		held:    sm,
-		what:    fmt.Sprintf("%d of %d semaphore permits", permits, capacity),
+		what:    fmt.Sprintf("semaphore permits (%d of %d)", permits, capacity),
 		take:    func(ctx context.Context) error { return sm.Acquire(ctx, permits) },
 		try:     func(ctx context.Context) error { return sm.TryAcquire(ctx, permits) },
 		release: sm.Release,
 	}
 }
 
+// electionHold is leadership of the election on name with value; it has no
+// try. It does not touch etcd.
 func electionHold(s *etcdsync.Session, name, value string) hold {
 	e := etcdsync.NewElection(s, name)
 	return hold{

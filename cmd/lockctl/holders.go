@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// newHoldersCmd is "lockctl holders".
 func newHoldersCmd(conn *connFlags) *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
@@ -160,6 +161,7 @@ func queues(prefix string, kvs []*mvccpb.KeyValue) []entry {
 	return entries
 }
 
+// newEntry is the row of kv at index i of its queue.
 func newEntry(i int, holds bool, kind string, kv *mvccpb.KeyValue) entry {
 	e := entry{Position: i + 1, Role: "waiter", Kind: kind, Key: string(kv.Key), CreateRevision: kv.CreateRevision, Value: string(kv.Value), TTL: -1}
 	if holds {

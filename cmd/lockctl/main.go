@@ -78,6 +78,7 @@ func usage(err error) error { return fail(exitUsage, err) }
 // exitStatus ends lockctl with code and no message.
 func exitStatus(code int) error { return &exitError{code: code} }
 
+// main runs lockctl and exits with its code.
 func main() {
 	os.Exit(lockctl(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// newObserveCmd is "lockctl observe".
 func newObserveCmd(conn *connFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "observe [flags] NAME",

@@ -51,6 +51,7 @@ type holdFlags struct {
 	grace   time.Duration
 }
 
+// register adds the flags to cmd.
 func (f *holdFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long the hold outlives lost contact with etcd (whole seconds, at least 1s)")
@@ -58,6 +59,7 @@ func (f *holdFlags) register(cmd *cobra.Command) {
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "after a loss, time between SIGTERM and SIGKILL to the command's group")
 }
 
+// check reports a bad value as a usage error.
 func (f *holdFlags) check() error {
 	switch {
 	case f.ttl < time.Second:
@@ -78,6 +80,7 @@ type runFlags struct {
 	sem, permits int64
 }
 
+// newRunCmd is "lockctl run".
 func newRunCmd(conn *connFlags) *cobra.Command {
 	f := &runFlags{}
 	cmd := &cobra.Command{
@@ -299,6 +302,7 @@ func childEnv(name, key string, rev int64, lease clientv3.LeaseID) []string {
 	)
 }
 
+// newElectCmd is "lockctl elect".
 func newElectCmd(conn *connFlags) *cobra.Command {
 	f := &holdFlags{}
 	cmd := &cobra.Command{
