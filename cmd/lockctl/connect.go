@@ -1,0 +1,175 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// connFlags are etcdctl's connection flags.
+type connFlags struct {
+	endpoints          []string
+	cacert, cert, key  string
+	insecureSkipVerify bool
+	user, password     string
+	dialTimeout        time.Duration
+}
+
+// register adds the flags to fs.
+func (c *connFlags) register(fs *pflag.FlagSet) {
+	fs.StringSliceVar(&c.endpoints, "endpoints", []string{"127.0.0.1:2379"}, "etcd endpoints, comma-separated")
+	fs.StringVar(&c.cacert, "cacert", "", "verify the servers' certificates with this CA bundle")
+	fs.StringVar(&c.cert, "cert", "", "client TLS certificate file")
+	fs.StringVar(&c.key, "key", "", "client TLS key file")
+	fs.BoolVar(&c.insecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify the servers' certificates (testing only)")
+	fs.StringVar(&c.user, "user", "", "user for authentication, as NAME:PASSWORD or NAME (with --password)")
+	fs.StringVar(&c.password, "password", "", "password for authentication")
+	fs.DurationVar(&c.dialTimeout, "dial-timeout", 5*time.Second, "how long to try to reach etcd before giving up (exit 1)")
+}
+
+// envVars maps each connection flag to its etcdctl environment variable.
+var envVars = map[string]string{
+	"endpoints":                "ETCDCTL_ENDPOINTS",
+	"cacert":                   "ETCDCTL_CACERT",
+	"cert":                     "ETCDCTL_CERT",
+	"key":                      "ETCDCTL_KEY",
+	"insecure-skip-tls-verify": "ETCDCTL_INSECURE_SKIP_TLS_VERIFY",
+	"user":                     "ETCDCTL_USER",
+	"password":                 "ETCDCTL_PASSWORD",
+	"dial-timeout":             "ETCDCTL_DIAL_TIMEOUT",
+}
+
+// fromEnv sets each connection flag not given on the command line from its
+// environment variable, if set. A bad value is a usage error.
+func (c *connFlags) fromEnv(fs *pflag.FlagSet) error {
+	for flag, env := range envVars {
+		f := fs.Lookup(flag)
+		val, ok := os.LookupEnv(env)
+		if f == nil || f.Changed || !ok || val == "" {
+			continue
+		}
+		if err := f.Value.Set(val); err != nil {
+			return usage(fmt.Errorf("%s=%q: %w", env, val, err))
+		}
+	}
+	return nil
+}
+
+// config returns the client configuration the flags describe; bad
+// combinations are usage errors. It reads the TLS files.
+func (c *connFlags) config() (clientv3.Config, error) {
+	cfg := clientv3.Config{
+		Endpoints:   c.endpoints,
+		DialTimeout: c.dialTimeout,
+		Logger:      zap.NewNop(),
+	}
+	if len(c.endpoints) == 0 || c.endpoints[0] == "" {
+		return cfg, usage(errors.New("--endpoints is empty"))
+	}
+	if c.dialTimeout <= 0 {
+		return cfg, usage(fmt.Errorf("--dial-timeout %v: want a positive duration", c.dialTimeout))
+	}
+	if c.user != "" {
+		name, pass, hasPass := strings.Cut(c.user, ":")
+		if !hasPass {
+			pass = c.password
+		}
+		if name == "" || pass == "" {
+			return cfg, usage(errUserPassword)
+		}
+		cfg.Username, cfg.Password = name, pass
+	}
+	if (c.cert == "") != (c.key == "") {
+		return cfg, usage(errCertKey)
+	}
+	if c.cacert == "" && c.cert == "" && !c.insecureSkipVerify {
+		return cfg, nil // https:// endpoints still use TLS, with the system's roots
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.insecureSkipVerify}
+	if c.cacert != "" {
+		pem, err := os.ReadFile(c.cacert)
+		if err != nil {
+			return cfg, fail(exitFailure, fmt.Errorf("--cacert: %w", err))
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return cfg, fail(exitFailure, fmt.Errorf("--cacert %s: no PEM certificate in it", c.cacert))
+		}
+	}
+	if c.cert != "" {
+		pair, err := tls.LoadX509KeyPair(c.cert, c.key)
+		if err != nil {
+			return cfg, fail(exitFailure, fmt.Errorf("--cert/--key: %w", err))
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	cfg.TLS = tc
+	return cfg, nil
+}
+
+// dial connects to etcd and checks that it answers: one count-only read of
+// prefix, bounded by --dial-timeout and by ctx. It blocks for that long at
+// most (authentication, when --user is given, is bounded the same way). The
+// caller closes the client.
+func (c *connFlags) dial(ctx context.Context, prefix string) (*clientv3.Client, error) {
+	cfg, err := c.config()
+	if err != nil {
+		return nil, err
+	}
+	where := strings.Join(c.endpoints, ",")
+	cli, err := clientv3.New(cfg) // authenticates, with --user
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer within --dial-timeout %v%s", c.dialTimeout, connError(cfg))
+		}
+		return nil, fmt.Errorf("etcd at %s: %w", where, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, c.dialTimeout)
+	defer cancel()
+	_, err = cli.Get(pctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err == nil {
+		return cli, nil
+	}
+	cli.Close()
+	if ctx.Err() != nil { // interrupted: the caller says why
+		return nil, ctx.Err()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("no answer within --dial-timeout %v%s", c.dialTimeout, connError(cfg))
+	}
+	return nil, fmt.Errorf("etcd at %s: %w", where, err)
+}
+
+// connError returns why connections to cfg's endpoints fail, as
+// " (reason)", or "" when that is not known. It makes one fail-fast call
+// on a client of its own (without credentials), bounded by 500ms.
+func connError(cfg clientv3.Config) string {
+	cfg.Username, cfg.Password = "", ""
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return ""
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err = pb.NewMaintenanceClient(cli.ActiveConnection()).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(false))
+	if status.Code(err) == codes.Unavailable {
+		return " (" + status.Convert(err).Message() + ")"
+	}
+	return ""
+}

@@ -1,0 +1,136 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+)
+
+// held is what every etcdsync primitive tells about its current hold.
+type held interface {
+	Key() string
+	Rev() int64
+	Done() <-chan struct{}
+	Err() error
+}
+
+// hold is one kind of hold on a name: a Mutex, a read or write hold of an
+// RWMutex, permits of a Semaphore, or an Election's leadership.
+type hold struct {
+	held
+	what    string // "lock", "read lock", ..., for messages
+	take    func(ctx context.Context) error
+	try     func(ctx context.Context) error // nil: the kind has none
+	release func(ctx context.Context) error
+}
+
+// mutexHold is a Mutex on name (key NAME/<lease-hex>). It does not touch etcd.
+func mutexHold(s *etcdsync.Session, name string) hold {
+	m := etcdsync.NewMutex(s, name)
+	return hold{held: m, what: "lock", take: m.Lock, try: m.TryLock, release: m.Unlock}
+}
+
+// readHold is a read hold of an RWMutex on name. It does not touch etcd.
+func readHold(s *etcdsync.Session, name string) hold {
+	rw := etcdsync.NewRWMutex(s, name)
+	return hold{held: rw, what: "read lock", take: rw.RLock, try: rw.TryRLock, release: rw.RUnlock}
+}
+
+// writeHold is the write hold of an RWMutex on name. It does not touch etcd.
+func writeHold(s *etcdsync.Session, name string) hold {
+	rw := etcdsync.NewRWMutex(s, name)
+	return hold{held: rw, what: "write lock", take: rw.Lock, try: rw.TryLock, release: rw.Unlock}
+}
+
+// semaphoreHold is permits of a Semaphore of capacity on name. It does not
+// touch etcd.
+func semaphoreHold(s *etcdsync.Session, name string, capacity, permits int64) hold {
+	sm := etcdsync.NewSemaphore(s, name, capacity)
+	return hold{
+		held:    sm,
+		what:    fmt.Sprintf("semaphore permits (%d of %d)", permits, capacity),
+		take:    func(ctx context.Context) error { return sm.Acquire(ctx, permits) },
+		try:     func(ctx context.Context) error { return sm.TryAcquire(ctx, permits) },
+		release: sm.Release,
+	}
+}
+
+// electionHold is leadership of the election on name with value; it has no
+// try. It does not touch etcd.
+func electionHold(s *etcdsync.Session, name, value string) hold {
+	e := etcdsync.NewElection(s, name)
+	return hold{
+		held:    e,
+		what:    "leadership",
+		take:    func(ctx context.Context) error { return e.Campaign(ctx, value) },
+		release: e.Resign,
+	}
+}
+
+// signalError is the cause of a wait that a signal to lockctl ended.
+type signalError struct{ sig syscall.Signal }
+
+func (e signalError) Error() string { return "interrupted by " + e.sig.String() }
+
+// errTimeout is the cause of a wait that --timeout ended.
+var errTimeout = errors.New("--timeout passed")
+
+// acquire takes h on name. It blocks until the hold is taken, the wait ends
+// (timeout, when positive, passed: exit 124; a signal arrived on sigs: exit
+// 128+signal), or taking fails (exit 1; with try, a held lock is exit 75).
+// On error it holds nothing: the library leaves no key behind a failed or
+// cancelled take, and a hold taken as a signal arrived is released here.
+// The goroutine it starts ends before it returns.
+func acquire(h hold, name string, try bool, timeout time.Duration, sigs <-chan os.Signal) error {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	if timeout > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeoutCause(ctx, timeout, errTimeout)
+		defer stop()
+	}
+	waiting, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case sig := <-sigs:
+			cancel(signalError{sig: sysSignal(sig)})
+		case <-waiting:
+		}
+	}()
+	var err error
+	if try {
+		err = h.try(ctx)
+	} else {
+		err = h.take(ctx)
+	}
+	close(waiting)
+	<-watched
+	cause := context.Cause(ctx)
+	var sig signalError
+	switch {
+	case errors.As(cause, &sig) && err == nil: // taken as the signal came
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer rcancel()
+		if rerr := h.release(rctx); rerr != nil && !errors.Is(rerr, etcdsync.ErrLockReleased) {
+			return fail(exitSignal+int(sig.sig), fmt.Errorf("%s while taking the %s on %s; release: %w", sig, h.what, name, rerr))
+		}
+		return fail(exitSignal+int(sig.sig), fmt.Errorf("%s while taking the %s on %s", sig, h.what, name))
+	case err == nil:
+		return nil
+	case errors.As(cause, &sig):
+		return fail(exitSignal+int(sig.sig), fmt.Errorf("%s while waiting for the %s on %s", sig, h.what, name))
+	case errors.Is(cause, errTimeout):
+		return fail(exitTimeout, fmt.Errorf("--timeout %v passed while waiting for the %s on %s", timeout, h.what, name))
+	case try && errors.Is(err, etcdsync.ErrLocked):
+		return fail(exitHeld, fmt.Errorf("%s on %s: %w", h.what, name, errHeld))
+	}
+	return fail(exitFailure, fmt.Errorf("take the %s on %s: %w", h.what, name, err))
+}

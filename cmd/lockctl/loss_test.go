@@ -1,0 +1,94 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// trapTerm is a script that writes started, then loops until SIGTERM,
+// which it records in termed before exiting 0. Its stderr is discarded
+// (sh reports the killed sleep), so that lockctl's alone is checked.
+func trapTerm(started, termed string) string {
+	return fmt.Sprintf(`exec 2>/dev/null; trap 'echo term > %q; exit 0' TERM; echo x > %q; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; exit 99`, termed, started)
+}
+
+// revokeHolder revokes the lease of the only key under name, as an admin
+// would, and returns when the revoke committed.
+func revokeHolder(t *testing.T, name string) {
+	t.Helper()
+	kvs := waitKeys(t, name+"/", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	_, err := admin.Revoke(ctx, clientv3.LeaseID(kvs[0].Lease))
+	require.NoError(t, err)
+}
+
+// A lease revoked by an admin ends the hold: the command's group gets
+// SIGTERM, lockctl exits 143 and says why in one line.
+func TestLossRevokedLease(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	started, termed := filepath.Join(dir, "started"), filepath.Join(dir, "termed")
+	p := start(t, "run", name, "--", "sh", "-c", trapTerm(started, termed))
+	readFile(t, started)
+	revokeHolder(t, name)
+	require.Equal(t, "term\n", readFile(t, termed))
+	require.Equal(t, 143, p.wait(t), "stderr: %s", p.stderr.String())
+	line := oneLine(t, p.stderr.String())
+	require.Contains(t, line, "lost the lock on "+name)
+	require.Contains(t, line, "SIGTERM")
+	noKeys(t, name)
+}
+
+// A command that ignores SIGTERM is killed after --grace: 137.
+func TestLossGraceKill(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	started := filepath.Join(dir, "started")
+	script := fmt.Sprintf(`exec 2>/dev/null; trap '' TERM; echo x > %q; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; exit 99`, started)
+	p := start(t, "run", "--grace", "300ms", name, "--", "sh", "-c", script)
+	readFile(t, started)
+	revoked := time.Now()
+	revokeHolder(t, name)
+	require.Equal(t, 137, p.wait(t), "stderr: %s", p.stderr.String())
+	require.GreaterOrEqual(t, time.Since(revoked), 300*time.Millisecond, "SIGKILL before --grace")
+	require.Contains(t, oneLine(t, p.stderr.String()), "lost the lock on "+name)
+	noKeys(t, name)
+}
+
+// With etcd unreachable (a blackholed link), the hold ends at the session's
+// local deadline, within the TTL of the last acknowledged keepalive: the
+// command gets SIGTERM then, not when the server gets around to it
+// (consul#9788), and lockctl exits 143 saying contact was lost.
+func TestLossBlackhole(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	started, termed := filepath.Join(dir, "started"), filepath.Join(dir, "termed")
+	proxy := etcdtest.NewProxy(t, strings.TrimPrefix(endpoint, "http://"))
+	const ttl = 2 * time.Second
+	p := start(t, "--endpoints", proxy.Endpoint(), "run", "--ttl", ttl.String(), name, "--", "sh", "-c", trapTerm(started, termed))
+	readFile(t, started)
+	cut := time.Now()
+	proxy.Blackhole(true)
+	t.Cleanup(func() { proxy.Blackhole(false) })
+	readFile(t, termed)
+	elapsed := time.Since(cut)
+	t.Logf("SIGTERM %v after the link was cut (TTL %v)", elapsed, ttl)
+	require.LessOrEqual(t, elapsed, ttl+1500*time.Millisecond, "SIGTERM came %v after the link was cut; the TTL is %v", elapsed, ttl)
+	require.Equal(t, 143, p.wait(t), "stderr: %s", p.stderr.String())
+	line := oneLine(t, p.stderr.String())
+	require.Contains(t, line, "lost the lock on "+name)
+	require.Contains(t, line, "lost contact")
+	// The server expires the lease by itself.
+	eventually(t, func() bool { return len(keys(t, name+"/")) == 0 }, "the server expires the lease")
+}

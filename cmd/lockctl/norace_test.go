@@ -1,0 +1,5 @@
+//go:build unix && !race
+
+package main
+
+var raceFlags []string

@@ -1,0 +1,377 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+const exitCodesHelp = `Exit codes:
+  N        the command's own exit status
+  128+N    the command died by signal N (130 SIGINT, 143 SIGTERM, ...), or
+           lockctl got signal N while waiting, before the command started
+  143      the hold was lost; the command's group ended after SIGTERM
+  137      the hold was lost; the group was killed with SIGKILL after --grace
+  75       --try: the lock is held by someone else
+  124      --timeout passed while waiting
+  126      the command could not be started
+  127      the command was not found
+  1        lockctl's own error: etcd unreachable, authentication, permission,
+           the hold lost before the command started
+  2        usage: unknown flag, missing --, empty name, bad --sem or --permits`
+
+const childHelp = `The command runs without a shell, in a process group of its own, with
+lockctl's stdin, stdout and stderr, and with these variables:
+  ETCDSYNC_NAME   the name
+  ETCDSYNC_KEY    the held key (also ETCD_LOCK_KEY, as etcdctl lock)
+  ETCDSYNC_REV    the key's create revision: a fencing token that increases
+                  from one holder to the next (also ETCD_LOCK_REV)
+  ETCDSYNC_LEASE  the session's lease ID in hex (the key's last part)
+SIGINT, SIGTERM, SIGHUP and SIGQUIT to lockctl go to the whole group. When
+the hold is lost (no keepalive acknowledged within the TTL, so that the
+server may expire the lease; the lease revoked; the key deleted) the group
+gets SIGTERM at once and SIGKILL after --grace. Processes the command leaves
+in its group get the same before the hold is released. Then lockctl
+releases the hold and revokes its lease, so that nothing is left in etcd.`
+
+// holdFlags are the flags of the commands that take a hold.
+type holdFlags struct {
+	ttl     time.Duration
+	timeout time.Duration
+	grace   time.Duration
+}
+
+// register adds the flags to cmd.
+func (f *holdFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long the hold outlives lost contact with etcd (whole seconds, at least 1s)")
+	fs.DurationVar(&f.timeout, "timeout", 0, "give up waiting after this long (exit 124); 0 waits forever")
+	fs.DurationVar(&f.grace, "grace", 10*time.Second, "after a loss, time between SIGTERM and SIGKILL to the command's group")
+}
+
+// check reports a bad value as a usage error.
+func (f *holdFlags) check() error {
+	switch {
+	case f.ttl < time.Second:
+		return usage(fmt.Errorf("--ttl %v: want at least 1s", f.ttl))
+	case f.timeout < 0:
+		return usage(fmt.Errorf("--timeout %v: want 0 or more", f.timeout))
+	case f.grace < 0:
+		return usage(fmt.Errorf("--grace %v: want 0 or more", f.grace))
+	}
+	return nil
+}
+
+// runFlags are run's flags.
+type runFlags struct {
+	holdFlags
+	try          bool
+	read, write  bool
+	sem, permits int64
+}
+
+// newRunCmd is "lockctl run".
+func newRunCmd(conn *connFlags) *cobra.Command {
+	f := &runFlags{}
+	cmd := &cobra.Command{
+		Use:   "run [flags] NAME -- CMD [ARG...]",
+		Short: "Run a command while holding a lock on NAME",
+		Long: `Run CMD while holding a lock on NAME, and release the lock when CMD ends.
+
+By default the lock is an etcdsync Mutex: its key is NAME/<lease-hex>, the
+key etcdctl lock and etcd's concurrency package use, so they exclude each
+other. --read and --write take an RWMutex's read or write hold (many readers
+or one writer); --sem N takes --permits (default 1) of a semaphore of N.
+
+` + childHelp + "\n\n" + exitCodesHelp,
+		Example: `  lockctl run nightly-report -- /usr/local/bin/report --since yesterday
+  lockctl run --try --endpoints 10.0.0.1:2379 backup -- sh -c 'tar c /data | upload'
+  lockctl run --sem 3 --timeout 10m downloads -- fetch.sh`,
+		Args: cobra.ArbitraryArgs,
+		RunE: withCode(func(cmd *cobra.Command, args []string) error {
+			name, argv, err := splitArgs(cmd, args, 1)
+			if err != nil {
+				return err
+			}
+			if argv == nil {
+				return usage(fmt.Errorf("%w (see '%s --help')", errMissingDash, cmd.CommandPath()))
+			}
+			if err := f.check(cmd); err != nil {
+				return err
+			}
+			if err := checkName(name[0]); err != nil {
+				return err
+			}
+			return runHeld(conn, name[0], f.holdFlags, f.try, f.newHold, argv)
+		}),
+	}
+	f.holdFlags.register(cmd)
+	fs := cmd.Flags()
+	fs.BoolVar(&f.try, "try", false, "do not wait: exit 75 at once when the lock is held")
+	fs.BoolVar(&f.read, "read", false, "take a read hold of an RWMutex (shared with other readers)")
+	fs.BoolVar(&f.write, "write", false, "take the write hold of an RWMutex (excludes readers and writers)")
+	fs.Int64Var(&f.sem, "sem", 0, "take permits of a semaphore with this many permits in all")
+	fs.Int64Var(&f.permits, "permits", 1, "with --sem: how many permits to take")
+	return cmd
+}
+
+// check reports a bad combination of run's flags as a usage error.
+func (f *runFlags) check(cmd *cobra.Command) error {
+	fs := cmd.Flags()
+	kinds := 0
+	for _, set := range []bool{f.read, f.write, fs.Changed("sem")} {
+		if set {
+			kinds++
+		}
+	}
+	switch {
+	case kinds > 1:
+		return usage(errHoldExclude)
+	case f.try && fs.Changed("timeout"):
+		return usage(errTryTimeout)
+	case fs.Changed("sem") && f.sem < 1:
+		return usage(fmt.Errorf("--sem %d: want at least 1", f.sem))
+	case fs.Changed("permits") && !fs.Changed("sem"):
+		return usage(errPermitsNoSem)
+	case fs.Changed("sem") && (f.permits < 1 || f.permits > f.sem):
+		return usage(fmt.Errorf("--permits %d: want 1 to --sem %d", f.permits, f.sem))
+	}
+	return f.holdFlags.check()
+}
+
+// newHold returns the hold the flags ask for.
+func (f *runFlags) newHold(s *etcdsync.Session, name string) hold {
+	switch {
+	case f.read:
+		return readHold(s, name)
+	case f.write:
+		return writeHold(s, name)
+	case f.sem > 0:
+		return semaphoreHold(s, name, f.sem, f.permits)
+	}
+	return mutexHold(s, name)
+}
+
+// splitArgs splits args at "--" into the want arguments before it and the
+// command after it. With no "--", all of args must be the want arguments
+// and the command is nil (elect without a command); run asks for one.
+func splitArgs(cmd *cobra.Command, args []string, want int) (before, command []string, err error) {
+	dash := cmd.ArgsLenAtDash()
+	if dash < 0 {
+		if len(args) > want {
+			return nil, nil, usage(fmt.Errorf("%w (see '%s --help')", errMissingDash, cmd.CommandPath()))
+		}
+		before = args
+	} else {
+		before, command = args[:dash], args[dash:]
+	}
+	if len(before) != want {
+		return nil, nil, usage(fmt.Errorf("want %s before --, got %d argument(s) (see '%s --help')", argNames[want], len(before), cmd.CommandPath()))
+	}
+	if dash >= 0 && len(command) == 0 {
+		return nil, nil, usage(errNoCmdAfter)
+	}
+	return before, command, nil
+}
+
+var argNames = map[int]string{1: "NAME", 2: "NAME VALUE"}
+
+// conn is a client and a session (a lease kept alive) on it.
+type conn struct {
+	cli *clientv3.Client
+	s   *etcdsync.Session
+}
+
+// open dials etcd (bounded by --dial-timeout) and starts a session with ttl
+// (bounded by the TTL). The caller closes it.
+func open(cf *connFlags, name string, ttl time.Duration) (*conn, error) {
+	cli, err := cf.dial(context.Background(), name+"/")
+	if err != nil {
+		return nil, err
+	}
+	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	return &conn{cli: cli, s: s}, nil
+}
+
+// close releases h if it still holds (bounded by the TTL), then ends the
+// session, revoking its lease (bounded by the TTL), and closes the client.
+// It returns what failed; a session that had already ended is not an error
+// (its lease is gone, or expires on the server by itself).
+func (c *conn) close(h *hold) error {
+	var errs []error
+	if h != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.s.TTL())
+		if err := h.release(ctx); err != nil && !errors.Is(err, etcdsync.ErrLockReleased) && c.s.Err() == nil {
+			errs = append(errs, fmt.Errorf("release %s: %w", h.Key(), err))
+		}
+		cancel()
+	}
+	ended := c.s.Err() != nil
+	if err := c.s.Close(); err != nil && !ended {
+		errs = append(errs, err)
+	}
+	c.cli.Close()
+	return errors.Join(errs...)
+}
+
+// withClose returns err, with what closing c failed at added to its
+// message; a nil err becomes the close error, if any, exiting 1.
+func withClose(err error, c *conn, h *hold) error {
+	cerr := c.close(h)
+	if cerr == nil {
+		return err
+	}
+	if err == nil {
+		return fail(exitFailure, cerr)
+	}
+	code := exitFailure
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+		if ee.err == nil {
+			return fail(code, cerr)
+		}
+	}
+	return fail(code, fmt.Errorf("%w; %w", err, cerr))
+}
+
+// runHeld is run, and elect with a command: it takes the hold newHold
+// makes, runs the command under it (see child.supervise), then releases
+// the hold and ends the session. It blocks until all that is done: the
+// wait as --timeout and signals allow, the command as long as it runs,
+// the clean-up bounded by the TTL.
+func runHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*etcdsync.Session, string) hold, argv []string) error {
+	path, err := lookCommand(argv[0])
+	if err != nil {
+		return err
+	}
+	sigs, stopSignals := notifySignals()
+	defer stopSignals()
+	c, err := open(cf, name, f.ttl)
+	if err != nil {
+		return err
+	}
+	h := newHold(c.s, name)
+	if err := acquire(h, name, try, f.timeout, sigs); err != nil {
+		return withClose(err, c, nil)
+	}
+	key, rev := h.Key(), h.Rev()
+	lost := h.Done() // also starts the watch of the key
+	select {
+	case <-lost:
+		return withClose(fail(exitFailure, fmt.Errorf("lost the %s on %s before the command started: %v", h.what, name, h.Err())), c, &h)
+	default:
+	}
+	becomeSubreaper() // best effort: without it, only lockctl's own children are waited for
+	ch, err := startChild(path, argv, childEnv(name, key, rev, c.s.Lease()))
+	if err != nil {
+		return withClose(err, c, &h)
+	}
+	out := ch.supervise(sigs, lost, f.grace,
+		func() { report(os.Stderr, lossMessage(h, name, f.grace)) },
+		func() {
+			report(os.Stderr, fmt.Errorf("the command left processes in its group; sending them SIGTERM (SIGKILL after --grace %v) before releasing the %s on %s", f.grace, h.what, name))
+		})
+	return withClose(exitStatus(out.code()), c, &h)
+}
+
+// childEnv is lockctl's environment plus the hold's variables.
+func childEnv(name, key string, rev int64, lease clientv3.LeaseID) []string {
+	r := strconv.FormatInt(rev, 10)
+	return append(os.Environ(),
+		"ETCDSYNC_NAME="+name,
+		"ETCDSYNC_KEY="+key,
+		"ETCDSYNC_REV="+r,
+		fmt.Sprintf("ETCDSYNC_LEASE=%x", int64(lease)),
+		"ETCD_LOCK_KEY="+key,
+		"ETCD_LOCK_REV="+r,
+	)
+}
+
+// newElectCmd is "lockctl elect".
+func newElectCmd(conn *connFlags) *cobra.Command {
+	f := &holdFlags{}
+	cmd := &cobra.Command{
+		Use:   "elect [flags] NAME VALUE [-- CMD [ARG...]]",
+		Short: "Campaign for leadership of NAME; run a command only while leading",
+		Long: `Campaign for leadership of the election NAME with VALUE (an etcdsync
+Election: key NAME/<lease-hex>, as etcdctl elect).
+
+With a command, run it once elected, stop it when leadership is lost, and
+resign when it ends; it is run as "lockctl run" runs it, with the same
+variables and exit codes.
+
+Without a command, print "<create-revision> <key> <quoted value>" once
+elected and lead until SIGINT or SIGTERM, then resign and exit 0; a lost
+leadership is exit 1, a signal before election 128+N.
+
+` + childHelp + "\n\n" + exitCodesHelp,
+		Example: `  lockctl elect billing-leader host-a -- /usr/local/bin/billing-loop
+  lockctl elect billing-leader host-a      # hold leadership until Ctrl-C`,
+		Args: cobra.ArbitraryArgs,
+		RunE: withCode(func(cmd *cobra.Command, args []string) error {
+			nv, argv, err := splitArgs(cmd, args, 2)
+			if err != nil {
+				return err
+			}
+			if err := f.check(); err != nil {
+				return err
+			}
+			name, value := nv[0], nv[1]
+			if err := checkName(name); err != nil {
+				return err
+			}
+			newHold := func(s *etcdsync.Session, name string) hold { return electionHold(s, name, value) }
+			if argv == nil {
+				return lead(conn, name, value, *f, newHold, cmd.OutOrStdout())
+			}
+			return runHeld(conn, name, *f, false, newHold, argv)
+		}),
+	}
+	f.register(cmd)
+	return cmd
+}
+
+// lead is elect without a command: it campaigns, prints the term, and
+// leads until a signal (exit 0, after resigning) or the end of the
+// leadership (exit 1). It blocks until then.
+func lead(cf *connFlags, name, value string, f holdFlags, newHold func(*etcdsync.Session, string) hold, stdout io.Writer) error {
+	sigs, stopSignals := notifySignals()
+	defer stopSignals()
+	c, err := open(cf, name, f.ttl)
+	if err != nil {
+		return err
+	}
+	h := newHold(c.s, name)
+	if err := acquire(h, name, false, f.timeout, sigs); err != nil {
+		return withClose(err, c, nil)
+	}
+	key, rev := h.Key(), h.Rev()
+	lost := h.Done()
+	select {
+	case <-lost:
+		return withClose(fail(exitFailure, fmt.Errorf("lost the leadership on %s as it began: %v", name, h.Err())), c, &h)
+	default:
+	}
+	fmt.Fprintf(stdout, "%d %s %s\n", rev, key, strconv.Quote(value))
+	select {
+	case <-sigs:
+		return withClose(nil, c, &h)
+	case <-lost:
+		return withClose(fail(exitFailure, fmt.Errorf("lost the leadership on %s: %v", name, h.Err())), c, &h)
+	}
+}

@@ -1,0 +1,241 @@
+//go:build unix
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The child sees the hold's variables: the key, its create revision (the
+// fencing token, also as etcdctl's ETCD_LOCK_REV), the lease; after the run
+// the key and the lease are gone.
+func TestRunEnv(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	env, release := filepath.Join(dir, "env"), filepath.Join(dir, "release")
+	script := fmt.Sprintf(`printf '%%s\n' "$ETCDSYNC_NAME" "$ETCDSYNC_KEY" "$ETCDSYNC_REV" "$ETCDSYNC_LEASE" "$ETCD_LOCK_KEY" "$ETCD_LOCK_REV" > %q.tmp && mv %q.tmp %q; %s`,
+		env, env, env, waitFor(release))
+	// ETCDCTL_ENDPOINTS points nowhere: --endpoints overrides it.
+	p := startWith(t, opts{env: []string{"ETCDCTL_ENDPOINTS=127.0.0.1:1"}}, "--endpoints", endpoint, "run", name, "--", "sh", "-c", script)
+	vars := strings.Split(strings.TrimSpace(readFile(t, env)), "\n")
+	require.Len(t, vars, 6)
+	kvs := keys(t, name+"/")
+	require.Len(t, kvs, 1)
+	kv := kvs[0]
+	lease := strconv.FormatInt(kv.Lease, 16)
+	require.Equal(t, name, vars[0], "ETCDSYNC_NAME")
+	require.Equal(t, string(kv.Key), vars[1], "ETCDSYNC_KEY")
+	require.Equal(t, name+"/"+lease, vars[1], "the key is NAME/<lease-hex>")
+	require.Equal(t, strconv.FormatInt(kv.CreateRevision, 10), vars[2], "ETCDSYNC_REV is the key's create revision")
+	require.Equal(t, lease, vars[3], "ETCDSYNC_LEASE")
+	require.Equal(t, vars[1], vars[4], "ETCD_LOCK_KEY")
+	require.Equal(t, vars[2], vars[5], "ETCD_LOCK_REV")
+
+	touch(t, release)
+	require.Equal(t, 0, p.wait(t), "stderr: %s", p.stderr.String())
+	require.Empty(t, p.stderr.String())
+	noKeys(t, name)
+	leaseGone(t, lease)
+}
+
+// The command's exit status and stdio pass through; a command that dies by
+// a signal is 128+N; a missing command is 127 with nothing taken.
+func TestRunExitStatus(t *testing.T) {
+	t.Parallel()
+	name := uniqueName(t)
+	for _, tc := range []struct {
+		args  []string
+		stdin string
+		code  int
+		out   string
+	}{
+		{args: []string{"sh", "-c", "echo out; echo err >&2; exit 7"}, code: 7, out: "out\n"},
+		{args: []string{"true"}, code: 0},
+		{args: []string{"cat"}, stdin: "from stdin\n", code: 0, out: "from stdin\n"},
+		{args: []string{"sh", "-c", "kill -USR1 $$"}, code: 128 + int(syscall.SIGUSR1)},
+	} {
+		p := startWith(t, opts{stdin: tc.stdin}, append([]string{"run", name, "--"}, tc.args...)...)
+		require.Equal(t, tc.code, p.wait(t), "%q: stderr %s", tc.args, p.stderr.String())
+		require.Equal(t, tc.out, p.stdout.String(), "%q", tc.args)
+		if tc.code == 7 {
+			require.Equal(t, "err\n", p.stderr.String(), "the command's stderr, nothing of lockctl's")
+		}
+		noKeys(t, name)
+	}
+
+	code, p := run(t, "run", name, "--", "no-such-command-lockctl-test")
+	require.Equal(t, exitNotFound, code)
+	require.Contains(t, oneLine(t, p.stderr.String()), "no-such-command-lockctl-test")
+	noKeys(t, name)
+}
+
+// SIGTERM and SIGINT to lockctl reach the command's whole process group:
+// a grandchild does not outlive the run (consul#2999). sh leaves SIGINT
+// ignored in its background jobs, so after SIGINT the grandchild is stopped
+// by lockctl as a process left in the group.
+func TestRunSignalsReachGroup(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		code int
+	}{{syscall.SIGTERM, 143}, {syscall.SIGINT, 130}} {
+		t.Run(tc.sig.String(), func(t *testing.T) {
+			t.Parallel()
+			name, dir := uniqueName(t), t.TempDir()
+			pidfile := filepath.Join(dir, "pid")
+			p := start(t, "run", "--grace", "2s", name, "--", "sh", "-c", fmt.Sprintf(`sleep 60 & echo $! > %q.tmp && mv %q.tmp %q; wait`, pidfile, pidfile, pidfile))
+			pid, err := strconv.Atoi(strings.TrimSpace(readFile(t, pidfile)))
+			require.NoError(t, err)
+			t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+			require.False(t, gone(pid))
+			p.signal(t, tc.sig)
+			require.Equal(t, tc.code, p.wait(t), "stderr: %s", p.stderr.String())
+			require.Empty(t, p.stderr.String())
+			require.True(t, gone(pid), "the grandchild %d outlived lockctl", pid)
+			noKeys(t, name)
+		})
+	}
+}
+
+// A command that exits leaving processes in its group does not release the
+// lock under them: they get SIGTERM, and SIGKILL after --grace if they
+// ignore it; the exit status stays the command's.
+func TestRunLeftoverGroup(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	pidfile := filepath.Join(dir, "pid")
+	script := fmt.Sprintf(`trap '' TERM; sleep 60 & echo $! > %q.tmp && mv %q.tmp %q; exit 3`, pidfile, pidfile, pidfile)
+	p := start(t, "run", "--grace", "1s", name, "--", "sh", "-c", script)
+	pid, err := strconv.Atoi(strings.TrimSpace(readFile(t, pidfile)))
+	require.NoError(t, err)
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	eventually(t, func() bool { return strings.Contains(p.stderr.String(), "left processes") }, "lockctl sees the leftover")
+	require.Len(t, keys(t, name+"/"), 1, "the lock is held while the leftover runs")
+	require.Equal(t, 3, p.wait(t), "stderr: %s", p.stderr.String())
+	require.GreaterOrEqual(t, p.ended.Sub(p.started), time.Second, "SIGKILL before --grace")
+	require.Contains(t, oneLine(t, p.stderr.String()), "left processes in its group")
+	require.True(t, gone(pid), "the grandchild %d outlived lockctl", pid)
+	noKeys(t, name)
+}
+
+// Runs on one name never overlap: each child checks that it is alone (an
+// atomic mkdir) and logs its start and end; the log never interleaves.
+func TestRunNoOverlap(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	log, inside := filepath.Join(dir, "log"), filepath.Join(dir, "inside")
+	const n = 4
+	var ps []*ctl
+	for i := 0; i < n; i++ {
+		script := fmt.Sprintf(`echo "start %d" >> %q; mkdir %q || exit 99; sleep 0.1; rmdir %q; echo "end %d" >> %q`, i, log, inside, inside, i, log)
+		ps = append(ps, start(t, "run", name, "--", "sh", "-c", script))
+	}
+	for _, p := range ps {
+		require.Equal(t, 0, p.wait(t), "stderr: %s", p.stderr.String())
+	}
+	b, err := os.ReadFile(log)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	require.Len(t, lines, 2*n)
+	for i := 0; i < len(lines); i += 2 {
+		id := strings.TrimPrefix(lines[i], "start ")
+		require.NotEqual(t, lines[i], id, "line %d: %q", i, lines[i])
+		require.Equal(t, "end "+id, lines[i+1], "runs overlapped: %q", lines)
+	}
+	noKeys(t, name)
+}
+
+// --try exits 75 at once while another holds, writing nothing; --timeout
+// ends the wait with 124 and a message, leaving no key.
+func TestRunTryAndTimeout(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
+	holder := start(t, "run", name, "--", "sh", "-c", fmt.Sprintf("echo x > %q; %s", started, waitFor(release)))
+	readFile(t, started)
+	held := keys(t, name+"/")
+	require.Len(t, held, 1)
+
+	begin := time.Now()
+	code, p := run(t, "run", "--try", name, "--", "touch", filepath.Join(dir, "ran"))
+	require.Equal(t, exitHeld, code, "stderr: %s", p.stderr.String())
+	require.Less(t, time.Since(begin), 5*time.Second)
+	require.Contains(t, oneLine(t, p.stderr.String()), "held")
+	require.NoFileExists(t, filepath.Join(dir, "ran"))
+
+	begin = time.Now()
+	code, p = run(t, "run", "--timeout", "500ms", name, "--", "touch", filepath.Join(dir, "ran"))
+	require.Equal(t, exitTimeout, code, "stderr: %s", p.stderr.String())
+	require.GreaterOrEqual(t, time.Since(begin), 500*time.Millisecond)
+	require.Contains(t, oneLine(t, p.stderr.String()), "--timeout 500ms passed")
+	require.NoFileExists(t, filepath.Join(dir, "ran"))
+	require.Equal(t, held, keys(t, name+"/"), "only the holder's key")
+
+	touch(t, release)
+	require.Equal(t, 0, holder.wait(t))
+	code, p = run(t, "run", "--try", name, "--", "touch", filepath.Join(dir, "ran"))
+	require.Equal(t, 0, code, "stderr: %s", p.stderr.String())
+	require.FileExists(t, filepath.Join(dir, "ran"))
+	noKeys(t, name)
+}
+
+// A signal while waiting withdraws the waiter: 128+N, one line, no key.
+func TestRunSignalWhileWaiting(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
+	holder := start(t, "run", name, "--", "sh", "-c", fmt.Sprintf("echo x > %q; %s", started, waitFor(release)))
+	readFile(t, started)
+	waiter := start(t, "run", name, "--", "touch", filepath.Join(dir, "ran"))
+	waitKeys(t, name+"/", 2)
+	waiter.signal(t, syscall.SIGINT)
+	require.Equal(t, 130, waiter.wait(t))
+	require.Contains(t, oneLine(t, waiter.stderr.String()), "interrupted")
+	waitKeys(t, name+"/", 1)
+	touch(t, release)
+	require.Equal(t, 0, holder.wait(t))
+	require.NoFileExists(t, filepath.Join(dir, "ran"))
+	noKeys(t, name)
+}
+
+// --read holds are shared, --write excludes them, --sem N admits N.
+func TestRunReadWriteSem(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	release := filepath.Join(dir, "release")
+	r1 := start(t, "run", "--read", name, "--", "sh", "-c", waitFor(release))
+	r2 := start(t, "run", "--read", name, "--", "sh", "-c", waitFor(release))
+	waitKeys(t, name+"/read/", 2)
+	code, p := run(t, "run", "--write", "--try", name, "--", "true")
+	require.Equal(t, exitHeld, code, "stderr: %s", p.stderr.String())
+	code, p = run(t, "run", "--read", "--try", name, "--", "true")
+	require.Equal(t, 0, code, "readers share: %s", p.stderr.String())
+	touch(t, release)
+	require.Equal(t, 0, r1.wait(t))
+	require.Equal(t, 0, r2.wait(t))
+	noKeys(t, name)
+
+	sem := name + "-sem"
+	os.Remove(release)
+	s1 := start(t, "run", "--sem", "2", sem, "--", "sh", "-c", waitFor(release))
+	s2 := start(t, "run", "--sem", "2", sem, "--", "sh", "-c", waitFor(release))
+	waitKeys(t, sem+"/", 2)
+	code, p = run(t, "run", "--sem", "2", "--try", sem, "--", "true")
+	require.Equal(t, exitHeld, code, "stderr: %s", p.stderr.String())
+	code, p = run(t, "run", "--sem", "3", "--try", sem, "--", "true")
+	require.Equal(t, exitFailure, code, "another capacity")
+	require.Contains(t, oneLine(t, p.stderr.String()), "capacity")
+	touch(t, release)
+	require.Equal(t, 0, s1.wait(t))
+	require.Equal(t, 0, s2.wait(t))
+	noKeys(t, sem)
+}
