@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -683,6 +685,54 @@ func BenchmarkClientAllocs(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				must(b, e.Campaign(ctx, "v"))
 				must(b, e.Resign(ctx))
+			}
+		})
+	}
+}
+
+// Observability's cost: Lock+Unlock on sessions with no logger and no
+// metrics (as before WithLogger/WithMetrics existed), with a logger whose
+// handler drops Debug (the default level), one that formats every record,
+// with metrics, and with both. etcd runs in a child process (client side
+// allocations only).
+func BenchmarkObservabilityCost(b *testing.B) {
+	metrics := func() *etcdsync.Metrics {
+		m, err := etcdsync.NewMetrics(prometheus.NewRegistry())
+		must(b, err)
+		return m
+	}
+	text := func(level slog.Level) *slog.Logger {
+		return slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: level}))
+	}
+	cases := []struct {
+		name string
+		opts func() []etcdsync.SessionOption
+	}{
+		{"off", func() []etcdsync.SessionOption { return nil }},
+		{"logger-info", func() []etcdsync.SessionOption {
+			return []etcdsync.SessionOption{etcdsync.WithLogger(text(slog.LevelInfo))}
+		}},
+		{"logger-debug", func() []etcdsync.SessionOption {
+			return []etcdsync.SessionOption{etcdsync.WithLogger(text(slog.LevelDebug))}
+		}},
+		{"metrics", func() []etcdsync.SessionOption { return []etcdsync.SessionOption{etcdsync.WithMetrics(metrics())} }},
+		{"both-debug", func() []etcdsync.SessionOption {
+			return []etcdsync.SessionOption{etcdsync.WithLogger(text(slog.LevelDebug)), etcdsync.WithMetrics(metrics())}
+		}},
+	}
+	cli := clientOfChildEtcd(b)
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			s, err := etcdsync.NewSession(cli, c.opts()...)
+			must(b, err)
+			defer s.Close()
+			m := etcdsync.NewMutex(s, "observe")
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, m.Lock(ctx))
+				must(b, m.Unlock(ctx))
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package etcdsync
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -22,6 +23,8 @@ type sessionOptions struct {
 	ttlSet  bool
 	leaseID clientv3.LeaseID
 	ctx     context.Context // nil means the client's context
+	logger  *slog.Logger
+	metrics *Metrics
 }
 
 type optionFunc func(*sessionOptions)

@@ -55,6 +55,8 @@ type Session struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	rep reporter // WithLogger, WithMetrics
 }
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts keeping
@@ -88,6 +90,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		check:  make(chan struct{}, 1),
 		keys:   make(map[string]keyUse),
 		swept:  make(map[string][]int64),
+		rep:    reporter{log: o.logger, m: o.metrics},
 	}
 	first, err := s.start(o)
 	if err != nil {
@@ -95,6 +98,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		cancel(err)
 		return nil, err
 	}
+	s.started()
 	go s.keepAlive(first)
 	return s, nil
 }
@@ -171,6 +175,7 @@ func (s *Session) unreachable(what string, err error) error {
 // vanished.
 func (s *Session) keepAlive(first time.Time) {
 	defer close(s.loop)
+	defer s.ended()
 	defer s.unlink()
 	pace := s.ttl / 3
 	next := first
@@ -202,12 +207,14 @@ func (s *Session) keepAlive(first time.Time) {
 		case r := <-ka.replies():
 			switch {
 			case r.err != nil: // the stream failed: open another one after a pause
+				s.keepaliveFailed(r.err)
 				ka.close()
 				ka, next = nil, latest(next, time.Now().Add(min(retryPause, pace)))
 			case r.ttl <= 0:
 				s.cancel(fmt.Errorf("%w: lease 0x%x not found (expired or revoked)", ErrSessionExpired, int64(s.id)))
 				return
 			default:
+				s.keepaliveAcked(r.sent)
 				s.extend(r.sent.Add(time.Duration(r.ttl) * time.Second))
 			}
 			continue

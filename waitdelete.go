@@ -668,6 +668,17 @@ const createGrace = time.Second
 // session lives. Under a shared rule, a live hold of the key in the session
 // is joined (counted) without touching etcd.
 func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
+	if !sl.s.rep.on() {
+		return sl.take(ctx, val, m)
+	}
+	began := time.Now()
+	h, value, err := sl.take(ctx, val, m)
+	sl.acquired(h, err, time.Since(began))
+	return h, value, err
+}
+
+// take is acquire, unreported.
+func (sl *slot) take(ctx context.Context, val string, m mode) (*hold, []byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, sl.why(ctx, err)
 	}

@@ -46,9 +46,11 @@ releases the hold and revokes its lease, so that nothing is left in etcd.`
 
 // holdFlags are the flags of the commands that take a hold.
 type holdFlags struct {
-	ttl     time.Duration
-	timeout time.Duration
-	grace   time.Duration
+	ttl         time.Duration
+	timeout     time.Duration
+	grace       time.Duration
+	logLevel    string // off, or a key of logLevels
+	metricsAddr string // host:port to serve /metrics on, or ""
 }
 
 // register adds the flags to cmd.
@@ -57,6 +59,8 @@ func (f *holdFlags) register(cmd *cobra.Command) {
 	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long the hold outlives lost contact with etcd (whole seconds, at least 1s)")
 	fs.DurationVar(&f.timeout, "timeout", 0, "give up waiting after this long (exit 124); 0 waits forever")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "after a loss, time between SIGTERM and SIGKILL to the command's group")
+	fs.StringVar(&f.logLevel, "log-level", "off", logLevelHelp)
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics while running (for example 127.0.0.1:9464)")
 }
 
 // check reports a bad value as a usage error.
@@ -69,7 +73,7 @@ func (f *holdFlags) check() error {
 	case f.grace < 0:
 		return usage(fmt.Errorf("--grace %v: want 0 or more", f.grace))
 	}
-	return nil
+	return f.checkObservability()
 }
 
 // runFlags are run's flags.
@@ -188,23 +192,31 @@ var argNames = map[int]string{1: "NAME", 2: "NAME VALUE"}
 
 // conn is a client and a session (a lease kept alive) on it.
 type conn struct {
-	cli *clientv3.Client
-	s   *etcdsync.Session
+	cli         *clientv3.Client
+	s           *etcdsync.Session
+	stopMetrics func()
 }
 
-// open dials etcd (bounded by --dial-timeout) and starts a session with ttl
-// (bounded by the TTL). The caller closes it.
-func open(cf *connFlags, name string, ttl time.Duration) (*conn, error) {
-	cli, err := cf.dial(context.Background(), name+"/")
+// open dials etcd (bounded by --dial-timeout), starts serving metrics if
+// asked, and starts a session with f's TTL (bounded by the TTL). The
+// caller closes it.
+func open(cf *connFlags, name string, f holdFlags) (*conn, error) {
+	opts, stopMetrics, err := f.sessionOptions()
 	if err != nil {
 		return nil, err
 	}
-	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
+	cli, err := cf.dial(context.Background(), name+"/")
 	if err != nil {
+		stopMetrics()
+		return nil, err
+	}
+	s, err := etcdsync.NewSession(cli, append(opts, etcdsync.WithTTL(f.ttl))...)
+	if err != nil {
+		stopMetrics()
 		cli.Close()
 		return nil, err
 	}
-	return &conn{cli: cli, s: s}, nil
+	return &conn{cli: cli, s: s, stopMetrics: stopMetrics}, nil
 }
 
 // close releases h if it still holds (bounded by the TTL), then ends the
@@ -225,6 +237,7 @@ func (c *conn) close(h *hold) error {
 		errs = append(errs, err)
 	}
 	c.cli.Close()
+	c.stopMetrics()
 	return errors.Join(errs...)
 }
 
@@ -261,7 +274,7 @@ func runHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*et
 	}
 	sigs, stopSignals := notifySignals()
 	defer stopSignals()
-	c, err := open(cf, name, f.ttl)
+	c, err := open(cf, name, f)
 	if err != nil {
 		return err
 	}
@@ -352,7 +365,7 @@ leadership is exit 1, a signal before election 128+N.
 func lead(cf *connFlags, name, value string, f holdFlags, newHold func(*etcdsync.Session, string) hold, stdout io.Writer) error {
 	sigs, stopSignals := notifySignals()
 	defer stopSignals()
-	c, err := open(cf, name, f.ttl)
+	c, err := open(cf, name, f)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,73 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// logLevels are --log-level's values; "off" logs nothing.
+var logLevels = map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}
+
+// checkObservability reports a bad --log-level as a usage error.
+func (f *holdFlags) checkObservability() error {
+	if _, ok := logLevels[f.logLevel]; !ok && f.logLevel != "off" {
+		return usage(fmt.Errorf("--log-level %q: want off, debug, info, warn or error", f.logLevel))
+	}
+	return nil
+}
+
+// sessionOptions returns the session's options for --log-level (records on
+// stderr) and --metrics-addr (served until stop is called), and the func
+// that stops the metrics server; it does not block. A metrics address that
+// cannot be listened on is an error (exit 1).
+func (f *holdFlags) sessionOptions() (opts []etcdsync.SessionOption, stop func(), err error) {
+	stop = func() {}
+	if level, ok := logLevels[f.logLevel]; ok {
+		opts = append(opts, etcdsync.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))))
+	}
+	if f.metricsAddr == "" {
+		return opts, stop, nil
+	}
+	reg := prometheus.NewRegistry()
+	m, err := etcdsync.NewMetrics(reg)
+	if err != nil {
+		return nil, stop, fail(exitFailure, err)
+	}
+	ln, err := net.Listen("tcp", f.metricsAddr)
+	if err != nil {
+		return nil, stop, fail(exitFailure, fmt.Errorf("--metrics-addr: %w", err))
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			report(os.Stderr, fmt.Errorf("metrics server: %w", err))
+		}
+	}()
+	stop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		srv.Close()
+		<-served
+	}
+	return append(opts, etcdsync.WithMetrics(m)), stop, nil
+}
+
+// logLevelHelp lists --log-level's values.
+const logLevelHelp = "log the session's state changes on stderr at this level and above: off, debug, info, warn or error"

@@ -1,0 +1,87 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// freeAddr returns a 127.0.0.1 address with a port free now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// get returns the body of http://addr/metrics.
+func getMetrics(t *testing.T, addr string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// --metrics-addr serves the session's metrics over HTTP while the command
+// runs; --log-level debug logs the hold's state changes on stderr.
+func TestRunMetricsAndLogs(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	held, release := filepath.Join(dir, "held"), filepath.Join(dir, "release")
+	addr := freeAddr(t)
+	p := start(t, "run", "--metrics-addr", addr, "--log-level", "debug", name, "--",
+		"sh", "-c", fmt.Sprintf("echo x > %q; %s", held, waitFor(release)))
+	readFile(t, held) // the command runs: the hold was taken
+	body := getMetrics(t, addr)
+	require.Contains(t, body, `etcdsync_acquire_wait_seconds_count{kind="mutex"} 1`)
+	require.Contains(t, body, "etcdsync_session_deadline_margin_seconds ")
+	touch(t, release)
+	require.Equal(t, 0, p.wait(t), "stderr: %s", p.stderr.String())
+	logs := p.stderr.String()
+	for _, msg := range []string{"session started", "hold acquired", "hold released", "session ended"} {
+		require.Contains(t, logs, `msg="etcdsync: `+msg+`"`, "stderr: %s", logs)
+	}
+	require.Contains(t, logs, "name="+name)
+	// The server is gone with lockctl.
+	_, err := net.DialTimeout("tcp", addr, time.Second)
+	require.Error(t, err)
+	noKeys(t, name)
+}
+
+// A bad --log-level is a usage error; an address taken is lockctl's own
+// error; each one line, nothing left in etcd.
+func TestRunObservabilityBadFlags(t *testing.T) {
+	t.Parallel()
+	name := uniqueName(t)
+	code, p := run(t, "run", "--log-level", "loud", name, "--", "true")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, oneLine(t, p.stderr.String()), "--log-level")
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	code, p = run(t, "run", "--metrics-addr", ln.Addr().String(), name, "--", "true")
+	require.Equal(t, exitFailure, code)
+	require.True(t, strings.Contains(oneLine(t, p.stderr.String()), "--metrics-addr"))
+	noKeys(t, name)
+}

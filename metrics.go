@@ -1,0 +1,317 @@
+package etcdsync
+
+// Observability: a session reports its state changes to an optional
+// slog.Logger (WithLogger) and to optional Prometheus collectors
+// (WithMetrics). Unset, a report is one nil check: nothing is allocated,
+// timed or started for it.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Metrics are the Prometheus collectors that sessions made WithMetrics
+// report to. One Metrics serves any number of sessions; see NewMetrics for
+// the metric names.
+type Metrics struct {
+	acquireWait     *prometheus.HistogramVec // kind
+	holdSeconds     *prometheus.HistogramVec // kind
+	holdsLost       *prometheus.CounterVec   // kind, cause
+	acquireErrors   *prometheus.CounterVec   // kind, reason
+	keepaliveRTT    prometheus.Histogram
+	sessionsExpired *prometheus.CounterVec // cause
+	margin          *marginCollector
+}
+
+// NewMetrics makes the collectors and registers them with reg:
+//
+//   - etcdsync_acquire_wait_seconds{kind}: how long each successful acquire
+//     (Lock, RLock, Campaign, Acquire, and their Try forms) took;
+//   - etcdsync_hold_seconds{kind}: how long each hold lasted, released or lost;
+//   - etcdsync_holds_lost_total{kind,cause}: holds that ended otherwise than
+//     by their release; cause is lost_contact (no keepalive acknowledged
+//     within the TTL), lease_gone (the server expired or revoked the
+//     lease), key_deleted (someone deleted the key), session_closed (Close,
+//     Orphan, the client closed or the session's context ended while held);
+//   - etcdsync_acquire_errors_total{kind,reason}: failed acquires; reason is
+//     locked (a Try on a held name), canceled (the caller's context ended),
+//     session_ended (or the waiter's own key vanished), invalid (a key in the
+//     queue breaks the rule: a Semaphore of another capacity), etcd (an RPC
+//     failed);
+//   - etcdsync_keepalive_rtt_seconds: from a keepalive's send to its
+//     acknowledgement;
+//   - etcdsync_session_deadline_margin_seconds: at scrape time, the least
+//     time left before a live session's local deadline (absent with no
+//     live session); below a third of the TTL, keepalives are late;
+//   - etcdsync_sessions_expired_total{cause}: sessions that ended on their
+//     own (lost_contact, lease_gone), not by Close.
+//
+// kind is mutex, election, rwmutex or semaphore; there is no per-name label.
+// Registering in a registry that already has these collectors (a second
+// NewMetrics on it) returns Metrics that share them; a collector of another
+// type under one of these names is an error wrapping ErrInvalidArgument. A
+// nil reg is an error wrapping ErrInvalidArgument.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	if reg == nil {
+		return nil, fmt.Errorf("%w: nil prometheus.Registerer", ErrInvalidArgument)
+	}
+	m := &Metrics{
+		acquireWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "etcdsync_acquire_wait_seconds", Help: "Time from an acquire's call to its hold, for acquires that held.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}, []string{"kind"}),
+		holdSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "etcdsync_hold_seconds", Help: "How long holds lasted, released or lost.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10)}, []string{"kind"}),
+		holdsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "etcdsync_holds_lost_total", Help: "Holds that ended otherwise than by their release, by cause."}, []string{"kind", "cause"}),
+		acquireErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "etcdsync_acquire_errors_total", Help: "Acquires that failed, by reason."}, []string{"kind", "reason"}),
+		keepaliveRTT: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "etcdsync_keepalive_rtt_seconds", Help: "Time from a keepalive's send to its acknowledgement.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		sessionsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "etcdsync_sessions_expired_total", Help: "Sessions that ended on their own (not by Close), by cause."}, []string{"cause"}),
+		margin: &marginCollector{sessions: make(map[*Session]struct{}), desc: prometheus.NewDesc(
+			"etcdsync_session_deadline_margin_seconds", "Least time left before a live session's local deadline.", nil, nil)},
+	}
+	var err error
+	m.acquireWait, err = register(reg, m.acquireWait, err)
+	m.holdSeconds, err = register(reg, m.holdSeconds, err)
+	m.holdsLost, err = register(reg, m.holdsLost, err)
+	m.acquireErrors, err = register(reg, m.acquireErrors, err)
+	m.keepaliveRTT, err = register(reg, m.keepaliveRTT, err)
+	m.sessionsExpired, err = register(reg, m.sessionsExpired, err)
+	m.margin, err = register(reg, m.margin, err)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c with reg unless err is set already, and returns the
+// collector in use: c, or the one of c's type already registered.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C, err error) (C, error) {
+	if err != nil {
+		return c, err
+	}
+	err = reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	switch {
+	case err == nil:
+		return c, nil
+	case errors.As(err, &are):
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	return c, fmt.Errorf("%w: register etcdsync metrics: %w", ErrInvalidArgument, err)
+}
+
+// marginCollector reports, at each scrape, the least time left before the
+// local deadline of the live sessions that use it.
+type marginCollector struct {
+	desc     *prometheus.Desc
+	mu       sync.Mutex
+	sessions map[*Session]struct{}
+}
+
+func (c *marginCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *marginCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	var least time.Time
+	for s := range c.sessions {
+		if d := s.Deadline(); least.IsZero() || d.Before(least) {
+			least = d
+		}
+	}
+	c.mu.Unlock()
+	if !least.IsZero() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, time.Until(least).Seconds())
+	}
+}
+
+// WithLogger makes the session log one record per state change to l: session
+// started and ended (with its cause), keepalive stream failures, holds
+// acquired (wait time, fencing token), released and lost (with the cause).
+// Losses and sessions that end on their own are logged at Warn, the rest at
+// Debug. Attributes: name, key, rev, lease (hex), kind, and wait, held or
+// cause. The default logs nothing and costs nothing.
+func WithLogger(l *slog.Logger) SessionOption {
+	return optionFunc(func(o *sessionOptions) { o.logger = l })
+}
+
+// WithMetrics makes the session report to m (see NewMetrics). The default
+// reports nothing and costs nothing.
+func WithMetrics(m *Metrics) SessionOption {
+	return optionFunc(func(o *sessionOptions) { o.metrics = m })
+}
+
+// reporter is where a session reports: both nil when neither option is set.
+type reporter struct {
+	log *slog.Logger
+	m   *Metrics
+}
+
+// on reports whether anything listens; a report costs nothing more when not.
+func (r reporter) on() bool { return r.log != nil || r.m != nil }
+
+// epoch is the origin of hold start times (monotonic).
+var epoch = time.Now()
+
+// started reports a session that began.
+func (s *Session) started() {
+	if s.rep.m != nil {
+		s.rep.m.margin.add(s)
+	}
+	if s.rep.log != nil {
+		s.rep.log.Debug("etcdsync: session started", "lease", leaseHex(s.id), "ttl", s.ttl)
+	}
+}
+
+// ended reports a session that ended, with its cause.
+func (s *Session) ended() {
+	if !s.rep.on() {
+		return
+	}
+	// The holds end with the session: report them now, not when next looked at.
+	var holds []*hold
+	s.mu.Lock()
+	for _, use := range s.keys {
+		if use.hold != nil {
+			holds = append(holds, use.hold)
+		}
+	}
+	s.mu.Unlock()
+	for _, h := range holds {
+		h.finish(nil)
+	}
+	cause := context.Cause(s.ctx)
+	own := !errors.Is(cause, ErrSessionClosed)
+	if s.rep.m != nil {
+		s.rep.m.margin.remove(s)
+		if own {
+			s.rep.m.sessionsExpired.WithLabelValues(lossCause(cause)).Inc()
+		}
+	}
+	if s.rep.log != nil {
+		level := slog.LevelDebug
+		if own {
+			level = slog.LevelWarn
+		}
+		s.rep.log.Log(context.Background(), level, "etcdsync: session ended", "lease", leaseHex(s.id), "cause", cause)
+	}
+}
+
+// keepaliveFailed reports a keepalive stream that failed (it is re-opened).
+func (s *Session) keepaliveFailed(err error) {
+	if s.rep.log != nil {
+		s.rep.log.Debug("etcdsync: keepalive stream failed, retrying", "lease", leaseHex(s.id), "error", err)
+	}
+}
+
+// keepaliveAcked reports a keepalive's round trip.
+func (s *Session) keepaliveAcked(sent time.Time) {
+	if s.rep.m != nil {
+		s.rep.m.keepaliveRTT.Observe(time.Since(sent).Seconds())
+	}
+}
+
+// acquired reports an acquire's outcome: h (nil on error) after wait.
+func (sl *slot) acquired(h *hold, err error, wait time.Duration) {
+	r := sl.s.rep
+	if err != nil {
+		reason := acquireReason(err)
+		if r.m != nil {
+			r.m.acquireErrors.WithLabelValues(sl.kind, reason).Inc()
+		}
+		if r.log != nil {
+			r.log.Debug("etcdsync: acquire failed", "kind", sl.kind, "name", sl.name(), "reason", reason, "error", err)
+		}
+		return
+	}
+	h.began.CompareAndSwap(0, int64(time.Since(epoch))) // a joined shared hold keeps its start
+	if r.m != nil {
+		r.m.acquireWait.WithLabelValues(sl.kind).Observe(wait.Seconds())
+	}
+	if r.log != nil {
+		r.log.Debug("etcdsync: hold acquired", "kind", sl.kind, "name", sl.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(sl.s.id), "wait", wait)
+	}
+}
+
+// finished reports a hold that ended with cause: released or lost. A hold
+// never handed out (acquired) is not reported.
+func (h *hold) finished(cause error) {
+	began := h.began.Load()
+	if began == 0 || !h.s.rep.on() {
+		return
+	}
+	held := time.Since(epoch) - time.Duration(began)
+	released := errors.Is(cause, ErrLockReleased)
+	r := h.s.rep
+	if r.m != nil {
+		r.m.holdSeconds.WithLabelValues(h.kind).Observe(held.Seconds())
+		if !released {
+			r.m.holdsLost.WithLabelValues(h.kind, lossCause(cause)).Inc()
+		}
+	}
+	if r.log == nil {
+		return
+	}
+	if released {
+		r.log.Debug("etcdsync: hold released", "kind", h.kind, "name", h.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(h.s.id), "held", held)
+	} else {
+		r.log.Warn("etcdsync: hold lost", "kind", h.kind, "name", h.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(h.s.id), "held", held, "cause", cause)
+	}
+}
+
+// lossCause is the cause label of a hold or session that ended with err.
+func lossCause(err error) string {
+	switch {
+	case errors.Is(err, ErrLostContact):
+		return "lost_contact"
+	case errors.Is(err, ErrSessionClosed):
+		return "session_closed"
+	case errors.Is(err, ErrSessionExpired):
+		return "lease_gone"
+	case errors.Is(err, ErrNotHeld):
+		return "key_deleted"
+	}
+	return "other"
+}
+
+// acquireReason is the reason label of an acquire that failed with err.
+func acquireReason(err error) string {
+	switch {
+	case errors.Is(err, ErrLocked):
+		return "locked"
+	case errors.Is(err, ErrSessionExpired), errors.Is(err, ErrSessionClosed):
+		return "session_ended"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "canceled"
+	case errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrInvalidName):
+		return "invalid"
+	}
+	return "etcd"
+}
+
+func leaseHex(id clientv3.LeaseID) string { return fmt.Sprintf("%x", int64(id)) }
+
+func (c *marginCollector) add(s *Session) {
+	c.mu.Lock()
+	c.sessions[s] = struct{}{}
+	c.mu.Unlock()
+}
+
+func (c *marginCollector) remove(s *Session) {
+	c.mu.Lock()
+	delete(c.sessions, s)
+	c.mu.Unlock()
+}
