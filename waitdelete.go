@@ -9,7 +9,8 @@ package etcdsync
 // key and the two nearest older keys (its predecessor and the one before it),
 // on one watch stream of its own. Older keys can only vanish, never appear,
 // so when the last older key goes the waiter owns the turn with no further
-// RPC; when its own key goes first it returns ErrSessionExpired.
+// RPC (a progress request on its stream shows its own key still there);
+// when its own key goes first it returns ErrSessionExpired.
 
 import (
 	"context"
@@ -527,8 +528,8 @@ func (st *stream) next(ctx context.Context) (string, int64, error) {
 	}
 }
 
-// confirm makes the turn ours at rev, the revision of the last key ahead's
-// delete, once the stream shows that our own key was not deleted by then:
+// confirm makes the turn ours at rev, the latest delete of a key ahead
+// seen, once the stream shows that our own key was not deleted by then:
 // it asks for progress and reads up to the answer. Unanswered, it reads.
 func (st *stream) confirm(ctx context.Context, rev int64) error {
 	t := st.t
