@@ -86,4 +86,7 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-tool go.etcd.io/etcd/etcdctl/v3
+tool (
+	go.etcd.io/etcd/etcdctl/v3
+	go.etcd.io/etcd/server/v3
+)

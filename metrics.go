@@ -163,6 +163,12 @@ type reporter struct {
 // on reports whether anything listens; a report costs nothing more when not.
 func (r reporter) on() bool { return r.log != nil || r.m != nil }
 
+// logs reports whether the logger takes records at level (the arguments of
+// one it drops are never built).
+func (r reporter) logs(level slog.Level) bool {
+	return r.log != nil && r.log.Enabled(context.Background(), level)
+}
+
 // epoch is the origin of hold start times (monotonic).
 var epoch = time.Now()
 
@@ -171,7 +177,7 @@ func (s *Session) started() {
 	if s.rep.m != nil {
 		s.rep.m.margin.add(s)
 	}
-	if s.rep.log != nil {
+	if s.rep.logs(slog.LevelDebug) {
 		s.rep.log.Debug("etcdsync: session started", "lease", leaseHex(s.id), "ttl", s.ttl)
 	}
 }
@@ -201,18 +207,18 @@ func (s *Session) ended() {
 			s.rep.m.sessionsExpired.WithLabelValues(lossCause(cause)).Inc()
 		}
 	}
-	if s.rep.log != nil {
-		level := slog.LevelDebug
-		if own {
-			level = slog.LevelWarn
-		}
+	level := slog.LevelDebug
+	if own {
+		level = slog.LevelWarn
+	}
+	if s.rep.logs(level) {
 		s.rep.log.Log(context.Background(), level, "etcdsync: session ended", "lease", leaseHex(s.id), "cause", cause)
 	}
 }
 
 // keepaliveFailed reports a keepalive stream that failed (it is re-opened).
 func (s *Session) keepaliveFailed(err error) {
-	if s.rep.log != nil {
+	if s.rep.logs(slog.LevelDebug) {
 		s.rep.log.Debug("etcdsync: keepalive stream failed, retrying", "lease", leaseHex(s.id), "error", err)
 	}
 }
@@ -232,7 +238,7 @@ func (sl *slot) acquired(h *hold, err error, wait time.Duration) {
 		if r.m != nil {
 			r.m.acquireErrors.WithLabelValues(sl.kind, reason).Inc()
 		}
-		if r.log != nil {
+		if r.logs(slog.LevelDebug) {
 			r.log.Debug("etcdsync: acquire failed", "kind", sl.kind, "name", sl.name(), "reason", reason, "error", err)
 		}
 		return
@@ -241,7 +247,7 @@ func (sl *slot) acquired(h *hold, err error, wait time.Duration) {
 	if r.m != nil {
 		r.m.acquireWait.WithLabelValues(sl.kind).Observe(wait.Seconds())
 	}
-	if r.log != nil {
+	if r.logs(slog.LevelDebug) {
 		r.log.Debug("etcdsync: hold acquired", "kind", sl.kind, "name", sl.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(sl.s.id), "wait", wait)
 	}
 }
@@ -262,12 +268,10 @@ func (h *hold) finished(cause error) {
 			r.m.holdsLost.WithLabelValues(h.kind, lossCause(cause)).Inc()
 		}
 	}
-	if r.log == nil {
-		return
-	}
-	if released {
+	switch {
+	case released && r.logs(slog.LevelDebug):
 		r.log.Debug("etcdsync: hold released", "kind", h.kind, "name", h.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(h.s.id), "held", held)
-	} else {
+	case !released && r.logs(slog.LevelWarn):
 		r.log.Warn("etcdsync: hold lost", "kind", h.kind, "name", h.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(h.s.id), "held", held, "cause", cause)
 	}
 }
