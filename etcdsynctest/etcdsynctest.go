@@ -85,11 +85,11 @@ type Member struct {
 	m   *etcdtest.Member
 }
 
-// StartCluster starts a cluster of members embedded etcd members on
-// 127.0.0.1 and random ports. It blocks until every member serves (at most
-// 30s each) and fails tb if one does not, or if members is less than 1.
-// Every member is stopped by tb.Cleanup, after the clients made from the
-// cluster are closed. Call it from the test's goroutine.
+// StartCluster starts a cluster of the given number of embedded etcd
+// members on 127.0.0.1 and random ports. It blocks until every member
+// serves (at most 30s each) and fails tb if one does not, or if members is
+// less than 1. Every member is stopped by tb.Cleanup, after the clients
+// made from the cluster are closed. Call it from the test's goroutine.
 func StartCluster(tb testing.TB, members int) *Cluster {
 	tb.Helper()
 	if members < 1 {
@@ -127,7 +127,8 @@ func (c *Cluster) Member(i int) *Member {
 }
 
 // Leader returns the member that is the raft leader now, or nil when none is
-// (an election is under way, or too few members run). It does not block.
+// (an election is under way, or too few members run). It asks the members
+// in this process, no RPC; it waits only for a Stop or Restart in progress.
 func (c *Cluster) Leader() *Member {
 	l := c.rig.Leader()
 	for _, m := range c.members {
@@ -149,9 +150,10 @@ func (m *Member) Stop() { m.rig.Stop(m.m) }
 
 // Restart starts a stopped member again on its ports and data, and blocks
 // until it serves (at most 30s); a running member is left as it is. An
-// error (its port taken meanwhile, say) leaves it stopped. It needs a quorum
-// of running members to serve, so with a quorum stopped restart the others
-// concurrently.
+// error (its port taken meanwhile, say) leaves it stopped. A member serves
+// only once a majority of the cluster runs, itself included, and Restarts
+// run one at a time: with a majority of the members stopped, Restart fails
+// after 30s.
 func (m *Member) Restart() error { return m.rig.Restart(m.m) }
 
 // Link is the network path between a client made by ClientThrough and the
