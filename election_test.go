@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -37,7 +37,7 @@ func leaderValue(t *testing.T, e *etcdsync.Election) string {
 // Leader reports the leader; Rev increases from term to term; Done closes on
 // Resign.
 func TestCampaignAndLeader(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		cli := c.Client(t)
 		ctx := ctxT(t)
 		a := etcdsync.NewElection(session(t, cli), "elect")
@@ -70,7 +70,7 @@ func TestCampaignAndLeader(t *testing.T) {
 // A cancelled or failed Campaign leaves no candidate key (etcd-io/etcd#21128);
 // a candidate whose key vanishes returns ErrSessionExpired at once (#19597).
 func TestCampaignCancelAndOwnLoss(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		cli := c.Client(t)
 		ctx := ctxT(t)
 		leader := etcdsync.NewElection(session(t, cli), "cancel")
@@ -109,7 +109,7 @@ func TestCampaignCancelAndOwnLoss(t *testing.T) {
 // Proclaim changes the value only while leading; a second Campaign on the
 // leading value proclaims and returns at once.
 func TestProclaim(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	e := etcdsync.NewElection(session(t, cli), "proclaim")
@@ -139,7 +139,7 @@ func TestProclaim(t *testing.T) {
 // Resign deletes only the key at the held revision; a failed Resign keeps the
 // leadership and can be retried (etcd-io/etcd#22123).
 func TestResignFencedAndRetryable(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -167,7 +167,7 @@ func TestResignFencedAndRetryable(t *testing.T) {
 
 // Two Election values on one Session exclude each other.
 func TestSameSessionElectionsExclude(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	s := session(t, c.Client(t))
 	ctx := ctxT(t)
 	a, b := etcdsync.NewElection(s, "same-e"), etcdsync.NewElection(s, "same-e")
@@ -231,7 +231,7 @@ func (o *observed) next(t *testing.T) string {
 // outside key (#10297), across compaction and a leader's session expiry.
 func TestObserve(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		cli := c.Client(t)
 		ctx := ctxT(t)
 		watcher := etcdsync.NewElection(session(t, cli), "obs")
@@ -293,7 +293,7 @@ func values(rs []*clientv3.GetResponse) []string {
 
 // Observe on an invalid name closes at once.
 func TestElectionBadInput(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -324,7 +324,7 @@ func TestElectionBadInput(t *testing.T) {
 
 // ResumeElection names keys as NewElection does and resumes the term.
 func TestResumeElection(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
@@ -350,7 +350,7 @@ func TestResumeElection(t *testing.T) {
 
 // IsLeader and Do guard writes; both fail once leadership is gone.
 func TestElectionGuards(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -389,7 +389,7 @@ func TestElectionGuards(t *testing.T) {
 
 // Interop: etcd's concurrency.Election sees our leader and we see theirs.
 func TestElectionInterop(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	es, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
@@ -415,7 +415,7 @@ func TestElectionInterop(t *testing.T) {
 // Failover on 3 members: a leader that dies without resigning is replaced
 // within TTL + 1s; after a Resign, within a round trip.
 func TestFailover(t *testing.T) {
-	c := three(t)
+	c := kitThree(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	const ttl = 2 * time.Second
@@ -455,9 +455,9 @@ func TestFailover(t *testing.T) {
 
 // Uncontended Campaign costs one RPC.
 func TestCampaignCost(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	var cnt counter
-	cli := c.Client(t, cnt.dial()...)
+	cli := kitClient(t, c, cnt.dial()...)
 	ctx := ctxT(t)
 	e := etcdsync.NewElection(session(t, cli), "cost-e")
 	cnt.take()
@@ -471,7 +471,7 @@ func TestCampaignCost(t *testing.T) {
 
 // Interop: the server's election API sees our leader, and we see its leader.
 func TestElectionInteropServerAPI(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	srv := v3electionpb.NewElectionClient(cli.ActiveConnection())
@@ -498,7 +498,7 @@ func TestElectionInteropServerAPI(t *testing.T) {
 // A second Campaign after the leadership was lost behind the value's back
 // campaigns anew instead of failing.
 func TestCampaignAfterSilentLoss(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	e := etcdsync.NewElection(session(t, cli), "silent")
@@ -515,7 +515,7 @@ func TestCampaignAfterSilentLoss(t *testing.T) {
 // Campaigns on one value run one at a time: a second one started while the
 // first waits proclaims its value once the first leads.
 func TestConcurrentCampaignsOnOneValue(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	other := etcdsync.NewElection(session(t, cli), "conc")
@@ -535,7 +535,7 @@ func TestConcurrentCampaignsOnOneValue(t *testing.T) {
 // Election.Done closes, with the cause in Err, when the term ends by a
 // deleted key or a revoked lease (invariant 8).
 func TestElectionDoneOnLoss(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	for _, how := range []string{"delete", "revoke"} {
@@ -561,7 +561,7 @@ func TestElectionDoneOnLoss(t *testing.T) {
 // Observe re-reads after a compaction of the revisions it would watch from,
 // and Observe outlives the observer's session.
 func TestObserveAcrossCompactionAndSessionEnd(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s, err := etcdsync.NewSession(cli)

@@ -8,22 +8,23 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// exampleEtcd starts an embedded etcd for an example.
+// exampleEtcd starts an embedded etcd for an example; in your code, the
+// client is one of your cluster.
 func exampleEtcd() (*clientv3.Client, func()) {
-	dir, remove := etcdtest.MustDir()
-	c, err := etcdtest.StartCluster(dir, etcdtest.Options{})
+	endpoints, stop, err := etcdsynctest.StartServer()
 	if err != nil {
 		log.Fatal(err)
 	}
-	cli, err := clientv3.New(etcdtest.ClientConfig(c.Endpoints()))
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
 	if err != nil {
+		stop()
 		log.Fatal(err)
 	}
-	return cli, func() { cli.Close(); c.Close(); remove() }
+	return cli, func() { cli.Close(); stop() }
 }
 
 func ExampleMutex() {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -34,6 +35,34 @@ func three(t *testing.T) *etcdtest.Cluster {
 func clusters(t *testing.T, f func(t *testing.T, c *etcdtest.Cluster)) {
 	t.Run("single", func(t *testing.T) { f(t, single(t)) })
 	t.Run("three", func(t *testing.T) { f(t, three(t)) })
+}
+
+// kitSingle, kitThree and kitClusters are single, three and clusters on the
+// public test kit, etcdsynctest, for the tests that need nothing more than it
+// offers (clients, member stop/restart, a client link to cut): the kit is
+// exercised by every run of them. Fault tests that need peer proxies, TLS or
+// dropped connections stay on the internal rig.
+func kitSingle(t *testing.T) *etcdsynctest.Cluster {
+	return etcdsynctest.StartCluster(t, 1)
+}
+
+func kitThree(t *testing.T) *etcdsynctest.Cluster {
+	if testing.Short() {
+		t.Skip("3-member cluster skipped in -short")
+	}
+	return etcdsynctest.StartCluster(t, 3)
+}
+
+func kitClusters(t *testing.T, f func(t *testing.T, c *etcdsynctest.Cluster)) {
+	t.Run("single", func(t *testing.T) { f(t, kitSingle(t)) })
+	t.Run("three", func(t *testing.T) { f(t, kitThree(t)) })
+}
+
+// kitClient returns a client of every member of c with extra dial options
+// (a counter's interceptors), closed in t's cleanup.
+func kitClient(t *testing.T, c *etcdsynctest.Cluster, dial ...grpc.DialOption) *clientv3.Client {
+	t.Helper()
+	return etcdtest.NewClient(t, c.Endpoints(), dial...)
 }
 
 func ctxT(t *testing.T) context.Context {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -44,7 +44,7 @@ func (x *exclusionCheck) leave() { x.inside.Add(-1) }
 // Invariant 1 (and 9's token order): sessions, Mutex values on one session
 // and goroutines sharing one *Mutex never hold at once.
 func TestMutualExclusion(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		var x exclusionCheck
 		var wg sync.WaitGroup
@@ -82,7 +82,7 @@ func TestMutualExclusion(t *testing.T) {
 // client lets both hold: etcd-io/etcd#10756); the second joins the queue with
 // a fresh key after the first releases.
 func TestSameSessionMutexesExclude(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	s := session(t, c.Client(t))
 	ctx := ctxT(t)
 	m1, m2 := etcdsync.NewMutex(s, "same"), etcdsync.NewMutex(s, "same")
@@ -96,7 +96,7 @@ func TestSameSessionMutexesExclude(t *testing.T) {
 // Invariant 1: a new Session adopting the lease (process restart) resumes
 // the hold at once, at the same revision.
 func TestWithLeaseResumesHold(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
@@ -120,7 +120,7 @@ func TestWithLeaseResumesHold(t *testing.T) {
 // Invariant 2: our keys are etcd's; etcd's concurrency.Mutex and ours exclude
 // each other on one name.
 func TestInteropWithConcurrencyMutex(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	es, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
@@ -148,7 +148,7 @@ func TestInteropWithConcurrencyMutex(t *testing.T) {
 // Invariant 3: a holder of /a/b never blocks /a (seed 002), with our Mutex or
 // etcd's holding the nested name.
 func TestNestedNamesIsolated(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	es, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
@@ -174,7 +174,7 @@ func TestNestedNamesIsolated(t *testing.T) {
 // second-nearest key goes (TestNoRPCOnTheCriticalPath: never on the critical
 // path).
 func TestFIFOAndHerdFree(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
 		holder := etcdsync.NewMutex(session(t, admin), "fifo")
@@ -182,7 +182,7 @@ func TestFIFOAndHerdFree(t *testing.T) {
 
 		const n = 8
 		cnt := counter{created: make(chan struct{}, 4*n)}
-		cli := c.Client(t, cnt.dial()...)
+		cli := kitClient(t, c, cnt.dial()...)
 		order := make(chan int, n)
 		var wg sync.WaitGroup
 		for i := 0; i < n; i++ {
@@ -259,7 +259,7 @@ func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duratio
 // Invariant 5: a cancelled Lock, a Lock whose cancel races the create, and a
 // closed Session leave no key.
 func TestNothingLeftBehind(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	holder := etcdsync.NewMutex(session(t, cli), "left")
@@ -302,7 +302,7 @@ func TestNothingLeftBehind(t *testing.T) {
 // Invariant 6: a waiter whose own key vanishes returns ErrSessionExpired at
 // once, not when the holder goes (etcd-io/etcd#19597).
 func TestWaiterNoticesOwnLoss(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		cli := c.Client(t)
 		ctx := ctxT(t)
 		holder := etcdsync.NewMutex(session(t, cli), "own")
@@ -336,7 +336,7 @@ func TestWaiterNoticesOwnLoss(t *testing.T) {
 // Unlock after the key was re-created by a new hold on the same session
 // (same key name) deletes nothing (etcd-io/etcd#22082).
 func TestUnlockIsFenced(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -360,7 +360,7 @@ func TestUnlockIsFenced(t *testing.T) {
 
 // Invariant 8: Done closes when the hold ends, with the cause in Err.
 func TestHolderLearnsOfLoss(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	cases := []struct {
@@ -399,7 +399,7 @@ func TestHolderLearnsOfLoss(t *testing.T) {
 // Invariant 9: Rev is the fencing token; Do and IsOwner stop working once
 // the hold is gone.
 func TestFencingGuards(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	m := etcdsync.NewMutex(session(t, cli), "guard")
@@ -432,9 +432,9 @@ func TestFencingGuards(t *testing.T) {
 // TryLock on a held lock costs one RPC and writes nothing; it fails also for
 // the value that holds.
 func TestTryLockCost(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	var cnt counter
-	cli := c.Client(t, cnt.dial()...)
+	cli := kitClient(t, c, cnt.dial()...)
 	ctx := ctxT(t)
 	holder := etcdsync.NewMutex(session(t, cli), "try")
 	require.NoError(t, holder.Lock(ctx))
@@ -455,9 +455,9 @@ func TestTryLockCost(t *testing.T) {
 
 // Uncontended Lock and Unlock cost one RPC and one write each.
 func TestUncontendedCost(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	var cnt counter
-	cli := c.Client(t, cnt.dial()...)
+	cli := kitClient(t, c, cnt.dial()...)
 	ctx := ctxT(t)
 	m := etcdsync.NewMutex(session(t, cli), "cost")
 	for i := 0; i < 3; i++ {
@@ -478,13 +478,13 @@ func TestUncontendedCost(t *testing.T) {
 // The next waiter takes the lock after its predecessor's delete event with no
 // further RPC.
 func TestHandoffNeedsNoRPC(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	ctx := ctxT(t)
 	admin := c.Client(t)
 	holder := etcdsync.NewMutex(session(t, admin), "handoff")
 	require.NoError(t, holder.Lock(ctx))
 	cnt := counter{created: make(chan struct{}, 2)}
-	cli := c.Client(t, cnt.dial()...)
+	cli := kitClient(t, c, cnt.dial()...)
 	m := etcdsync.NewMutex(session(t, cli), "handoff")
 	got := make(chan error, 1)
 	go func() { got <- m.Lock(ctx) }()
@@ -501,7 +501,7 @@ func TestHandoffNeedsNoRPC(t *testing.T) {
 
 // Bad input gets errors wrapping sentinels, never a panic, and writes nothing.
 func TestMutexBadInput(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -524,7 +524,7 @@ func TestMutexBadInput(t *testing.T) {
 
 // NewLocker is a sync.Locker that excludes like Mutex.
 func TestLocker(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	l1, l2 := etcdsync.NewLocker(session(t, cli), "locker"), etcdsync.NewLocker(session(t, cli), "locker")
 	l1.Lock()
@@ -539,7 +539,7 @@ func TestLocker(t *testing.T) {
 
 // A Lock on an ended session fails at once.
 func TestLockOnEndedSession(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	s, err := etcdsync.NewSession(cli)
 	require.NoError(t, err)
@@ -552,7 +552,7 @@ func TestLockOnEndedSession(t *testing.T) {
 // A waiter keeps its place while the raft leader is stopped and restarted,
 // and takes the lock when the holder releases.
 func TestWaiterSurvivesLeaderStop(t *testing.T) {
-	c := three(t)
+	c := kitThree(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	holder := etcdsync.NewMutex(session(t, cli, etcdsync.WithTTL(5*time.Second)), "weather")
@@ -562,15 +562,15 @@ func TestWaiterSurvivesLeaderStop(t *testing.T) {
 	waitKeys(t, cli, "weather/", 2)
 	leader := c.Leader()
 	require.NotNil(t, leader)
-	c.Stop(leader)
+	leader.Stop()
 	notWithin(t, got, time.Second, "waiter took the lock while it is held")
-	require.NoError(t, c.Restart(leader))
+	require.NoError(t, leader.Restart())
 	handOver(t, ctx, holder, waiter, got)
 }
 
 // Done keeps watching across a compaction of the revisions it started from.
 func TestDoneSurvivesCompaction(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	m := etcdsync.NewMutex(session(t, cli), "compact")
@@ -618,7 +618,7 @@ func handOver(t *testing.T, ctx context.Context, from, to *etcdsync.Mutex, got <
 // Invariant 2: the server's lock API (v3lock, as etcdctl lock --endpoint
 // uses through the gateway) and our Mutex exclude each other.
 func TestInteropWithServerLockAPI(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	lease, err := cli.Grant(ctx, 30)
@@ -644,7 +644,7 @@ func TestInteropWithServerLockAPI(t *testing.T) {
 // vanish out of order, the next waiter keeps waiting while an older key is
 // held, and takes the lock when the holder goes.
 func TestQueueSurvivesGiveUps(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	holder := etcdsync.NewMutex(session(t, cli), "giveup")

@@ -16,7 +16,7 @@ import (
 // and after the create transaction, while waiting, or not at all) leave no
 // key of theirs once the call has returned, and none once the session closed.
 func TestNoLeftoversProperty(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	seed := uint64(time.Now().UnixNano())

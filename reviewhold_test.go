@@ -68,9 +68,9 @@ func rhResult(t *testing.T, ch <-chan error, d time.Duration, what string) error
 // back (until the test ends), and starts an Unlock, held in flight. It
 // returns an admin client, the Mutex, its key and Unlock's result.
 func rhUnlockHeld(t *testing.T, name string) (*clientv3.Client, *etcdsync.Mutex, string, chan error) {
-	c := single(t)
+	c := kitSingle(t)
 	g := newRHGate()
-	m := etcdsync.NewMutex(session(t, c.Client(t, g.dial())), name)
+	m := etcdsync.NewMutex(session(t, kitClient(t, c, g.dial())), name)
 	ctx := ctxT(t)
 	require.NoError(t, m.Lock(ctx))
 	key := m.Key()
@@ -110,7 +110,7 @@ func TestRHUnlockBoundDoLost(t *testing.T) {
 // Done and Err after the session ended (Done never called before), and with
 // Done called before.
 func TestRHSessionEnd(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	for _, early := range []bool{false, true} {
@@ -136,7 +136,7 @@ func TestRHSessionEnd(t *testing.T) {
 // A release's cause is not overwritten by the later session end, and the
 // reverse; Done first called after the hold ended is closed.
 func TestRHCauses(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -166,7 +166,7 @@ func TestRHCauses(t *testing.T) {
 // A same-session waiter that started waiting while the first value was still
 // acquiring (reserved, no hold) wakes when that value, once holding, unlocks.
 func TestRHClaimWaiterAcrossNewHold(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	name := "rh-claim"
@@ -200,7 +200,7 @@ func TestRHClaimWaiterAcrossNewHold(t *testing.T) {
 // ResumeElection shares a live hold; after a Resign frees the key, the
 // sharer sees the end and a new resume is not handed the old hold.
 func TestRHResumeShareAfterRelease(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -237,7 +237,7 @@ func TestRHResumeShareAfterRelease(t *testing.T) {
 
 // Header returns a fresh copy; callers mutating it do not change the hold.
 func TestRHHeaderCopy(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -258,7 +258,7 @@ func TestRHHeaderCopy(t *testing.T) {
 
 // Concurrent Done/Err/Header/Key/Unlock/Close under -race.
 func TestRHRace(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	for i := 0; i < 6; i++ {

@@ -36,7 +36,7 @@ func runners(s *etcdsync.Session, name string) []runner {
 // Run holds while fn runs and releases after it, also when ctx ended in fn
 // or fn panicked; fn's error comes back.
 func TestRunReleases(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	errFn := errors.New("fn failed")
@@ -72,7 +72,7 @@ func TestRunReleases(t *testing.T) {
 // context ends at once with the cause, and Run returns it joined with fn's
 // error.
 func TestRunLoss(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	for _, r := range runners(session(t, cli), "runloss") {
@@ -98,7 +98,7 @@ func TestRunLoss(t *testing.T) {
 
 // An error before the hold (bad input, ctx ended) comes back without fn.
 func TestRunAcquireFails(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	s := session(t, c.Client(t))
 	ctx := ctxT(t)
 	called := false
@@ -115,7 +115,7 @@ func TestRunAcquireFails(t *testing.T) {
 // once (through the context, whichever value), sees its fencing token in
 // HoldFrom, and only the outermost Run releases: one delete in all.
 func TestRunReentrant(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -155,7 +155,7 @@ func TestRunReentrant(t *testing.T) {
 
 // Goroutines that share a *Mutex but not a context exclude each other.
 func TestRunSharedValueExcludes(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	ctx := ctxT(t)
 	m := etcdsync.NewMutex(session(t, c.Client(t)), "runshared")
 	var x exclusionCheck
@@ -183,7 +183,7 @@ func TestRunSharedValueExcludes(t *testing.T) {
 // inside a read (or more permits, or another kind on the same key) is an
 // error wrapping ErrInvalidArgument at once, not a deadlock.
 func TestRunReentrantKinds(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	ctx := ctxT(t)
 	s := session(t, c.Client(t))
 	rw := etcdsync.NewRWMutex(s, "rerw")
@@ -216,11 +216,11 @@ func TestRunReentrantKinds(t *testing.T) {
 // lock to the next waiter; with the lease revoked or the key deleted, it
 // ends with ErrNotHeld.
 func TestRunLossCancelsFirst(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
 	t.Run("cut off", func(t *testing.T) {
-		cli, p := r12Proxied(t, c)
+		cli, link := c.ClientThrough(t)
 		s := session(t, cli, etcdsync.WithTTL(2*time.Second))
 		m := etcdsync.NewMutex(s, "runcut")
 		next := etcdsync.NewMutex(session(t, admin), "runcut")
@@ -233,8 +233,8 @@ func TestRunLossCancelsFirst(t *testing.T) {
 				}
 			}()
 			waitKeys(t, admin, "runcut/", 2)
-			p.Blackhole(true)
-			defer p.Blackhole(false)
+			link.Cut()
+			defer link.Heal()
 			select {
 			case <-fctx.Done():
 				cancelled = time.Now()

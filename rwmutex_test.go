@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -52,7 +52,7 @@ func (x *rwCheck) write(t *testing.T, rev int64) {
 // Readers hold together, a writer alone; sessions, values on one session
 // and goroutines sharing a value all take part.
 func TestRWMutexExclusion(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		var x rwCheck
 		var wg sync.WaitGroup
@@ -103,7 +103,7 @@ func TestRWMutexExclusion(t *testing.T) {
 // Readers really hold at once: two readers of different sessions each wait,
 // holding, until the other holds too.
 func TestRWMutexReadersTogether(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	ctx := ctxT(t)
 	holdTogether(t, 2, func() (func() error, func() error) {
 		rw := etcdsync.NewRWMutex(session(t, c.Client(t)), "rwtogether")
@@ -136,7 +136,7 @@ func holdTogether(t *testing.T, n int, hold func() (take, release func() error))
 // FIFO: a waiting writer holds back readers that come after it, and TryRLock
 // fails then in one RPC without writing.
 func TestRWMutexWriterNotStarved(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
 		r1 := etcdsync.NewRWMutex(session(t, admin), "rwfifo")
@@ -147,7 +147,7 @@ func TestRWMutexWriterNotStarved(t *testing.T) {
 		waitKeys(t, admin, "rwfifo/", 2)
 
 		var cnt counter
-		r2 := etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), "rwfifo")
+		r2 := etcdsync.NewRWMutex(session(t, kitClient(t, c, cnt.dial()...)), "rwfifo")
 		cnt.take()
 		revBefore := storeRev(t, admin)
 		require.ErrorIs(t, r2.TryRLock(ctx), etcdsync.ErrLocked)
@@ -184,11 +184,11 @@ func storeRev(t *testing.T, cli *clientv3.Client) int64 {
 // goroutines take them; the last RUnlock deletes it. A write hold of the
 // same session waits for them.
 func TestRWMutexSessionSharesReadKey(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
 	var cnt counter
-	s := session(t, c.Client(t, cnt.dial()...))
+	s := session(t, kitClient(t, c, cnt.dial()...))
 	a, b := etcdsync.NewRWMutex(s, "rwshare"), etcdsync.NewRWMutex(s, "rwshare")
 	require.NoError(t, a.RLock(ctx))
 	cnt.take()
@@ -222,7 +222,7 @@ func TestRWMutexSessionSharesReadKey(t *testing.T) {
 // etcd's experimental recipe RWMutex and ours exclude each other on one name,
 // both ways.
 func TestRWMutexInteropWithRecipe(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	ctx := ctxT(t)
 	es, err := concurrency.NewSession(c.Client(t))
 	require.NoError(t, err)
@@ -269,13 +269,13 @@ func TestRWMutexHerd(t *testing.T) {
 }
 
 func testRWMutexHerd(t *testing.T, group int) {
-	c := single(t)
+	c := kitSingle(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
 	w1 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
 	require.NoError(t, w1.Lock(ctx))
 	cnt := counter{created: make(chan struct{}, 5*group+16)}
-	cli := c.Client(t, cnt.dial()...)
+	cli := kitClient(t, c, cnt.dial()...)
 	var wg sync.WaitGroup
 	readersIn := make(chan *etcdsync.RWMutex, 2*group)
 	startReader := func() {
@@ -351,7 +351,7 @@ func testRWMutexHerd(t *testing.T, group int) {
 // cancels at any moment leave no key; a waiter whose key vanishes returns
 // ErrSessionExpired at once.
 func TestRWMutexErrorsAndLeftovers(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)

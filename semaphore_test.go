@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -18,7 +18,7 @@ import (
 // sessions, values on one session and goroutines sharing a value; several
 // holders at once do happen.
 func TestSemaphoreExclusion(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		const capacity, rounds = 3, 5
 		var inUse, most atomic.Int64
@@ -69,7 +69,7 @@ func TestSemaphoreExclusion(t *testing.T) {
 
 // Holders of 1 permit each hold at once up to the capacity.
 func TestSemaphoreHoldersTogether(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	ctx := ctxT(t)
 	const capacity = 3
 	holdTogether(t, capacity, func() (func() error, func() error) {
@@ -81,7 +81,7 @@ func TestSemaphoreHoldersTogether(t *testing.T) {
 // FIFO: a large request blocks later small ones although permits are free;
 // TryAcquire then fails in one RPC without writing.
 func TestSemaphoreFIFO(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
 		a := etcdsync.NewSemaphore(session(t, admin), "semfifo", 3)
@@ -92,7 +92,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		waitKeys(t, admin, "semfifo/", 2)
 
 		var cnt counter
-		small := etcdsync.NewSemaphore(session(t, c.Client(t, cnt.dial()...)), "semfifo", 3)
+		small := etcdsync.NewSemaphore(session(t, kitClient(t, c, cnt.dial()...)), "semfifo", 3)
 		cnt.take()
 		before := storeRev(t, admin)
 		require.ErrorIs(t, small.TryAcquire(ctx, 1), etcdsync.ErrLocked)
@@ -134,7 +134,7 @@ func TestSemaphoreReleaseOrderAndHerd(t *testing.T) {
 }
 
 func testSemaphoreHerd(t *testing.T, waiters int) {
-	c := single(t)
+	c := kitSingle(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
 	const capacity = 3
@@ -144,7 +144,7 @@ func testSemaphoreHerd(t *testing.T, waiters int) {
 		require.NoError(t, holders[i].Acquire(ctx, 1))
 	}
 	cnt := counter{created: make(chan struct{}, 8*waiters)}
-	cli := c.Client(t, cnt.dial()...)
+	cli := kitClient(t, c, cnt.dial()...)
 	got := make(chan int, waiters)
 	ws := make([]*etcdsync.Semaphore, waiters)
 	for i := range ws {
@@ -193,7 +193,7 @@ func testSemaphoreHerd(t *testing.T, waiters int) {
 
 // Bad input and another capacity: errors wrapping sentinels, no key left.
 func TestSemaphoreErrors(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli)
@@ -232,7 +232,7 @@ func TestSemaphoreErrors(t *testing.T) {
 // Cancels at any moment leave no key; a waiter whose key vanishes returns
 // ErrSessionExpired at once.
 func TestSemaphoreLeftovers(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	holder := etcdsync.NewSemaphore(session(t, cli), "semleft", 2)

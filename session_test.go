@@ -2,19 +2,18 @@ package etcdsync_test
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestSessionBadInput(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	_, err := etcdsync.NewSession(nil)
 	require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
@@ -35,7 +34,7 @@ func TestSessionBadInput(t *testing.T) {
 }
 
 func TestSessionTTLRoundsUp(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	s := session(t, cli, etcdsync.WithTTL(1500*time.Millisecond))
 	require.Equal(t, 2*time.Second, s.TTL())
@@ -47,7 +46,7 @@ func TestSessionTTLRoundsUp(t *testing.T) {
 // The lease outlives several TTLs while the session runs; Close revokes it,
 // Orphan leaves it to expire.
 func TestSessionKeepAliveCloseOrphan(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli, etcdsync.WithTTL(time.Second))
@@ -80,7 +79,7 @@ func TestSessionKeepAliveCloseOrphan(t *testing.T) {
 // Invariant 8: a lease revoked by someone else ends the session at the next
 // keepalive; cancelling the WithContext context ends it at once.
 func TestSessionEnds(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli, etcdsync.WithTTL(3*time.Second))
@@ -101,13 +100,10 @@ func TestSessionEnds(t *testing.T) {
 // session's Done, and a hold's Done, close before the server deletes the
 // key (watched from another client).
 func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
-	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
-		u, err := url.Parse(c.Members()[0].Endpoint())
-		require.NoError(t, err)
-		p := etcdtest.NewProxy(t, u.Host)
-		cli := etcdtest.NewClient(t, []string{p.Endpoint()})
+		cli, link := c.ClientThrough(t)
 		s := session(t, cli, etcdsync.WithTTL(2*time.Second))
 		m := etcdsync.NewMutex(s, "blackhole")
 		require.NoError(t, m.Lock(ctx))
@@ -117,7 +113,7 @@ func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
 		doneAt := make(chan time.Time, 1)
 		go func() { <-s.Done(); doneAt <- time.Now() }()
 		cut := time.Now()
-		p.Blackhole(true)
+		link.Cut()
 		var deleted time.Time
 		for deleted.IsZero() {
 			wr, ok := <-wch
@@ -145,19 +141,16 @@ func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
 		require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
 		require.ErrorIs(t, m.Err(), etcdsync.ErrLostContact)
 		t.Logf("lead of the local deadline over the server's delete (as seen by a watcher): %v", deleted.Sub(s.Deadline()))
-		p.Blackhole(false)
+		link.Heal()
 	})
 }
 
 // NewSession never waits past its context (etcd-io/etcd#14631), nor, without
 // one, past the TTL.
 func TestNewSessionBounded(t *testing.T) {
-	c := single(t)
-	u, err := url.Parse(c.Members()[0].Endpoint())
-	require.NoError(t, err)
-	p := etcdtest.NewProxy(t, u.Host)
-	p.Blackhole(true)
-	cli := etcdtest.NewClient(t, []string{p.Endpoint()})
+	c := kitSingle(t)
+	cli, link := c.ClientThrough(t)
+	link.Cut()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -176,12 +169,12 @@ func TestNewSessionBounded(t *testing.T) {
 		assert.Error(t, err)
 	}()
 	within(t, done, 5*time.Second, "NewSession with a 1s TTL")
-	p.Blackhole(false)
+	link.Heal()
 }
 
 // The session keeps its lease while the raft leader is stopped and restarted.
 func TestSessionSurvivesLeaderStop(t *testing.T) {
-	c := three(t)
+	c := kitThree(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli, etcdsync.WithTTL(3*time.Second))
@@ -189,9 +182,9 @@ func TestSessionSurvivesLeaderStop(t *testing.T) {
 	require.NoError(t, m.Lock(ctx))
 	leader := c.Leader()
 	require.NotNil(t, leader)
-	c.Stop(leader)
+	leader.Stop()
 	notWithin(t, s.Done(), 7*time.Second, "session ended while a quorum was up")
-	require.NoError(t, c.Restart(leader))
+	require.NoError(t, leader.Restart())
 	resp, err := cli.Get(ctx, m.Key())
 	require.NoError(t, err)
 	require.Len(t, resp.Kvs, 1)
@@ -203,7 +196,7 @@ func TestSessionSurvivesLeaderStop(t *testing.T) {
 // watched lock within a round trip, not at the next keepalive (TTL/3 = 20s
 // at the default TTL).
 func TestSessionEndsSoonAfterRevoke(t *testing.T) {
-	c := single(t)
+	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	s := session(t, cli) // default 60s TTL

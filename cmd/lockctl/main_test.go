@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -51,21 +52,21 @@ func testMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		return 1
 	}
-	cluster, err := etcdtest.StartCluster(filepath.Join(dir, "etcd"), etcdtest.Options{})
+	endpoints, stopEtcd, err := etcdsynctest.StartServer()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	endpoint = cluster.Endpoints()[0]
-	admin, err = clientv3.New(etcdtest.ClientConfig(cluster.Endpoints()))
+	endpoint = endpoints[0]
+	admin, err = clientv3.New(etcdtest.ClientConfig(endpoints))
 	if err != nil {
-		cluster.Close()
+		stopEtcd()
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	code := m.Run()
 	admin.Close()
-	cluster.Close()
+	stopEtcd()
 	if code == 0 {
 		if err := goleak.Find(leakOptions...); err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -1,11 +1,14 @@
 // Command election shows etcdsync's Election at work with Election.Run:
 // three candidates each run a leader-only loop that Run starts once they
 // lead and stops (its context cancelled, with the cause) the moment they do
-// not. The leader proclaims a few values that an observer prints, then
-// "crashes" (orphans its session without resigning) and the example prints
-// who took over and how long failover took; that leader then steps down (its
-// loop returns, Run resigns) and the last candidate takes over within a
-// round trip.
+// not. The leader proclaims a few reports, then "crashes" (orphans its
+// session without resigning) and the example prints who took over and how
+// long failover took; that leader then steps down (its loop returns, Run
+// resigns) and the last candidate takes over within a round trip.
+//
+// An Observer follows the election from before anyone campaigns to the end.
+// Its lines are printed at each step, once it has seen that step's last
+// report, so they come in order with the rest.
 //
 // It starts an embedded etcd unless ETCD_ENDPOINTS (comma-separated) is set.
 package main
@@ -16,14 +19,18 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"sync"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-const name = "etcdsync-example/leader"
+const (
+	name    = "etcdsync-example/leader"
+	reports = 3 // proclaimed by each leader before it waits to step down
+)
 
 type candidate struct {
 	id       string
@@ -48,7 +55,7 @@ func main() {
 }
 
 func run(ttl time.Duration) error {
-	cli, closeAll, err := etcdtest.Connect()
+	cli, closeAll, err := etcdsynctest.Connect()
 	if err != nil {
 		return err
 	}
@@ -56,23 +63,23 @@ func run(ttl time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	// An observer with a session of its own prints every leader and value.
-	obsSession, err := etcdsync.NewSession(cli)
-	if err != nil {
+	// The observer needs no session. It says who leads, then starts
+	// observing, before any candidate has a session.
+	obs := etcdsync.NewObserver(cli, name)
+	if err := printLeader(ctx, obs); err != nil {
 		return err
 	}
-	defer obsSession.Close()
 	octx, ocancel := context.WithCancel(ctx)
-	observed := make(chan struct{})
-	go func() {
-		defer close(observed)
-		for resp := range etcdsync.NewElection(obsSession, name).Observe(octx) {
-			fmt.Printf("  observer: leader %s says %q (revision %d)\n", resp.Kvs[0].Key, resp.Kvs[0].Value, resp.Header.Revision)
+	seen := obs.Observe(octx)
+	defer func() { // on an early return: stop the observer and wait for it
+		ocancel()
+		for range seen {
 		}
 	}()
-	defer func() { ocancel(); <-observed }()
 
 	started := make(chan leads, 3)
+	var runs sync.WaitGroup
+	defer func() { cancel(); runs.Wait() }() // on an early return: end every Run
 	var cands []*candidate
 	for _, id := range []string{"alpha", "beta", "gamma"} {
 		s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
@@ -83,15 +90,19 @@ func run(ttl time.Duration) error {
 		c := &candidate{id: id, session: s, election: etcdsync.NewElection(s, name),
 			stepDown: make(chan struct{}), done: make(chan error, 1)}
 		cands = append(cands, c)
-		go func() { c.done <- c.election.Run(ctx, c.id+" is leading", c.lead(started)) }()
+		runs.Go(func() { c.done <- c.election.Run(ctx, c.id+" is leading", c.lead(started)) })
 		if id == "alpha" { // alpha leads first, the others queue behind it
-			if _, err := next(ctx, started); err != nil {
+			first, err := next(ctx, started)
+			if err != nil {
 				return err
 			}
+			fmt.Printf("%s leads (term %d)\n", first.c.id, first.term)
 		}
 	}
 	alpha := cands[0]
-	time.Sleep(300 * time.Millisecond) // let alpha's loop report a few times
+	if err := observed(ctx, seen, alpha); err != nil {
+		return err
+	}
 
 	fmt.Printf("alpha crashes without resigning (its lease expires within %v)\n", ttl)
 	crashed := time.Now()
@@ -105,8 +116,10 @@ func run(ttl time.Duration) error {
 		return err
 	}
 	fmt.Printf("%s took over after %v (term %d)\n", second.c.id, time.Since(crashed).Round(time.Millisecond), second.term)
+	if err := observed(ctx, seen, second.c); err != nil {
+		return err
+	}
 
-	time.Sleep(200 * time.Millisecond)
 	resigned := time.Now()
 	close(second.c.stepDown)
 	if err := <-second.c.done; err != nil {
@@ -117,8 +130,23 @@ func run(ttl time.Duration) error {
 		return err
 	}
 	fmt.Printf("%s stepped down; %s took over after %v (term %d)\n", second.c.id, last.c.id, time.Since(resigned).Round(time.Millisecond), last.term)
+	if err := observed(ctx, seen, last.c); err != nil {
+		return err
+	}
 	close(last.c.stepDown)
 	if err := <-last.c.done; err != nil {
+		return err
+	}
+	fmt.Printf("%s stepped down\n", last.c.id)
+
+	// The observer has printed every value. A leader's end is not a value:
+	// it stops, prints anything it still had (nothing is expected), and
+	// asks who leads now.
+	ocancel()
+	for resp := range seen {
+		printObserved(resp)
+	}
+	if err := printLeader(ctx, obs); err != nil {
 		return err
 	}
 	resp, err := cli.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -133,24 +161,28 @@ func run(ttl time.Duration) error {
 }
 
 // lead returns the candidate's leader-only loop: it reports that it leads,
-// then proclaims a report every 100 ms until it is told to step down or its
-// leadership ends (its context is cancelled; context.Cause says why).
+// then proclaims a report every 100 ms, up to reports of them, until it is
+// told to step down or its leadership ends (its context is cancelled;
+// context.Cause says why).
 func (c *candidate) lead(started chan<- leads) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
 		_, term, _ := etcdsync.HoldFrom(ctx) // the term's fencing token
-		fmt.Printf("%s leads (term %d)\n", c.id, term)
 		started <- leads{c, term}
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
+		ticks := tick.C
 		for i := 1; ; i++ {
 			select {
 			case <-ctx.Done():
 				return context.Cause(ctx)
 			case <-c.stepDown:
 				return nil
-			case <-tick.C:
+			case <-ticks:
 				if err := c.election.Proclaim(ctx, fmt.Sprintf("%s: report %d", c.id, i)); err != nil {
 					return err
+				}
+				if i == reports {
+					ticks = nil // done reporting: wait to step down
 				}
 			}
 		}
@@ -165,4 +197,42 @@ func next(ctx context.Context, started <-chan leads) (leads, error) {
 	case <-ctx.Done():
 		return leads{}, ctx.Err()
 	}
+}
+
+// observed prints what the observer delivered, in order, up to c's last
+// report. It blocks until then or until ctx ends.
+func observed(ctx context.Context, seen <-chan *clientv3.GetResponse, c *candidate) error {
+	want := fmt.Sprintf("%s: report %d", c.id, reports)
+	for {
+		select {
+		case resp, ok := <-seen:
+			if !ok {
+				return fmt.Errorf("the observer stopped before %q", want)
+			}
+			printObserved(resp)
+			if string(resp.Kvs[0].Value) == want {
+				return nil
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("the observer did not see %q: %w", want, ctx.Err())
+		}
+	}
+}
+
+func printObserved(resp *clientv3.GetResponse) {
+	fmt.Printf("  observer: leader %s says %q (revision %d)\n", resp.Kvs[0].Key, resp.Kvs[0].Value, resp.Header.Revision)
+}
+
+// printLeader prints who leads now, by asking once.
+func printLeader(ctx context.Context, obs *etcdsync.Observer) error {
+	resp, err := obs.Leader(ctx)
+	switch {
+	case errors.Is(err, etcdsync.ErrElectionNoLeader):
+		fmt.Println("  observer: no leader")
+		return nil
+	case err != nil:
+		return err
+	}
+	printObserved(resp)
+	return nil
 }

@@ -28,7 +28,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,7 +46,7 @@ func main() {
 }
 
 func run(addr string, duration time.Duration) error {
-	cli, closeAll, err := etcdtest.Connect()
+	cli, closeAll, err := etcdsynctest.Connect()
 	if err != nil {
 		return err
 	}

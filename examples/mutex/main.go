@@ -3,7 +3,9 @@
 // a guarded transaction. It prints each hold (worker, fencing token, time
 // waited) and checks the final count, exiting non-zero if it is wrong.
 //
-// It starts an embedded etcd unless ETCD_ENDPOINTS (comma-separated) is set.
+// It starts an embedded etcd unless ETCD_ENDPOINTS (comma-separated) is set,
+// and says which it used. Its keys live under a prefix of their own for each
+// run (etcdsync-example/<run>/), deleted again when it ends, also on error.
 package main
 
 import (
@@ -11,18 +13,15 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"os"
+	"os/signal"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	clientv3 "go.etcd.io/etcd/client/v3"
-)
-
-const (
-	lockName   = "etcdsync-example/lock"
-	counterKey = "etcdsync-example/counter"
 )
 
 func main() {
@@ -36,12 +35,19 @@ func main() {
 }
 
 func run(workers, rounds int, ttl time.Duration) error {
-	cli, closeAll, err := etcdtest.Connect()
+	cli, closeAll, err := etcdsynctest.Connect()
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	prefix := fmt.Sprintf("etcdsync-example/%s/", strconv.FormatInt(time.Now().UnixNano(), 36))
+	lockName, counterKey := prefix+"lock", prefix+"counter"
+	fmt.Printf("this run's keys are under %s\n", prefix)
+	defer cleanUp(cli, prefix)
+	// Interrupted, the workers stop and the keys are cleaned up all the same.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if _, err := cli.Put(ctx, counterKey, "0"); err != nil {
 		return err
@@ -53,7 +59,7 @@ func run(workers, rounds int, ttl time.Duration) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := worker(ctx, cli, w, rounds, ttl); err != nil {
+			if err := worker(ctx, cli, lockName, counterKey, w, rounds, ttl); err != nil {
 				errs <- fmt.Errorf("worker %d: %w", w, err)
 			}
 		}()
@@ -76,8 +82,22 @@ func run(workers, rounds int, ttl time.Duration) error {
 	return nil
 }
 
+// cleanUp deletes every key under prefix. It runs after the workers have
+// closed their sessions (so their lock keys are gone already), under a
+// context of its own: the run's may have ended.
+func cleanUp(cli *clientv3.Client, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Delete(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		log.Printf("cleaning up %s: %v", prefix, err)
+		return
+	}
+	fmt.Printf("cleaned up: deleted what this run left under %s (%d keys)\n", prefix, resp.Deleted)
+}
+
 // worker takes the lock rounds times and increments the counter under it.
-func worker(ctx context.Context, cli *clientv3.Client, id, rounds int, ttl time.Duration) error {
+func worker(ctx context.Context, cli *clientv3.Client, lockName, counterKey string, id, rounds int, ttl time.Duration) error {
 	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
 	if err != nil {
 		return err

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -41,7 +41,7 @@ func main() {
 }
 
 func run(readers, writers, rounds int, ttl time.Duration) error {
-	cli, closeAll, err := etcdtest.Connect()
+	cli, closeAll, err := etcdsynctest.Connect()
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
 )
 
 const semName = "etcdsync-example/downstream-connections"
@@ -34,7 +34,7 @@ func main() {
 }
 
 func run(workers int, capacity int64, jobs int, ttl time.Duration) error {
-	cli, closeAll, err := etcdtest.Connect()
+	cli, closeAll, err := etcdsynctest.Connect()
 	if err != nil {
 		return err
 	}

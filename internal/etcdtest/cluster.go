@@ -1,8 +1,9 @@
-// Package etcdtest runs real embedded etcd members on 127.0.0.1 for tests,
-// benchmarks and examples: a single member or a 3-member cluster, with
-// member stop/restart, a TCP proxy that can blackhole a client, and
-// optional peer proxies that cut one member off from the others' raft
-// traffic while its client port keeps serving.
+// Package etcdtest runs real embedded etcd members on 127.0.0.1 for tests
+// and benchmarks: a single member or a 3-member cluster, with member
+// stop/restart, a TCP proxy that can blackhole a client, optional peer
+// proxies that cut one member off from the others' raft traffic while its
+// client port keeps serving, and TLS. The public etcdsynctest package is a
+// thin layer over it for users' tests, programs and examples.
 package etcdtest
 
 import (
@@ -12,7 +13,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -333,48 +333,6 @@ func NewClient(tb TB, endpoints []string, dial ...grpc.DialOption) *clientv3.Cli
 	}
 	tb.Cleanup(func() { cli.Close() })
 	return cli
-}
-
-// MustDir makes a temporary directory for StartCluster outside tests.
-func MustDir() (string, func()) {
-	dir, err := os.MkdirTemp("", "etcdsync-")
-	if err != nil {
-		panic(err)
-	}
-	return dir, func() { os.RemoveAll(dir) }
-}
-
-// Connect returns a client for an example: of ETCD_ENDPOINTS, or of an
-// embedded member it starts (and says so). close ends both.
-func Connect() (cli *clientv3.Client, close func(), err error) {
-	endpoints, embedded, stop, err := FromEnv()
-	if err != nil {
-		return nil, nil, err
-	}
-	if embedded {
-		fmt.Printf("started an embedded etcd at %s (set ETCD_ENDPOINTS to use a real cluster)\n", endpoints[0])
-	}
-	cli, err = clientv3.New(ClientConfig(endpoints))
-	if err != nil {
-		stop()
-		return nil, nil, err
-	}
-	return cli, func() { cli.Close(); stop() }, nil
-}
-
-// FromEnv returns the endpoints in ETCD_ENDPOINTS (comma-separated), or
-// starts an embedded single member for an example. stop ends what it started.
-func FromEnv() (endpoints []string, embedded bool, stop func(), err error) {
-	if eps := os.Getenv("ETCD_ENDPOINTS"); eps != "" {
-		return strings.Split(eps, ","), false, func() {}, nil
-	}
-	dir, remove := MustDir()
-	c, err := StartCluster(dir, Options{})
-	if err != nil {
-		remove()
-		return nil, false, nil, err
-	}
-	return c.Endpoints(), true, func() { c.Close(); remove() }, nil
 }
 
 // TransferLeader moves raft leadership from the current leader to another

@@ -1,0 +1,86 @@
+package etcdsynctest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// connectTimeout bounds Connect's first request to ETCD_ENDPOINTS.
+const connectTimeout = 5 * time.Second
+
+// StartServer starts one embedded etcd member on 127.0.0.1 and random
+// ports, with its data in a new temporary directory, for a program that has
+// no testing.TB (a godoc example, a demo). It prints nothing. It blocks
+// until the member serves (at most 30s); an error leaves nothing running.
+// stop stops the member and removes its data; it blocks until the member
+// has stopped and may be called more than once.
+func StartServer() (endpoints []string, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "etcdsynctest-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("etcdsynctest: %w", err)
+	}
+	rig, err := etcdtest.StartCluster(dir, etcdtest.Options{})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("etcdsynctest: %w", err)
+	}
+	return rig.Endpoints(), sync.OnceFunc(func() { rig.Close(); os.RemoveAll(dir) }), nil
+}
+
+// Connect returns a client for a program or an example: of the endpoints in
+// ETCD_ENDPOINTS (comma-separated) when it is set, else of one embedded
+// member that it starts (as StartServer). It prints to standard output
+// which one it did and where. With ETCD_ENDPOINTS it makes one read (of the
+// key "health", as etcdctl's health check does) to see that etcd answers,
+// bounded by 5s. An error leaves nothing open or running. close closes the
+// client and stops the member it started, if any; it blocks until both are
+// done and may be called more than once.
+func Connect() (cli *clientv3.Client, close func(), err error) {
+	return connect(os.Stdout, os.Getenv("ETCD_ENDPOINTS"))
+}
+
+func connect(w io.Writer, env string) (*clientv3.Client, func(), error) {
+	var endpoints []string
+	for _, ep := range strings.Split(env, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			endpoints = append(endpoints, ep)
+		}
+	}
+	if len(endpoints) == 0 {
+		return connectEmbedded(w)
+	}
+	cli, err := clientv3.New(etcdtest.ClientConfig(endpoints))
+	if err != nil {
+		return nil, nil, fmt.Errorf("etcdsynctest: ETCD_ENDPOINTS=%s: %w", env, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	if _, err := cli.Get(ctx, "health", clientv3.WithCountOnly()); err != nil {
+		cli.Close()
+		return nil, nil, fmt.Errorf("etcdsynctest: ETCD_ENDPOINTS=%s: no answer within %v: %w", env, connectTimeout, err)
+	}
+	fmt.Fprintf(w, "connected to ETCD_ENDPOINTS=%s\n", strings.Join(endpoints, ","))
+	return cli, sync.OnceFunc(func() { cli.Close() }), nil
+}
+
+func connectEmbedded(w io.Writer) (*clientv3.Client, func(), error) {
+	endpoints, stop, err := StartServer()
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := clientv3.New(etcdtest.ClientConfig(endpoints))
+	if err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("etcdsynctest: %w", err)
+	}
+	fmt.Fprintf(w, "started an embedded etcd at %s (set ETCD_ENDPOINTS to use a real cluster)\n", strings.Join(endpoints, ","))
+	return cli, sync.OnceFunc(func() { cli.Close(); stop() }), nil
+}
