@@ -23,11 +23,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-const (
-	lockName   = "etcdsync-example/config-lock"
-	versionKey = "etcdsync-example/config/version"
-	payloadKey = "etcdsync-example/config/payload"
-)
+// keys are this run's names, under a prefix of its own (so that runs
+// against a real cluster neither meet nor leave anything behind).
+type keys struct {
+	lock, version, payload string
+}
+
+func keysUnder(prefix string) keys {
+	return keys{lock: prefix + "config-lock", version: prefix + "config/version", payload: prefix + "config/payload"}
+}
 
 func main() {
 	readers := flag.Int("readers", 4, "number of readers, each with its own session")
@@ -48,7 +52,17 @@ func run(readers, writers, rounds int, ttl time.Duration) error {
 	defer closeAll()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := cli.Txn(ctx).Then(clientv3.OpPut(versionKey, "0"), clientv3.OpPut(payloadKey, "payload of version 0")).Commit(); err != nil {
+	prefix := fmt.Sprintf("etcdsync-example/%s/", strconv.FormatInt(time.Now().UnixNano(), 36))
+	fmt.Printf("this run's keys are under %s\n", prefix)
+	k := keysUnder(prefix)
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer dcancel()
+		if _, err := cli.Delete(dctx, prefix, clientv3.WithPrefix()); err != nil {
+			log.Printf("cleaning up %s: %v", prefix, err)
+		}
+	}()
+	if _, err := cli.Txn(ctx).Then(clientv3.OpPut(k.version, "0"), clientv3.OpPut(k.payload, "payload of version 0")).Commit(); err != nil {
 		return err
 	}
 
@@ -65,11 +79,11 @@ func run(readers, writers, rounds int, ttl time.Duration) error {
 		}()
 	}
 	for i := 1; i <= writers; i++ {
-		start(fmt.Sprintf("writer %d", i), func() error { return writer(ctx, cli, i, rounds, ttl) })
+		start(fmt.Sprintf("writer %d", i), func() error { return writer(ctx, cli, k, i, rounds, ttl) })
 	}
 	for i := 1; i <= readers; i++ {
 		start(fmt.Sprintf("reader %d", i), func() error {
-			return reader(ctx, cli, i, rounds, ttl, &reading, &mostReading)
+			return reader(ctx, cli, k, i, rounds, ttl, &reading, &mostReading)
 		})
 	}
 	wg.Wait()
@@ -86,18 +100,18 @@ func run(readers, writers, rounds int, ttl time.Duration) error {
 
 // writer takes the write lock rounds times and writes the version, then the
 // payload, each guarded by the hold.
-func writer(ctx context.Context, cli *clientv3.Client, id, rounds int, ttl time.Duration) error {
+func writer(ctx context.Context, cli *clientv3.Client, k keys, id, rounds int, ttl time.Duration) error {
 	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	rw := etcdsync.NewRWMutex(s, lockName)
+	rw := etcdsync.NewRWMutex(s, k.lock)
 	for r := 0; r < rounds; r++ {
 		if err := rw.Lock(ctx); err != nil {
 			return err
 		}
-		resp, err := rw.Do(ctx, clientv3.OpGet(versionKey))
+		resp, err := rw.Do(ctx, clientv3.OpGet(k.version))
 		if err != nil {
 			return err
 		}
@@ -105,11 +119,11 @@ func writer(ctx context.Context, cli *clientv3.Client, id, rounds int, ttl time.
 		if err != nil {
 			return err
 		}
-		if _, err := rw.Do(ctx, clientv3.OpPut(versionKey, strconv.Itoa(v+1))); err != nil {
+		if _, err := rw.Do(ctx, clientv3.OpPut(k.version, strconv.Itoa(v+1))); err != nil {
 			return err
 		}
 		time.Sleep(5 * time.Millisecond) // half written: no reader may look now
-		if _, err := rw.Do(ctx, clientv3.OpPut(payloadKey, fmt.Sprintf("payload of version %d", v+1))); err != nil {
+		if _, err := rw.Do(ctx, clientv3.OpPut(k.payload, fmt.Sprintf("payload of version %d", v+1))); err != nil {
 			return err
 		}
 		fmt.Printf("writer %d holds the write lock (fencing token %d): version %d -> %d\n", id, rw.Rev(), v, v+1)
@@ -122,13 +136,13 @@ func writer(ctx context.Context, cli *clientv3.Client, id, rounds int, ttl time.
 
 // reader takes the read lock rounds times and checks that the payload
 // belongs to the version.
-func reader(ctx context.Context, cli *clientv3.Client, id, rounds int, ttl time.Duration, reading, most *atomic.Int32) error {
+func reader(ctx context.Context, cli *clientv3.Client, k keys, id, rounds int, ttl time.Duration, reading, most *atomic.Int32) error {
 	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	rw := etcdsync.NewRWMutex(s, lockName)
+	rw := etcdsync.NewRWMutex(s, k.lock)
 	for r := 0; r < rounds; r++ {
 		if err := rw.RLock(ctx); err != nil {
 			return err
@@ -136,7 +150,7 @@ func reader(ctx context.Context, cli *clientv3.Client, id, rounds int, ttl time.
 		n := reading.Add(1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 		}
-		resp, err := rw.Do(ctx, clientv3.OpGet(versionKey), clientv3.OpGet(payloadKey))
+		resp, err := rw.Do(ctx, clientv3.OpGet(k.version), clientv3.OpGet(k.payload))
 		if err != nil {
 			return err
 		}
