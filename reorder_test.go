@@ -60,6 +60,25 @@ func (w *lateWatch) RecvMsg(m any) error {
 	}
 }
 
+// lateClient returns a client of endpoints whose first watch stream opened
+// after arm is called delivers as lateWatch does, reporting each watch
+// created on created.
+func lateClient(t *testing.T, endpoints []string, early, late int64, created chan<- int64) (cli *clientv3.Client, arm func()) {
+	var mu sync.Mutex
+	armed := false
+	cli = etcdtest.NewClient(t, endpoints, grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil || method != "/etcdserverpb.Watch/Watch" || !armed {
+			return cs, err
+		}
+		armed = false
+		return &lateWatch{ClientStream: cs, early: early, late: late, created: created}, nil
+	}))
+	return cli, func() { mu.Lock(); armed = true; mu.Unlock() }
+}
+
 // semLock is a Semaphore's one-permit hold as a lock.
 type semLock struct{ *etcdsync.Semaphore }
 
@@ -141,24 +160,11 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := ctxT(t)
 			name := "reorder/" + tc.name
-			var mu sync.Mutex
-			armed := false
 			created := make(chan int64, 16)
-			cli := etcdtest.NewClient(t, c.Endpoints(), grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-				cs, err := streamer(ctx, desc, cc, method, opts...)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil || method != "/etcdserverpb.Watch/Watch" || !armed {
-					return cs, err
-				}
-				armed = false
-				return &lateWatch{ClientStream: cs, early: tc.early, late: tc.late, created: created}, nil
-			}))
+			cli, arm := lateClient(t, c.Endpoints(), tc.early, tc.late, created)
 			older, newer := tc.ahead(t, ctx, session(t, admin), session(t, admin), name)
 			w := tc.waiter(session(t, cli), name)
-			mu.Lock()
-			armed = true
-			mu.Unlock()
+			arm()
 			locked := make(chan error, 1)
 			go func() { locked <- w.Lock(ctx) }()
 			waitCreated(t, ctx, created, tc.watches)
@@ -189,19 +195,8 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	up := c.Members()[(slices.Index(c.Members(), f)+1)%3]
 	admin := etcdtest.NewClient(t, []string{up.Endpoint()})
 	name := "reorder/lag"
-	var mu sync.Mutex
-	armed := false
 	created := make(chan int64, 16)
-	cli := etcdtest.NewClient(t, []string{f.Endpoint()}, grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		cs, err := streamer(ctx, desc, cc, method, opts...)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil || method != "/etcdserverpb.Watch/Watch" || !armed {
-			return cs, err
-		}
-		armed = false
-		return &lateWatch{ClientStream: cs, early: 2, late: 3, created: created}, nil
-	}))
+	cli, arm := lateClient(t, []string{f.Endpoint()}, 2, 3, created)
 	m1, m2 := etcdsync.NewMutex(session(t, admin), name), etcdsync.NewMutex(session(t, admin), name)
 	require.NoError(t, m1.Lock(ctx))
 	wctx, cancel := context.WithCancel(ctx)
@@ -209,9 +204,7 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	go func() { gaveUp <- m2.Lock(wctx) }()
 	waitKeys(t, admin, name+"/", 2)
 	w := etcdsync.NewMutex(session(t, cli), name)
-	mu.Lock()
-	armed = true
-	mu.Unlock()
+	arm()
 	locked := make(chan error, 1)
 	go func() { locked <- w.Lock(ctx) }()
 	waitCreated(t, ctx, created, 3)

@@ -48,8 +48,7 @@
 //
 // The embedded server starts a few goroutines that live as long as the
 // process (gRPC and opencensus internals): a test that checks for leaked
-// goroutines (go.uber.org/goleak) must ignore them, as this package's
-// main_test.go does.
+// goroutines (go.uber.org/goleak) ignores them with IgnoredGoroutines.
 package etcdsynctest
 
 import (

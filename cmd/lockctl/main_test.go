@@ -68,27 +68,12 @@ func testMain(m *testing.M) int {
 	admin.Close()
 	stopEtcd()
 	if code == 0 {
-		if err := goleak.Find(leakOptions...); err != nil {
+		if err := goleak.Find(etcdsynctest.IgnoredGoroutines()...); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			code = 1
 		}
 	}
 	return code
-}
-
-// leakOptions ignore the goroutines the embedded etcd leaves for the life
-// of the process (as the library's own TestMain does).
-var leakOptions = []goleak.Option{
-	goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-	goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
-	goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-	goleak.IgnoreAnyFunction("go.etcd.io/etcd/server/v3/proxy/grpcproxy/adapter.(*chanStream).RecvMsg"),
-	goleak.IgnoreAnyFunction("go.etcd.io/etcd/server/v3/etcdserver/api/v3rpc.(*LeaseServer).LeaseKeepAlive"),
-	goleak.IgnoreAnyFunction("go.etcd.io/etcd/client/v3.(*lessor).sendKeepAliveLoop"),
-	goleak.IgnoreAnyFunction("go.etcd.io/etcd/client/v3.(*lessor).deadlineLoop"),
 }
 
 // buffer is a bytes.Buffer safe for a process's writes and a test's reads.

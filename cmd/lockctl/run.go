@@ -241,6 +241,27 @@ func (c *conn) close(h *hold) error {
 	return errors.Join(errs...)
 }
 
+// openHeld opens a session (see open) and takes the hold newHold makes on
+// it (see acquire), as --timeout and sigs allow. It blocks until then. On
+// error it has closed the session and holds nothing; a hold lost as it
+// began is an error (exit 1). The caller closes c (withClose).
+func openHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*etcdsync.Session, string) hold, sigs <-chan os.Signal) (*conn, hold, error) {
+	c, err := open(cf, name, f)
+	if err != nil {
+		return nil, hold{}, err
+	}
+	h := newHold(c.s, name)
+	if err := acquire(h, name, try, f.timeout, sigs); err != nil {
+		return nil, hold{}, withClose(err, c, nil)
+	}
+	select {
+	case <-h.Done(): // also starts the watch of the key
+		return nil, hold{}, withClose(fail(exitFailure, fmt.Errorf("lost the %s on %s as it began: %v", h.what, name, h.Err())), c, &h)
+	default:
+	}
+	return c, h, nil
+}
+
 // withClose returns err, with what closing c failed at added to its
 // message; a nil err becomes the close error, if any, exiting 1.
 func withClose(err error, c *conn, h *hold) error {
@@ -274,21 +295,11 @@ func runHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*et
 	}
 	sigs, stopSignals := notifySignals()
 	defer stopSignals()
-	c, err := open(cf, name, f)
+	c, h, err := openHeld(cf, name, f, try, newHold, sigs)
 	if err != nil {
 		return err
 	}
-	h := newHold(c.s, name)
-	if err := acquire(h, name, try, f.timeout, sigs); err != nil {
-		return withClose(err, c, nil)
-	}
-	key, rev := h.Key(), h.Rev()
-	lost := h.Done() // also starts the watch of the key
-	select {
-	case <-lost:
-		return withClose(fail(exitFailure, fmt.Errorf("lost the %s on %s before the command started: %v", h.what, name, h.Err())), c, &h)
-	default:
-	}
+	key, rev, lost := h.Key(), h.Rev(), h.Done()
 	becomeSubreaper() // best effort: without it, only lockctl's own children are waited for
 	ch, err := startChild(path, argv, childEnv(name, key, rev, c.s.Lease()))
 	if err != nil {
@@ -365,21 +376,11 @@ leadership is exit 1, a signal before election 128+N.
 func lead(cf *connFlags, name, value string, f holdFlags, newHold func(*etcdsync.Session, string) hold, stdout io.Writer) error {
 	sigs, stopSignals := notifySignals()
 	defer stopSignals()
-	c, err := open(cf, name, f)
+	c, h, err := openHeld(cf, name, f, false, newHold, sigs)
 	if err != nil {
 		return err
 	}
-	h := newHold(c.s, name)
-	if err := acquire(h, name, false, f.timeout, sigs); err != nil {
-		return withClose(err, c, nil)
-	}
-	key, rev := h.Key(), h.Rev()
-	lost := h.Done()
-	select {
-	case <-lost:
-		return withClose(fail(exitFailure, fmt.Errorf("lost the leadership on %s as it began: %v", name, h.Err())), c, &h)
-	default:
-	}
+	key, rev, lost := h.Key(), h.Rev(), h.Done()
 	fmt.Fprintf(stdout, "%d %s %s\n", rev, key, strconv.Quote(value))
 	select {
 	case <-sigs:
