@@ -22,16 +22,19 @@ import (
 
 // imports are the packages a README block may use without importing them.
 var imports = []string{
-	"context", "crypto/tls", "crypto/x509", "errors", "log", "log/slog", "os", "time",
+	"context", "crypto/tls", "crypto/x509", "errors", "log", "log/slog", "os", "testing", "time",
 	"github.com/etcdsync/etcdsync",
+	"github.com/etcdsync/etcdsync/etcdsynctest",
 	"github.com/prometheus/client_golang/prometheus",
 	"go.etcd.io/etcd/client/v3",
 }
 
 // preamble declares what the blocks use from the text around them: a
-// context, a client, a session, a held Mutex, and the user's own functions.
+// context, a client, a session, a held Mutex, a test, and the user's own
+// functions.
 const preamble = `
 var (
+	t     *testing.T
 	ctx   context.Context
 	cli   *clientv3.Client
 	s     *etcdsync.Session
