@@ -27,7 +27,6 @@ type hold struct {
 	releasing atomic.Int32 // Unlocks in flight: a delete seen meanwhile may be theirs
 	shares    int32        // values of the session that share the hold (s.mu; 1 but for read holds)
 	over      atomic.Bool  // finish ran
-	began     atomic.Int64 // since epoch, once handed out (only while reporting, see acquired)
 	closing   bool         // its last share is releasing it: nobody joins (s.mu)
 
 	mu    sync.Mutex

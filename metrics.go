@@ -154,23 +154,23 @@ func WithMetrics(m *Metrics) SessionOption {
 	return optionFunc(func(o *sessionOptions) { o.metrics = m })
 }
 
-// reporter is where a session reports: both nil when neither option is set.
+// reporter is where a session reports: all nil when neither option is set.
 type reporter struct {
 	log *slog.Logger
 	m   *Metrics
+
+	mu    sync.Mutex
+	began map[*hold]time.Time // holds handed out and not yet finished (acquired, finished)
 }
 
 // on reports whether anything listens; a report costs nothing more when not.
-func (r reporter) on() bool { return r.log != nil || r.m != nil }
+func (r *reporter) on() bool { return r.log != nil || r.m != nil }
 
 // logs reports whether the logger takes records at level (the arguments of
 // one it drops are never built).
-func (r reporter) logs(level slog.Level) bool {
+func (r *reporter) logs(level slog.Level) bool {
 	return r.log != nil && r.log.Enabled(context.Background(), level)
 }
-
-// epoch is the origin of hold start times (monotonic).
-var epoch = time.Now()
 
 // started reports a session that began.
 func (s *Session) started() {
@@ -232,7 +232,7 @@ func (s *Session) keepaliveAcked(sent time.Time) {
 
 // acquired reports an acquire's outcome: h (nil on error) after wait.
 func (sl *slot) acquired(h *hold, err error, wait time.Duration) {
-	r := sl.s.rep
+	r := &sl.s.rep
 	if err != nil {
 		reason := acquireReason(err)
 		if r.m != nil {
@@ -243,7 +243,11 @@ func (sl *slot) acquired(h *hold, err error, wait time.Duration) {
 		}
 		return
 	}
-	h.began.CompareAndSwap(0, int64(time.Since(epoch))) // a joined shared hold keeps its start
+	r.mu.Lock()
+	if _, ok := r.began[h]; !ok { // a joined shared hold keeps its start
+		r.began[h] = time.Now()
+	}
+	r.mu.Unlock()
 	if r.m != nil {
 		r.m.acquireWait.WithLabelValues(sl.kind).Observe(wait.Seconds())
 	}
@@ -255,13 +259,19 @@ func (sl *slot) acquired(h *hold, err error, wait time.Duration) {
 // finished reports a hold that ended with cause: released or lost. A hold
 // never handed out (acquired) is not reported.
 func (h *hold) finished(cause error) {
-	began := h.began.Load()
-	if began == 0 || !h.s.rep.on() {
+	r := &h.s.rep
+	if !r.on() {
 		return
 	}
-	held := time.Since(epoch) - time.Duration(began)
+	r.mu.Lock()
+	began, ok := r.began[h]
+	delete(r.began, h)
+	r.mu.Unlock()
+	if !ok {
+		return
+	}
+	held := time.Since(began)
 	released := errors.Is(cause, ErrLockReleased)
-	r := h.s.rep
 	if r.m != nil {
 		r.m.holdSeconds.WithLabelValues(h.kind).Observe(held.Seconds())
 		if !released {

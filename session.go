@@ -90,7 +90,9 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		check:  make(chan struct{}, 1),
 		keys:   make(map[string]keyUse),
 		swept:  make(map[string][]int64),
-		rep:    reporter{log: o.logger, m: o.metrics},
+	}
+	if o.logger != nil || o.metrics != nil {
+		s.rep = reporter{log: o.logger, m: o.metrics, began: make(map[*hold]time.Time)}
 	}
 	first, err := s.start(o)
 	if err != nil {
