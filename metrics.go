@@ -182,22 +182,11 @@ func (s *Session) started() {
 	}
 }
 
-// ended reports a session that ended, with its cause.
+// ended reports a session that ended, with its cause (its holds have
+// finished, see finishHolds).
 func (s *Session) ended() {
 	if !s.rep.on() {
 		return
-	}
-	// The holds end with the session: report them now, not when next looked at.
-	var holds []*hold
-	s.mu.Lock()
-	for _, use := range s.keys {
-		if use.hold != nil {
-			holds = append(holds, use.hold)
-		}
-	}
-	s.mu.Unlock()
-	for _, h := range holds {
-		h.finish(nil)
 	}
 	cause := context.Cause(s.ctx)
 	own := !errors.Is(cause, ErrSessionClosed)

@@ -178,6 +178,7 @@ func (s *Session) unreachable(what string, err error) error {
 func (s *Session) keepAlive(first time.Time) {
 	defer close(s.loop)
 	defer s.ended()
+	defer s.finishHolds()
 	defer s.unlink()
 	pace := s.ttl / 3
 	next := first
@@ -611,6 +612,23 @@ func (s *Session) end(cause error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cancel(cause)
+}
+
+// finishHolds ends the holds of a session that ended, with its cause, at
+// once rather than when each is next looked at (so that a loss is reported
+// when it happens).
+func (s *Session) finishHolds() {
+	var holds []*hold
+	s.mu.Lock()
+	for _, use := range s.keys {
+		if use.hold != nil {
+			holds = append(holds, use.hold)
+		}
+	}
+	s.mu.Unlock()
+	for _, h := range holds {
+		h.finish(nil)
+	}
 }
 
 // goWatch runs f in a goroutine that Close and Orphan wait for. It runs

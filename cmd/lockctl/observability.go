@@ -30,10 +30,11 @@ func (f *holdFlags) checkObservability() error {
 
 // sessionOptions returns the session's options for --log-level (records on
 // stderr) and --metrics-addr (served until stop is called), and the func
-// that stops the metrics server; it does not block. A metrics address that
-// cannot be listened on is an error (exit 1).
-func (f *holdFlags) sessionOptions() (opts []etcdsync.SessionOption, stop func(), err error) {
-	stop = func() {}
+// that stops the metrics server (bounded by a second) and returns what it
+// failed at; it does not block. A metrics address that cannot be listened
+// on is an error (exit 1).
+func (f *holdFlags) sessionOptions() (opts []etcdsync.SessionOption, stop func() error, err error) {
+	stop = func() error { return nil }
 	if level, ok := logLevels[f.logLevel]; ok {
 		opts = append(opts, etcdsync.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))))
 	}
@@ -52,19 +53,22 @@ func (f *holdFlags) sessionOptions() (opts []etcdsync.SessionOption, stop func()
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			report(os.Stderr, fmt.Errorf("metrics server: %w", err))
-		}
-	}()
-	stop = func() {
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	stop = func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		srv.Shutdown(ctx)
-		srv.Close()
-		<-served
+		err := srv.Shutdown(ctx)
+		if err != nil {
+			err = errors.Join(err, srv.Close())
+		}
+		if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+			err = errors.Join(err, serr)
+		}
+		if err != nil {
+			return fmt.Errorf("metrics server: %w", err)
+		}
+		return nil
 	}
 	return append(opts, etcdsync.WithMetrics(m)), stop, nil
 }

@@ -194,7 +194,7 @@ var argNames = map[int]string{1: "NAME", 2: "NAME VALUE"}
 type conn struct {
 	cli         *clientv3.Client
 	s           *etcdsync.Session
-	stopMetrics func()
+	stopMetrics func() error
 }
 
 // open dials etcd (bounded by --dial-timeout), starts serving metrics if
@@ -207,14 +207,11 @@ func open(cf *connFlags, name string, f holdFlags) (*conn, error) {
 	}
 	cli, err := cf.dial(context.Background(), name+"/")
 	if err != nil {
-		stopMetrics()
-		return nil, err
+		return nil, joinExit(err, stopMetrics())
 	}
 	s, err := etcdsync.NewSession(cli, append(opts, etcdsync.WithTTL(f.ttl))...)
 	if err != nil {
-		stopMetrics()
-		cli.Close()
-		return nil, err
+		return nil, joinExit(err, cli.Close(), stopMetrics())
 	}
 	return &conn{cli: cli, s: s, stopMetrics: stopMetrics}, nil
 }
@@ -236,8 +233,12 @@ func (c *conn) close(h *hold) error {
 	if err := c.s.Close(); err != nil && !ended {
 		errs = append(errs, err)
 	}
-	c.cli.Close()
-	c.stopMetrics()
+	if err := c.cli.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close the client: %w", err))
+	}
+	if err := c.stopMetrics(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -262,10 +263,15 @@ func openHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*e
 	return c, h, nil
 }
 
-// withClose returns err, with what closing c failed at added to its
-// message; a nil err becomes the close error, if any, exiting 1.
-func withClose(err error, c *conn, h *hold) error {
-	cerr := c.close(h)
+// withClose closes c (releasing h) and returns err with what closing
+// failed at (see joinExit).
+func withClose(err error, c *conn, h *hold) error { return joinExit(err, c.close(h)) }
+
+// joinExit returns err, with what the clean-ups failed at added to its
+// message and its exit code kept; a nil err becomes the clean-up error, if
+// any, exiting 1.
+func joinExit(err error, cleanups ...error) error {
+	cerr := errors.Join(cleanups...)
 	if cerr == nil {
 		return err
 	}

@@ -45,7 +45,7 @@ func main() {
 	}
 }
 
-func run(addr string, duration time.Duration) error {
+func run(addr string, duration time.Duration) (err error) {
 	cli, closeAll, err := etcdsynctest.Connect()
 	if err != nil {
 		return err
@@ -73,6 +73,14 @@ func run(addr string, duration time.Duration) error {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	defer func() { // the server ends with run, whatever run returns
+		shutdown, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		err = errors.Join(err, srv.Shutdown(shutdown))
+		if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+			err = errors.Join(err, serr)
+		}
+	}()
 	fmt.Printf("serving http://%s/metrics\n", ln.Addr())
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 
@@ -92,27 +100,16 @@ func run(addr string, duration time.Duration) error {
 			return err
 		}
 	}
-	if err := printScrape("http://" + ln.Addr().String() + "/metrics"); err != nil {
-		return err
-	}
-	shutdown, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil {
-		return err
-	}
-	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return printScrape("http://" + ln.Addr().String() + "/metrics")
 }
 
 // worker runs a job under the lock until ctx ends.
-func worker(ctx context.Context, id int, cli *clientv3.Client, metrics *etcdsync.Metrics, logger *slog.Logger) error {
+func worker(ctx context.Context, id int, cli *clientv3.Client, metrics *etcdsync.Metrics, logger *slog.Logger) (err error) {
 	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(10*time.Second), etcdsync.WithMetrics(metrics), etcdsync.WithLogger(logger))
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	defer func() { err = errors.Join(err, s.Close()) }()
 	m := etcdsync.NewMutex(s, lockName)
 	for ctx.Err() == nil {
 		err := m.Run(ctx, func(ctx context.Context) error {

@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -44,7 +45,7 @@ func main() {
 	}
 }
 
-func run(readers, writers, rounds int, ttl time.Duration) error {
+func run(readers, writers, rounds int, ttl time.Duration) (err error) {
 	cli, closeAll, err := etcdsynctest.Connect()
 	if err != nil {
 		return err
@@ -55,11 +56,11 @@ func run(readers, writers, rounds int, ttl time.Duration) error {
 	prefix := fmt.Sprintf("etcdsync-example/%s/", strconv.FormatInt(time.Now().UnixNano(), 36))
 	fmt.Printf("this run's keys are under %s\n", prefix)
 	k := keysUnder(prefix)
-	defer func() {
+	defer func() { // whatever run returns
 		dctx, dcancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer dcancel()
-		if _, err := cli.Delete(dctx, prefix, clientv3.WithPrefix()); err != nil {
-			log.Printf("cleaning up %s: %v", prefix, err)
+		if _, derr := cli.Delete(dctx, prefix, clientv3.WithPrefix()); derr != nil {
+			err = errors.Join(err, fmt.Errorf("cleaning up %s: %w", prefix, derr))
 		}
 	}()
 	if _, err := cli.Txn(ctx).Then(clientv3.OpPut(k.version, "0"), clientv3.OpPut(k.payload, "payload of version 0")).Commit(); err != nil {
