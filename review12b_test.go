@@ -203,32 +203,13 @@ func TestR12bExactReaderLaggingFollower(t *testing.T) {
 			name := "r12blag-" + tc.name
 			f := c.Follower()
 			require.NotNil(t, f)
-			fi := slices.Index(c.Members(), f)
 			li := slices.Index(c.Members(), c.Leader())
 			require.GreaterOrEqual(t, li, 0)
 			unary := li
 			if tc.unaryToAll {
 				unary = -1
 			}
-			cnt := counter{created: make(chan struct{}, 64)}
-			cli := r12bRoutedClient(t, c, fi, unary, &cnt)
-			// the writers' calls go to the leader: the cut follower's proposals block
-			wcli := etcdtest.NewClient(t, []string{c.Member(li).Endpoint()})
-
-			w1 := etcdsync.NewRWMutex(session(t, wcli), name)
-			require.NoError(t, w1.Lock(ctx))
-			w2 := etcdsync.NewRWMutex(session(t, wcli), name)
-			w2ctx, w2cancel := context.WithCancel(ctx)
-			defer w2cancel()
-			w2got := r12Go(func() error { return w2.Lock(w2ctx) })
-			waitKeys(t, wcli, name+"/", 2)
-			r := etcdsync.NewRWMutex(session(t, cli, etcdsync.WithTTL(10*time.Second)), name)
-			rgot := r12Go(func() error { return r.RLock(ctx) })
-			r12bWatchesCreated(t, &cnt, 2, "reader's watches on the follower")
-
-			require.NoError(t, c.CutPeers(f))
-			w2cancel()
-			require.ErrorIs(t, r12Result(t, w2got, testTimeout, "W2 cancelled"), context.Canceled)
+			w1, r, rgot := r12bReaderBehindWithdrawnWriter(t, ctx, c, name, f, unary, 64)
 			if tc.releaseW1 {
 				require.NoError(t, w1.Unlock(ctx))
 			}
@@ -247,6 +228,36 @@ func TestR12bExactReaderLaggingFollower(t *testing.T) {
 	}
 }
 
+// r12bReaderBehindWithdrawnWriter sets up both lagging-follower tests: W1
+// holds and W2 waits on name (their calls go to the leader, so that the cut
+// follower's proposals do not block them); a reader R waits with its watch
+// stream on follower f (its unary calls to member unary, or balanced with
+// -1; created sizes its watch counter); then f is cut off from its peers
+// and W2 gives up. It returns W1, R and R's RLock result.
+func r12bReaderBehindWithdrawnWriter(t *testing.T, ctx context.Context, c *etcdtest.Cluster, name string, f *etcdtest.Member, unary, created int) (w1, r *etcdsync.RWMutex, rgot <-chan error) {
+	t.Helper()
+	fi := slices.Index(c.Members(), f)
+	li := slices.Index(c.Members(), c.Leader())
+	require.GreaterOrEqual(t, li, 0)
+	cnt := counter{created: make(chan struct{}, created)}
+	cli := r12bRoutedClient(t, c, fi, unary, &cnt)
+	wcli := etcdtest.NewClient(t, []string{c.Member(li).Endpoint()})
+	w1 = etcdsync.NewRWMutex(session(t, wcli), name)
+	require.NoError(t, w1.Lock(ctx))
+	w2 := etcdsync.NewRWMutex(session(t, wcli), name)
+	w2ctx, w2cancel := context.WithCancel(ctx)
+	defer w2cancel()
+	w2got := r12Go(func() error { return w2.Lock(w2ctx) })
+	waitKeys(t, wcli, name+"/", 2)
+	r = etcdsync.NewRWMutex(session(t, cli, etcdsync.WithTTL(10*time.Second)), name)
+	rgot = r12Go(func() error { return r.RLock(ctx) })
+	r12bWatchesCreated(t, &cnt, 2, "reader's watches on the follower")
+	require.NoError(t, c.CutPeers(f))
+	w2cancel()
+	require.ErrorIs(t, r12Result(t, w2got, testTimeout, "W2 cancelled"), context.Canceled)
+	return w1, r, rgot
+}
+
 // Same, with a cut longer than the election timeout: the follower loses
 // its leader, the reader's stream (WithRequireLeader) breaks again and
 // again, and the reader must neither hold early nor stay stuck.
@@ -259,24 +270,8 @@ func TestR12bExactReaderFollowerLosesLeader(t *testing.T) {
 	name := "r12blost"
 	f := c.Follower()
 	require.NotNil(t, f)
-	fi := slices.Index(c.Members(), f)
 	li := slices.Index(c.Members(), c.Leader())
-	cnt := counter{created: make(chan struct{}, 256)}
-	cli := r12bRoutedClient(t, c, fi, li, &cnt)
-	wcli := etcdtest.NewClient(t, []string{c.Member(li).Endpoint()})
-	w1 := etcdsync.NewRWMutex(session(t, wcli), name)
-	require.NoError(t, w1.Lock(ctx))
-	w2 := etcdsync.NewRWMutex(session(t, wcli), name)
-	w2ctx, w2cancel := context.WithCancel(ctx)
-	defer w2cancel()
-	w2got := r12Go(func() error { return w2.Lock(w2ctx) })
-	waitKeys(t, wcli, name+"/", 2)
-	r := etcdsync.NewRWMutex(session(t, cli, etcdsync.WithTTL(10*time.Second)), name)
-	rgot := r12Go(func() error { return r.RLock(ctx) })
-	r12bWatchesCreated(t, &cnt, 2, "reader's watches on the follower")
-	require.NoError(t, c.CutPeers(f))
-	w2cancel()
-	require.ErrorIs(t, r12Result(t, w2got, testTimeout, "W2 cancelled"), context.Canceled)
+	w1, r, rgot := r12bReaderBehindWithdrawnWriter(t, ctx, c, name, f, li, 256)
 	r12NotYet(t, rgot, 2*time.Second, "reader while W1 holds (follower cut)")
 	require.NoError(t, c.HealPeers(f))
 	r12NotYet(t, rgot, time.Second, "reader while W1 holds (healed)")
