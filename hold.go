@@ -179,10 +179,10 @@ func (h *hold) finish(cause error) {
 		h.over.Store(true)
 		end := h.end
 		h.mu.Unlock()
+		h.finished(cause) // reported before Done closes
 		if end != nil {
 			end(cause)
 		}
-		h.finished(cause)
 		h.s.releaseKey(h.key)
 	})
 }

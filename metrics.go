@@ -149,7 +149,9 @@ func WithLogger(l *slog.Logger) SessionOption {
 }
 
 // WithMetrics makes the session report to m (see NewMetrics). The default
-// reports nothing and costs nothing.
+// reports nothing and costs nothing. A hold's end is reported before its
+// Done closes; a session's end, and that of the holds it ends, by the time
+// Close returns (Done closes first).
 func WithMetrics(m *Metrics) SessionOption {
 	return optionFunc(func(o *sessionOptions) { o.metrics = m })
 }

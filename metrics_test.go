@@ -120,6 +120,7 @@ func TestMetricsScraped(t *testing.T) {
 	require.NoError(t, err)
 	within(t, r.Done(), testTimeout, "revoked hold's Done")
 	within(t, s3.Done(), testTimeout, "revoked session's end")
+	s3.Close() // its end is reported once Close returns
 
 	// A hold cut off from etcd until the session's local deadline.
 	u, err := url.Parse(c.Member(0).Endpoint())
@@ -133,6 +134,7 @@ func TestMetricsScraped(t *testing.T) {
 	within(t, s4.Done(), testTimeout, "cut session's end")
 	require.ErrorIs(t, s4.Err(), etcdsync.ErrLostContact)
 	p.Blackhole(false)
+	s4.Close() // its end, and its hold's, are reported once Close returns
 
 	fams = scrape(t, srv.URL)
 	expect := func(want float64, name string, labels ...string) {
