@@ -49,6 +49,7 @@ type Session struct {
 
 	mu       sync.Mutex
 	deadline time.Time          // local deadline, see above
+	moved    chan struct{}      // closed when deadline next moves or the session ends (DeadlineMoved); nil until asked for
 	keys     map[string]keyUse  // key in use by a primitive of this session
 	swept    map[string][]int64 // keys swept (see sweep) -> revisions of creates by this session's acquires not yet seen by the sweeper
 	watchers sync.WaitGroup     // hold watchers and sweepers started by this session
@@ -178,6 +179,7 @@ func (s *Session) unreachable(what string, err error) error {
 func (s *Session) keepAlive(first time.Time) {
 	defer close(s.loop)
 	defer s.ended()
+	defer s.stopMoving()
 	defer s.finishHolds()
 	defer s.unlink()
 	pace := s.ttl / 3
@@ -254,6 +256,22 @@ func (s *Session) extend(d time.Time) {
 	defer s.mu.Unlock()
 	if d.After(s.deadline) {
 		s.deadline = d
+		s.stopMovingLocked()
+	}
+}
+
+// stopMoving closes the channel DeadlineMoved handed out, if any: the
+// session has ended.
+func (s *Session) stopMoving() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopMovingLocked()
+}
+
+func (s *Session) stopMovingLocked() {
+	if s.moved != nil {
+		close(s.moved)
+		s.moved = nil
 	}
 }
 
@@ -390,6 +408,30 @@ func (s *Session) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.deadline
+}
+
+// DeadlineMoved returns a channel that is closed when the local deadline
+// (see Deadline) next moves, after an acknowledged keepalive, or when the
+// session ends; after the end the channel is closed already. It does not
+// block. Take the channel before reading Deadline, so that no move is
+// missed: a program that hands the deadline on (to a child process, a
+// device, a worker with a hard stop) loops
+//
+//	for s.Err() == nil {
+//		moved := s.DeadlineMoved()
+//		handOn(s.Deadline())
+//		<-moved
+//	}
+func (s *Session) DeadlineMoved() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return closed
+	}
+	if s.moved == nil {
+		s.moved = make(chan struct{})
+	}
+	return s.moved
 }
 
 // Ctx returns a context cancelled when the session ends; context.Cause tells

@@ -43,6 +43,29 @@ func TestSessionTTLRoundsUp(t *testing.T) {
 	require.Equal(t, int64(2), resp.GrantedTTL)
 }
 
+// DeadlineMoved closes when an acknowledged keepalive moves the local
+// deadline (later than before), and at the session's end; after the end it
+// is closed already.
+func TestSessionDeadlineMoved(t *testing.T) {
+	c := kitSingle(t)
+	s := session(t, c.Client(t), etcdsync.WithTTL(time.Second))
+	for range 3 {
+		moved := s.DeadlineMoved()
+		before := s.Deadline()
+		within(t, moved, 10*time.Second, "an acknowledged keepalive moves the deadline")
+		require.True(t, s.Deadline().After(before), "the deadline moved on")
+		require.Nil(t, s.Err())
+	}
+	moved := s.DeadlineMoved()
+	require.NoError(t, s.Close())
+	within(t, moved, time.Second, "the end closes the channel")
+	select {
+	case <-s.DeadlineMoved():
+	default:
+		t.Fatal("DeadlineMoved after the end: not closed")
+	}
+}
+
 // The lease outlives several TTLs while the session runs; Close revokes it,
 // Orphan leaves it to expire.
 func TestSessionKeepAliveCloseOrphan(t *testing.T) {

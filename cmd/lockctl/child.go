@@ -11,6 +11,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/etcdsync/etcdsync"
 )
 
 // forwarded are the signals lockctl catches and passes to the command's
@@ -47,37 +49,82 @@ func lookCommand(name string) (string, error) {
 	return "", fail(exitNotFound, err)
 }
 
-// child is the command lockctl runs, as the leader of a process group of
-// its own (its group ID is its PID).
+// child is the command lockctl runs, under its guard (see guard.go): the
+// guard's process, the command's process group, the pipe that hands the
+// guard the session's deadline, and the guard's records.
 type child struct {
-	cmd    *exec.Cmd
-	pgid   int
-	exited chan struct{} // closed once the leader is reaped; cmd.ProcessState is set then
+	guard     *exec.Cmd
+	exited    chan struct{} // closed once the guard is reaped
+	pgid      int           // the command's process group (its leader's PID)
+	deadlines *os.File      // lockctl's end of the deadlines pipe
+	records   chan guardRecord
 }
 
 // startChild starts the executable at path with argv (argv[0] is its name)
 // and env, with lockctl's stdin, stdout and stderr, as the leader of a new
-// process group. It does not block: a goroutine waits for the leader and
-// closes exited (supervise joins it). A start failure is exit 126.
-func startChild(path string, argv, env []string) (*child, error) {
-	cmd := &exec.Cmd{
-		Path:        path,
-		Args:        argv,
+// process group, under a guard that kills the group at deadline unless
+// supervise moves it on (see guard.go), and with grace after lockctl dies.
+// It blocks until the command has started or failed to (exit 126); the
+// caller then supervises the child, which joins the goroutines started here.
+func startChild(path string, argv, env []string, grace time.Duration, deadline time.Time) (*child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find lockctl's own executable for the guard: %w", err)
+	}
+	dr, dw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	rr, rw, err := os.Pipe()
+	if err != nil {
+		dr.Close()
+		dw.Close()
+		return nil, err
+	}
+	defer dr.Close()
+	defer rw.Close()
+	if err := writeDeadline(dw, deadline); err != nil { // the pipe holds it for the guard
+		dw.Close()
+		rr.Close()
+		return nil, err
+	}
+	guard := &exec.Cmd{
+		Path:        exe,
+		Args:        append([]string{"lockctl", guardArg, grace.String(), path}, argv...),
 		Env:         env,
 		Stdin:       os.Stdin,
 		Stdout:      os.Stdout,
 		Stderr:      os.Stderr,
+		ExtraFiles:  []*os.File{dr, rw}, // 3 and 4
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fail(exitNoExec, err)
+	if err := guard.Start(); err != nil {
+		dw.Close()
+		rr.Close()
+		return nil, fail(exitFailure, fmt.Errorf("start the guard: %w", err))
 	}
-	c := &child{cmd: cmd, pgid: cmd.Process.Pid, exited: make(chan struct{})}
+	c := &child{guard: guard, exited: make(chan struct{}), deadlines: dw, records: make(chan guardRecord)}
 	go func() {
 		defer close(c.exited)
-		cmd.Wait() // the status is in cmd.ProcessState
+		guard.Wait()
 	}()
-	return c, nil
+	go func() {
+		defer rr.Close()
+		readRecords(rr, c.records)
+	}()
+	rec, ok := <-c.records
+	if ok && rec.kind == recStarted {
+		c.pgid = rec.pgid
+		return c, nil
+	}
+	for range c.records { // to the guard's end
+	}
+	<-c.exited
+	dw.Close()
+	if ok && rec.kind == recFailed {
+		return nil, fail(exitNoExec, fmt.Errorf("%s: %s", path, rec.msg))
+	}
+	return nil, fail(exitFailure, fmt.Errorf("the guard ended before the command started: %v", guard.ProcessState))
 }
 
 // signal sends sig to the command's whole process group. A group with no
@@ -86,37 +133,74 @@ func (c *child) signal(sig syscall.Signal) {
 	syscall.Kill(-c.pgid, sig)
 }
 
+// feed hands the guard the session's local deadline each time it moves,
+// until the hold ends (lost closes), stop closes or the guard is gone. It
+// blocks until then.
+func (c *child) feed(s *etcdsync.Session, lost, stop <-chan struct{}) {
+	for s.Err() == nil {
+		moved := s.DeadlineMoved()
+		if writeDeadline(c.deadlines, s.Deadline()) != nil {
+			return
+		}
+		select {
+		case <-moved:
+		case <-lost:
+			return
+		case <-stop:
+			return
+		}
+	}
+}
+
 // outcome is how the command ended.
 type outcome struct {
-	state   *os.ProcessState // the leader's
-	stopped syscall.Signal   // after a loss: SIGTERM, or SIGKILL once --grace passed; 0 without a loss
+	status  syscall.WaitStatus // the command's, once exited
+	exited  bool
+	stopped syscall.Signal // after a loss: SIGTERM, or SIGKILL once --grace or the deadline passed; 0 without a loss
+	guard   error          // the guard ended before telling the command's status
 }
 
 // code is the exit code for the outcome: 128+signal when the group was
-// stopped after a loss (143 or 137), else the leader's own status (128+N
+// stopped after a loss (143 or 137), else the command's own status (128+N
 // when signal N ended it).
 func (o outcome) code() int {
-	if o.stopped != 0 {
-		return exitSignal + int(o.stopped)
-	}
-	ws, ok := o.state.Sys().(syscall.WaitStatus)
 	switch {
-	case !ok:
-		return o.state.ExitCode()
-	case ws.Signaled():
-		return exitSignal + int(ws.Signal())
+	case o.stopped != 0:
+		return exitSignal + int(o.stopped)
+	case o.status.Signaled():
+		return exitSignal + int(o.status.Signal())
 	}
-	return ws.ExitStatus()
+	return o.status.ExitStatus()
 }
 
-// supervise blocks until the command's process group has ended: the leader
-// has exited and lockctl has no child left in the group (see reapGroup).
-// Meanwhile it forwards each signal from sigs to the group. When lost closes
-// while the leader runs, it calls onLoss, sends SIGTERM to the group, and
-// SIGKILL once grace has passed. Processes the leader leaves in its group
-// get the same (onLeftover is called first, unless a signal was forwarded),
-// since the hold must outlive every one of them. It joins the goroutines it starts before returning.
-func (c *child) supervise(sigs <-chan os.Signal, lost <-chan struct{}, grace time.Duration, onLoss, onLeftover func()) outcome {
+// lossHooks are what supervise reports through.
+type lossHooks struct {
+	loss     func() syscall.Signal // the hold ended while the command ran: says so, returns the signal for the group now
+	leftover func()                // the command left processes in its group
+	deadline func()                // the guard killed the group at the deadline, no loss reported before
+}
+
+// supervise blocks until the command's process group has ended and the
+// guard has exited. Meanwhile it hands the guard the session's deadline (see
+// feed), and forwards each signal from sigs to the group. When lost closes
+// while the command runs, it calls hooks.loss and sends the group the signal
+// that returns: SIGTERM, then SIGKILL once grace has passed; or SIGKILL at
+// once. Processes the command leaves in its group get the same (hooks.leftover
+// is called first, unless a signal was forwarded), since the hold must
+// outlive every one of them. It joins the goroutines it and startChild
+// started, and closes the deadlines pipe, before returning.
+func (c *child) supervise(s *etcdsync.Session, sigs <-chan os.Signal, lost <-chan struct{}, grace time.Duration, hooks lossHooks) outcome {
+	stopFeed, fed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(fed)
+		c.feed(s, lost, stopFeed)
+	}()
+	defer func() {
+		close(stopFeed)
+		<-fed
+		c.deadlines.Close()
+	}()
+
 	var out outcome
 	var timer *time.Timer
 	var kill <-chan time.Time // fires grace after SIGTERM
@@ -125,48 +209,55 @@ func (c *child) supervise(sigs <-chan os.Signal, lost <-chan struct{}, grace tim
 			timer.Stop()
 		}
 	}()
-	stop := func() { // SIGTERM now, SIGKILL after grace; once
-		if timer == nil {
-			c.signal(syscall.SIGTERM)
+	stop := func(sig syscall.Signal) { // SIGTERM now and SIGKILL after grace, once; or SIGKILL now
+		if sig == syscall.SIGKILL {
+			c.signal(sig)
+		} else if timer == nil {
+			c.signal(sig)
 			timer = time.NewTimer(grace)
 			kill = timer.C
 		}
 	}
-	exited := c.exited
-	var gone chan struct{} // closed when reapGroup returns; nil while the leader runs
-	signalled := false     // a signal was forwarded: the group is asked to end
+	signalled := false // a signal was forwarded: the group is asked to end
 	for {
 		select {
-		case <-exited:
-			exited = nil
-			out.state = c.cmd.ProcessState
-			if !groupLeft(c.pgid) {
+		case rec, ok := <-c.records:
+			if !ok {
+				<-c.exited
+				if !out.exited { // the guard died under the command: end the group
+					out.guard = fmt.Errorf("the guard ended (%v) while the command ran; its process group got SIGKILL", c.guard.ProcessState)
+					c.signal(syscall.SIGKILL)
+					reapGroup(c.pgid)
+				}
 				return out
 			}
-			if timer == nil {
-				if !signalled { // else they may just be ending
-					onLeftover()
+			switch rec.kind {
+			case recExited:
+				out.status, out.exited = rec.status, true
+				if rec.left && timer == nil && out.stopped != syscall.SIGKILL {
+					if !signalled { // else they may just be ending
+						hooks.leftover()
+					}
+					stop(syscall.SIGTERM)
 				}
-				stop()
+			case recKilled:
+				if lost != nil {
+					lost = nil
+					hooks.deadline()
+				}
+				out.stopped = syscall.SIGKILL
 			}
-			gone = make(chan struct{})
-			go func() {
-				defer close(gone)
-				reapGroup(c.pgid)
-			}()
-		case <-gone:
-			return out
 		case sig := <-sigs:
 			c.signal(sysSignal(sig))
 			signalled = true
 		case <-lost:
 			lost = nil
-			if exited == nil { // the leader ended first: its status stands
+			if out.exited { // the command ended first: its status stands
 				continue
 			}
-			onLoss()
-			out.stopped = syscall.SIGTERM
-			stop()
+			sig := hooks.loss()
+			out.stopped = sig
+			stop(sig)
 		case <-kill:
 			kill = nil
 			c.signal(syscall.SIGKILL)
@@ -209,7 +300,32 @@ func reapGroup(pgid int) {
 	}
 }
 
-// lossMessage is the line lockctl prints when a hold ends under the command.
+// lossSignal is the signal the command's group gets when h ends under it:
+// SIGKILL when contact with etcd was lost (the session's deadline has
+// passed: etcd may give the hold to another now), else SIGTERM, then SIGKILL
+// after --grace or at the session's deadline, whichever comes first.
+func lossSignal(h hold) syscall.Signal {
+	if errors.Is(h.Err(), etcdsync.ErrLostContact) {
+		return syscall.SIGKILL
+	}
+	return syscall.SIGTERM
+}
+
+// lossMessage is the line lockctl prints when h ends under the command.
 func lossMessage(h hold, name string, grace time.Duration) error {
-	return fmt.Errorf("lost the %s on %s: %v; sending SIGTERM to the command's process group (SIGKILL after --grace %v)", h.what, name, h.Err(), grace)
+	if lossSignal(h) == syscall.SIGKILL {
+		return fmt.Errorf("lost the %s on %s: %v; killing the command's process group (SIGKILL): etcd may give the %s to another holder from now on", h.what, name, h.Err(), h.what)
+	}
+	return fmt.Errorf("lost the %s on %s: %v; sending SIGTERM to the command's process group (SIGKILL after --grace %v, or at the session's deadline if sooner)", h.what, name, h.Err(), grace)
+}
+
+// deadlineMessage is the line lockctl prints when the guard killed the
+// command's group at the session's deadline before lockctl saw a loss
+// (lockctl was stopped, or could not keep up).
+func deadlineMessage(h hold, name string) error {
+	cause := "no keepalive acknowledged in time moved the session's deadline on (was lockctl stopped?)"
+	if err := h.Err(); err != nil {
+		cause = err.Error()
+	}
+	return fmt.Errorf("lost the %s on %s: %s; the guard killed the command's process group (SIGKILL) at the session's deadline", h.what, name, cause)
 }

@@ -10,10 +10,13 @@
 //	lockctl observe NAME                      # one line per change of leader
 //	lockctl holders NAME [-o json]            # who holds and who waits, in queue order
 //
-// The command runs without a shell, in a process group of its own. When the
-// hold is lost (the session's local deadline passed with etcd unreachable,
-// the lease was revoked, the key was deleted) the group gets SIGTERM at once
-// and SIGKILL after --grace. See "lockctl run --help" for the exit codes.
+// The command runs without a shell, in a process group of its own, under a
+// guard process that kills the group at the session's local deadline (the
+// earliest instant etcd may give the hold to another) whatever happens to
+// lockctl (see guard.go). When the hold is lost (the lease was revoked, the
+// key was deleted) the group gets SIGTERM at once and SIGKILL after --grace
+// or at the deadline; when contact with etcd is lost, SIGKILL at the
+// deadline. See "lockctl run --help" for the exit codes.
 package main
 
 import (
@@ -80,6 +83,9 @@ func exitStatus(code int) error { return &exitError{code: code} }
 
 // main runs lockctl and exits with its code.
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == guardArg {
+		os.Exit(guardMain(os.Args[2:]))
+	}
 	os.Exit(lockctl(os.Args[1:], os.Stdout, os.Stderr))
 }
 

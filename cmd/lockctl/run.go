@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
@@ -21,7 +22,8 @@ const exitCodesHelp = `Exit codes:
   128+N    the command died by signal N (130 SIGINT, 143 SIGTERM, ...), or
            lockctl got signal N while waiting, before the command started
   143      the hold was lost; the command's group ended after SIGTERM
-  137      the hold was lost; the group was killed with SIGKILL after --grace
+  137      the hold was lost; the group was killed with SIGKILL after --grace,
+           or at the session's deadline (contact lost, lockctl stopped)
   75       --try: the lock is held by someone else
   124      --timeout passed while waiting
   126      the command could not be started
@@ -38,11 +40,15 @@ lockctl's stdin, stdout and stderr, and with these variables:
                   from one holder to the next (also ETCD_LOCK_REV)
   ETCDSYNC_LEASE  the session's lease ID in hex (the key's last part)
 SIGINT, SIGTERM, SIGHUP and SIGQUIT to lockctl go to the whole group. When
-the hold is lost (no keepalive acknowledged within the TTL, so that the
-server may expire the lease; the lease revoked; the key deleted) the group
-gets SIGTERM at once and SIGKILL after --grace. Processes the command leaves
-in its group get the same before the hold is released. Then lockctl
-releases the hold and revokes its lease, so that nothing is left in etcd.`
+the hold is lost (the lease revoked, the key deleted) the group gets SIGTERM
+at once and SIGKILL after --grace or at the session's deadline, whichever
+comes first; when contact with etcd is lost (no keepalive acknowledged within
+the TTL, so that the server may expire the lease) the group gets SIGKILL at
+the session's deadline. A guard process (lockctl __guard in ps) starts the
+command and kills its group by that deadline even if lockctl is killed,
+stopped or hangs. Processes the command leaves in its group get SIGTERM and
+SIGKILL too before the hold is released. Then lockctl releases the hold and
+revokes its lease, so that nothing is left in etcd.`
 
 // holdFlags are the flags of the commands that take a hold.
 type holdFlags struct {
@@ -306,16 +312,32 @@ func runHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*et
 		return err
 	}
 	key, rev, lost := h.Key(), h.Rev(), h.Done()
-	becomeSubreaper() // best effort: without it, only lockctl's own children are waited for
-	ch, err := startChild(path, argv, childEnv(name, key, rev, c.s.Lease()))
+	becomeSubreaper() // best effort: should the guard die, lockctl reaps the group
+	ch, err := startChild(path, argv, childEnv(name, key, rev, c.s.Lease()), f.grace, c.s.Deadline())
 	if err != nil {
 		return withClose(err, c, &h)
 	}
-	out := ch.supervise(sigs, lost, f.grace,
-		func() { report(os.Stderr, lossMessage(h, name, f.grace)) },
-		func() {
+	out := ch.supervise(c.s, sigs, lost, f.grace, lossHooks{
+		loss: func() syscall.Signal {
+			report(os.Stderr, lossMessage(h, name, f.grace))
+			return lossSignal(h)
+		},
+		leftover: func() {
 			report(os.Stderr, fmt.Errorf("the command left processes in its group; sending them SIGTERM (SIGKILL after --grace %v) before releasing the %s on %s", f.grace, h.what, name))
-		})
+		},
+		deadline: func() {
+			if !time.Now().Before(c.s.Deadline()) { // the session ends now: wait for its cause, briefly
+				select {
+				case <-lost:
+				case <-time.After(time.Second):
+				}
+			}
+			report(os.Stderr, deadlineMessage(h, name))
+		},
+	})
+	if out.guard != nil {
+		return withClose(fail(exitFailure, out.guard), c, &h)
+	}
 	return withClose(exitStatus(out.code()), c, &h)
 }
 

@@ -1,0 +1,93 @@
+//go:build unix
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The command never runs past its hold, whatever happens to lockctl. Each
+// case starts a first lockctl (--ttl 2s, a --grace longer than the TTL)
+// whose command ignores SIGTERM (it logs it), has a grandchild, and appends
+// "A" to a shared log every 20ms; a second lockctl waits for the same name
+// and appends "B" twice once it holds. When lockctl is killed (-9: its
+// guard sends the group SIGTERM at once) or stopped (its guard hears nothing
+// more), the guard kills the group at the session's local deadline, before
+// etcd can expire the lease: no "A" follows the first "B", and the command
+// and its grandchild are gone. A stopped lockctl, once continued, reports
+// the loss in one line and exits 137, leaving nothing in etcd.
+func TestGuardBoundsCommandByHold(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		what    string
+		cmd     []string // lockctl's arguments up to NAME
+		args    string   // for the first, the second: after NAME, before --
+		sig     syscall.Signal
+		termLog bool // the guard's SIGTERM reaches the command
+	}{
+		{"run killed", []string{"run"}, "", syscall.SIGKILL, true},
+		{"run stopped", []string{"run"}, "", syscall.SIGSTOP, false},
+		{"elect killed", []string{"elect"}, "v", syscall.SIGKILL, true},
+		{"elect stopped", []string{"elect"}, "v", syscall.SIGSTOP, false},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			t.Parallel()
+			name, dir := uniqueName(t), t.TempDir()
+			log := filepath.Join(dir, "log")
+			pidfile, gpidfile := filepath.Join(dir, "pid"), filepath.Join(dir, "gpid")
+			args := func(value string, script string) []string {
+				a := append(slices.Clone(tc.cmd), "--ttl", "2s", "--grace", "30s", name)
+				if tc.args != "" {
+					a = append(a, value)
+				}
+				return append(a, "--", "sh", "-c", script)
+			}
+			first := start(t, args("first", fmt.Sprintf(
+				`trap 'echo "A term" >> %[1]q' TERM; sleep 60 & echo $! > %[2]q.tmp && mv %[2]q.tmp %[2]q; echo $$ > %[3]q.tmp && mv %[3]q.tmp %[3]q; i=0; while [ $i -lt 3000 ]; do echo A >> %[1]q; sleep 0.02; i=$((i+1)); done`,
+				log, gpidfile, pidfile))...)
+			pid, err := strconv.Atoi(strings.TrimSpace(readFile(t, pidfile)))
+			require.NoError(t, err)
+			gpid, err := strconv.Atoi(strings.TrimSpace(readFile(t, gpidfile)))
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				syscall.Kill(-pid, syscall.SIGKILL)
+				syscall.Kill(gpid, syscall.SIGKILL)
+			})
+			second := start(t, args("second", fmt.Sprintf(`echo B >> %[1]q; sleep 0.3; echo B >> %[1]q`, log))...)
+			waitKeys(t, name+"/", 2)
+
+			first.signal(t, tc.sig)
+			require.Equal(t, 0, second.wait(t), "stderr: %s", second.stderr.String())
+			b, err := os.ReadFile(log)
+			require.NoError(t, err)
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			firstB := slices.Index(lines, "B")
+			require.Positive(t, firstB, "log %q", lines)
+			require.Contains(t, lines[:firstB], "A", "the first ran before the second")
+			require.NotContains(t, lines[firstB:], "A", "the first's command ran into the second's hold: %q", lines)
+			require.Equal(t, tc.termLog, slices.Contains(lines, "A term"), "SIGTERM before SIGKILL: %q", lines)
+			require.True(t, gone(pid), "the first's command %d outlived its hold", pid)
+			require.True(t, gone(gpid), "the first's grandchild %d outlived its hold", gpid)
+
+			if tc.sig == syscall.SIGSTOP {
+				first.signal(t, syscall.SIGCONT)
+				require.Equal(t, 137, first.wait(t), "stderr: %s", first.stderr.String())
+				line := oneLine(t, first.stderr.String())
+				require.Regexp(t, "lost the (lock|leadership) on "+name+": ", line)
+				require.Contains(t, line, "SIGKILL")
+			} else {
+				first.wait(t)
+			}
+			noKeys(t, name)
+		})
+	}
+}
