@@ -99,3 +99,33 @@ func TestLossBlackhole(t *testing.T) {
 	// The server expires the lease by itself.
 	eventually(t, func() bool { return len(keys(t, name+"/")) == 0 }, "the server expires the lease")
 }
+
+// A slow but working link is not a lost one: with replies delayed by half
+// the TTL, keepalives are still acknowledged within the TTL of their
+// sending, so neither lockctl nor its guard stops the command, which ends
+// by itself with its own status.
+func TestSlowLinkKeepsCommand(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
+	proxy := etcdtest.NewProxy(t, strings.TrimPrefix(endpoint, "http://"))
+	const ttl = 2 * time.Second
+	p := start(t, "--endpoints", proxy.Endpoint(), "run", "--ttl", ttl.String(), name, "--", "sh", "-c",
+		fmt.Sprintf(`echo x > %q; %s; exit 7`, started, waitFor(release)))
+	readFile(t, started)
+	proxy.SetLatency(ttl / 2)
+	// Three TTLs at half-TTL latency: the hold would have ended twice over
+	// if a slow acknowledgement counted as none.
+	select {
+	case <-p.done:
+		t.Fatalf("lockctl ended on a slow link: %s", p.stderr.String())
+	case <-time.After(3 * ttl):
+	}
+	require.Len(t, keys(t, name+"/"), 1, "the hold lives")
+	require.True(t, p.running(), "lockctl ended: %s", p.stderr.String())
+	proxy.SetLatency(0)
+	touch(t, release)
+	require.Equal(t, 7, p.wait(t), "stderr: %s", p.stderr.String())
+	require.Empty(t, p.stderr.String())
+	noKeys(t, name)
+}
