@@ -17,18 +17,19 @@ import (
 // client: whether a waiter may confirm its turn by a watch progress request
 // (see stream.confirm) rather than by a read.
 type caps struct {
-	state atomic.Int32 // one of capsUnknown, capsProgress, capsNoProgress
+	state atomic.Int32 // one of capsUnknown, capsProgress, capsOldServer, capsUnanswered
 	mu    sync.Mutex   // one probe at a time
 }
 
 const (
-	capsUnknown int32 = iota
-	capsProgress
-	capsNoProgress
+	capsUnknown    int32 = iota
+	capsProgress         // progress answers confirm a turn
+	capsOldServer        // a server older than 3.6: reads confirm a turn
+	capsUnanswered       // a progress request went unanswered: etcd's gRPC proxy, whose serializable reads come from a cache
 )
 
 // probeTimeout bounds the version probe of a client's servers.
-const probeTimeout = 2 * time.Second
+const probeTimeout = time.Second
 
 // clientCaps maps a client (weakly: it does not keep the client alive) to
 // its caps.
@@ -49,13 +50,17 @@ func capsOf(cli *clientv3.Client) *caps {
 }
 
 // progress reports whether a progress answer may confirm a turn on cli. The
-// first call per client asks every endpoint's server for its version
-// (client.Maintenance.Status; without endpoints, as for an in-process
-// client, once with none), blocking for those calls, bounded by ctx and
-// probeTimeout. Only servers from 3.6 on are trusted: before fixes in late
-// 3.4 and 3.5 patch releases (etcd-io/etcd#15220) an answer could overtake
-// the events it vouches for. A probe that fails leaves the caps unknown
-// (this call says false, the next one asks again).
+// first call per client asks the server behind each endpoint for its
+// version (client.Maintenance.Status, all at once; without endpoints, as
+// for an in-process client, once with none), blocking for those calls,
+// bounded by ctx and probeTimeout. Only servers from 3.6 on are trusted:
+// before fixes in late 3.4 and 3.5 patch releases (etcd-io/etcd#15220) an
+// answer could overtake the events it vouches for. The answer is kept for
+// the client once one server answered and none is older; an endpoint that
+// does not answer is not counted (a member down at that moment, which etcd's
+// upgrade rules keep within one minor version of the others). When none
+// answers the caps stay unknown: this call says false, the next one asks
+// again.
 func (c *caps) progress(ctx context.Context, cli *clientv3.Client) bool {
 	if s := c.state.Load(); s != capsUnknown {
 		return s == capsProgress
@@ -71,23 +76,44 @@ func (c *caps) progress(ctx context.Context, cli *clientv3.Client) bool {
 	if len(eps) == 0 {
 		eps = []string{""}
 	}
-	for _, ep := range eps {
-		resp, err := cli.Status(ctx, ep)
-		if err != nil {
-			return false
+	versions := make([]string, len(eps)) // "" where no answer came
+	var wg sync.WaitGroup
+	for i, ep := range eps {
+		wg.Go(func() {
+			if resp, err := cli.Status(ctx, ep); err == nil {
+				versions[i] = resp.Version
+			}
+		})
+	}
+	wg.Wait()
+	answered := false
+	for _, v := range versions {
+		if v == "" {
+			continue
 		}
-		if !progressOrdered(resp.Version) {
-			c.state.Store(capsNoProgress)
+		answered = true
+		if !progressOrdered(v) {
+			c.state.Store(capsOldServer)
 			return false
 		}
 	}
-	c.state.Store(capsProgress)
-	return true
+	if answered {
+		c.state.Store(capsProgress)
+	}
+	return answered
 }
 
 // unanswered records that a progress request on cli went unanswered (etcd's
-// gRPC proxy ignores them): from now on its waiters read instead.
-func (c *caps) unanswered() { c.state.Store(capsNoProgress) }
+// gRPC proxy ignores them): from now on its waiters read instead, and
+// linearizably (see cached).
+func (c *caps) unanswered() { c.state.Store(capsUnanswered) }
+
+// cached reports whether serializable reads on the client are likely served
+// from etcd's gRPC proxy's cache, which writes made elsewhere and lease
+// expiry do not invalidate: such a read is checked against the revision it
+// must reach anyway, but it would mostly be behind, and a linearizable read
+// right away saves a round trip.
+func (c *caps) cached() bool { return c.state.Load() == capsUnanswered }
 
 // progressOrdered reports whether a server of version v (major.minor.patch)
 // sends the answer to a progress request after every event up to its

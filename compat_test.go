@@ -631,3 +631,59 @@ type wrapMaintenance struct {
 func (m wrapMaintenance) Status(ctx context.Context, endpoint string) (*clientv3.StatusResponse, error) {
 	return m.Maintenance.Status(m.w.mark(ctx, "Status"), endpoint)
 }
+
+// Through etcd's gRPC proxy, which never answers a progress request, a
+// client's waiters learn that once: only the first handoff asks (and waits
+// progressWait), the later ones read at once. Against a member, every
+// handoff is confirmed by a progress request and no RPC. Each handoff's
+// latency and critical-path RPCs are logged beside the other's.
+func TestCompatProgressLearnedOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	c := single(t)
+	proxy := startGRPCProxy(t, c.Endpoints())
+	admin := c.Client(t)
+	const handoffs = 5
+	for _, tc := range []struct {
+		name      string
+		endpoints []string
+		progress  int // progress requests over the handoffs
+		rpcs      int // unary RPCs between the holder's Unlock and the waiter's Lock, from the 2nd handoff on
+	}{
+		{"direct", c.Endpoints(), handoffs, 0},
+		{"grpcproxy", []string{proxy}, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxCell(t)
+			name := "progress-" + tc.name
+			calls := &wrapCalls{}
+			cnt := &counter{created: make(chan struct{}, 16)}
+			cli := calls.wrap(etcdtest.NewClient(t, tc.endpoints, append(calls.dial(), cnt.dial()...)...))
+			holder := etcdsync.NewMutex(session(t, admin), name)
+			waiter := etcdsync.NewMutex(session(t, cli), name)
+			var lat []time.Duration
+			for i := range handoffs {
+				require.NoError(t, holder.Lock(ctx))
+				w := async(func() error { return waiter.Lock(ctx) })
+				for range 2 { // the waiter's watches of its key and the holder's
+					within(t, cnt.created, cellTimeout, "the waiter's watches created")
+				}
+				before := cnt.unary.Load()
+				start := time.Now()
+				require.NoError(t, holder.Unlock(ctx))
+				require.NoError(t, result(t, w, "handoff"))
+				lat = append(lat, time.Since(start))
+				if n := cnt.unary.Load() - before; i > 0 {
+					require.EqualValues(t, tc.rpcs, n, "RPCs on the critical path of handoff %d", i)
+				}
+				require.NoError(t, waiter.Unlock(ctx))
+			}
+			calls.mu.Lock()
+			progress := calls.calls["RequestProgress"]
+			calls.mu.Unlock()
+			require.Equal(t, tc.progress, progress, "progress requests over %d handoffs", handoffs)
+			t.Logf("%s: handoff latencies (holder's Unlock to the waiter's Lock) %v", tc.name, lat)
+		})
+	}
+}

@@ -18,8 +18,10 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -370,9 +372,8 @@ type keyed struct {
 
 // stream is a waiter's watches: one of its own key and one of each of the
 // nearest keys that block it, all through the client's Watcher, from the
-// serving member's current revision. The client's Watcher puts all the
-// waiters' watches of one client on one gRPC stream (their contexts carry
-// the same metadata, see waitContext), apart from the caller's own watches.
+// serving member's current revision, on one gRPC stream of the wait's own
+// (see waitContext).
 // A response is matched to its key by the channel it came on, never by a
 // watch ID. The stream's goroutines (one per watch, each forwarding its
 // channel to in) are owned by the wait and joined by close.
@@ -389,12 +390,16 @@ type stream struct {
 	trust   bool // progress answers may confirm the turn (see caps)
 }
 
-// waitContext marks the watches and progress requests of waiters, so that
-// the client's Watcher keeps them on a stream of their own (it groups
-// watches by their contexts' outgoing metadata): a progress request then
-// waits only for waiters' watches, and only they get its answer.
+// waitSeq numbers waits, so that each has a stream of its own (waitContext).
+var waitSeq atomic.Uint64
+
+// waitContext marks the watches and progress requests of one wait with
+// metadata of their own, so that the client's Watcher (which groups watches
+// on gRPC streams by their contexts' outgoing metadata) puts them on a
+// stream of their own: a progress request then concerns, and its answer
+// reaches, this waiter's watches only, at any queue length.
 func waitContext(ctx context.Context) context.Context {
-	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "etcdsync-wait", "1")
+	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "etcdsync-wait", strconv.FormatUint(waitSeq.Add(1), 36))
 }
 
 // add starts the watch of key's deletes from the current revision. It
@@ -639,14 +644,20 @@ func (t *turn) deleted(wr clientv3.WatchResponse) int64 {
 }
 
 // settle re-reads the keys up to ours at a revision of at least atLeast and
-// of the latest delete seen (serializable when the member is that recent,
-// else linearizable) and
-// updates t. It returns an error wrapping ErrSessionExpired when our key is gone.
+// of the latest delete seen, and updates t: serializable when the answer is
+// that recent (its header's revision is checked: a cached answer, such as
+// etcd's gRPC proxy gives, is a true state at its revision, and when that
+// is too old it does not count), else linearizable; linearizable at once on
+// a client whose serializable reads come from that cache (caps.cached). It returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	atLeast = max(atLeast, t.gone) // a list from before a delete seen would wait for it again
 	opts := append(t.listOpts(), clientv3.WithMaxCreateRev(t.rev))
-	resp, err := t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
-	if err == nil && resp.Header.Revision < atLeast {
+	var resp *clientv3.GetResponse
+	var err error
+	if !capsOf(t.s.client).cached() {
+		resp, err = t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
+	}
+	if resp == nil && err == nil || err == nil && resp.Header.Revision < atLeast {
 		resp, err = t.s.client.Get(ctx, t.prefix, opts...)
 	}
 	if err != nil {
