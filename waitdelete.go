@@ -6,11 +6,15 @@ package etcdsync
 // in one create-if-absent transaction that also lists, keys only and sorted by
 // create revision, the keys under NAME/. The direct children of NAME/ form a
 // queue in create-revision order; the oldest holds. A waiter watches its own
-// key and the two nearest older keys (its predecessor and the one before it),
-// on one watch stream of its own. Older keys can only vanish, never appear,
-// so when the last older key goes the waiter owns the turn with no further
-// RPC (a progress request on its stream shows its own key still there);
-// when its own key goes first it returns ErrSessionExpired.
+// key and the two nearest older keys (its predecessor and the one before it)
+// through the client's Watcher, on one watch stream of its own. Older keys
+// can only vanish, never appear, so when the last older key goes the waiter
+// owns the turn with no further RPC (a progress request on its stream shows
+// its own key still there; where the server's answers cannot be trusted or
+// do not come, one read does: see caps); when its own key goes first it
+// returns ErrSessionExpired. Every request goes through the client's
+// interfaces (KV, Watcher, Lease, Maintenance), so that a namespace, a
+// wrapper, an in-process client or etcd's gRPC proxy sees it.
 
 import (
 	"context"
