@@ -40,11 +40,6 @@ var (
 
 	// errOwnKeyGone means a waiter's own key vanished.
 	errOwnKeyGone = fmt.Errorf("%w: own key deleted while waiting", ErrSessionExpired)
-	// errStrayReply ends a keepalive stream that answered a beat never sent.
-	errStrayReply = errors.New("etcdsync: keepalive reply without a request")
-	// errNoProgress ends a waiter's stream whose progress request went
-	// unanswered (the waiter then reads instead).
-	errNoProgress = errors.New("etcdsync: no answer to a watch progress request")
 )
 
 // tagged is an error with err's text that also matches sentinel (errors.Is),

@@ -84,7 +84,7 @@ type semLock struct{ *etcdsync.Semaphore }
 
 func (l semLock) Lock(ctx context.Context) error { return l.Acquire(ctx, 1) }
 
-// waitCreated waits until watches 1 to n of a stream have been created.
+// waitCreated waits until n watches of a stream have been created.
 func waitCreated(t *testing.T, ctx context.Context, created <-chan int64, n int64) {
 	t.Helper()
 	for seen := map[int64]bool{}; int64(len(seen)) < n; {
@@ -98,7 +98,7 @@ func waitCreated(t *testing.T, ctx context.Context, created <-chan int64, n int6
 }
 
 // TestTurnAfterEveryDeleteSeen: a waiter watches the two nearest keys ahead
-// (watch 2 the older, watch 3 the newer). The newer goes first, then the
+// (watch 1 the older, watch 2 the newer). The newer goes first, then the
 // older; the stream delivers the older's delete first. The hold begins at
 // the later delete, and Header says so: never at the earlier one, while the
 // older key still existed. Mutex (the newer key a waiter that gives up) and
@@ -118,9 +118,10 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 		// calls that delete them.
 		ahead  func(t *testing.T, ctx context.Context, s1, s2 *etcdsync.Session, name string) (older, newer func())
 		waiter func(s *etcdsync.Session, name string) lock
-		// early, late: the watches whose deletes the stream swaps (watch 1
-		// is the waiter's own key, 2 up the keys ahead, oldest first);
-		// watches: how many the waiter opens.
+		// early, late: the watches whose deletes the stream swaps, by the
+		// IDs the server gives them (the waiter creates its watches one at
+		// a time: watch 0 is its own key, 1 up the keys ahead, oldest
+		// first); watches: how many the waiter opens.
 		early, late, watches int64
 	}{
 		{name: "mutex", ahead: func(t *testing.T, ctx context.Context, s1, s2 *etcdsync.Session, name string) (func(), func()) {
@@ -132,13 +133,13 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			waitKeys(t, admin, name+"/", 2)
 			return func() { require.NoError(t, m1.Unlock(ctx)) },
 				func() { cancel(); require.ErrorIs(t, <-gaveUp, context.Canceled) }
-		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewMutex(s, name) }, early: 2, late: 3, watches: 3},
+		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewMutex(s, name) }, early: 1, late: 2, watches: 3},
 		{name: "rwmutex", ahead: func(t *testing.T, ctx context.Context, s1, s2 *etcdsync.Session, name string) (func(), func()) {
 			r1, r2 := etcdsync.NewRWMutex(s1, name), etcdsync.NewRWMutex(s2, name)
 			require.NoError(t, r1.RLock(ctx))
 			require.NoError(t, r2.RLock(ctx))
 			return func() { require.NoError(t, r1.RUnlock(ctx)) }, func() { require.NoError(t, r2.RUnlock(ctx)) }
-		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewRWMutex(s, name) }, early: 2, late: 3, watches: 3},
+		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewRWMutex(s, name) }, early: 1, late: 2, watches: 3},
 		// Two permits: A and B hold one each, C waits for one; the waiter
 		// for one watches A, B and C. B goes (C holds from then), then C:
 		// the waiter's turn is C's delete, which the stream delivers first.
@@ -154,7 +155,7 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			waitKeys(t, admin, name+"/", 3)
 			return func() { require.NoError(t, <-got); require.NoError(t, c.Release(ctx)) },
 				func() { require.NoError(t, b.Release(ctx)) }
-		}, waiter: func(s *etcdsync.Session, name string) lock { return semLock{etcdsync.NewSemaphore(s, name, 2)} }, early: 4, late: 3, watches: 4},
+		}, waiter: func(s *etcdsync.Session, name string) lock { return semLock{etcdsync.NewSemaphore(s, name, 2)} }, early: 3, late: 2, watches: 4},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

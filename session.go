@@ -157,25 +157,35 @@ func (s *Session) unreachable(what string, err error) error {
 	if s.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	// One fail-fast call reports the connection's last error.
+	// One fail-fast call reports the connection's last error: a
+	// diagnostic on this failure path only, which decides nothing. It is
+	// the one request sent around the client's interfaces (their calls
+	// wait for a connection and say only that the context ended); a client
+	// without a connection of its own (in-process) skips it.
+	conn := s.client.ActiveConnection()
+	if conn == nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), 200*time.Millisecond)
 	defer cancel()
-	_, perr := pb.NewMaintenanceClient(s.client.ActiveConnection()).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(false))
+	_, perr := pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(false))
 	if status.Code(perr) == codes.Unavailable {
 		return fmt.Errorf("%w (%s)", err, status.Convert(perr).Message())
 	}
 	return err
 }
 
-// keepAlive refreshes the lease until the session ends, on one
-// LeaseKeepAlive stream of its own (re-opened when it fails). Beats are paced
-// from their send times, every TTL/3 whatever the replies do, and several may
-// be in flight: on a slow link a reply may come late, but while the server
-// acknowledges a beat within the TTL of its sending the session lives. Each
-// acknowledgement moves the local deadline to its beat's send time plus the
-// TTL (the server answers a stream's beats in order). The first beat goes at
-// first. keepAlive owns the end of the session by lost contact or a lease that
-// vanished.
+// keepAlive refreshes the lease until the session ends: each beat is one
+// KeepAliveOnce through the client's Lease (so a wrapper, a namespace, an
+// in-process client or a proxy sees it), run in a goroutine of its own and
+// bounded by the TTL. Beats are paced from their send times, every TTL/3
+// whatever the replies do, so on a slow link several may be in flight: while
+// the server acknowledges a beat within the TTL of its sending the session
+// lives. Each acknowledgement moves the local deadline to its beat's send
+// time plus the TTL the server granted; a beat knows its own send time, so
+// replies may come in any order. The first beat goes at first. keepAlive
+// owns the beats' goroutines (joined on return) and the end of the session
+// by lost contact or a lease that vanished.
 func (s *Session) keepAlive(first time.Time) {
 	defer close(s.loop)
 	defer s.ended()
@@ -184,8 +194,11 @@ func (s *Session) keepAlive(first time.Time) {
 	defer s.unlink()
 	pace := s.ttl / 3
 	next := first
-	var ka *beats
-	defer func() { ka.close() }()
+	replies := make(chan reply)
+	bctx, stopBeats := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
+	var beats sync.WaitGroup
+	defer beats.Wait()
+	defer stopBeats()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -194,46 +207,55 @@ func (s *Session) keepAlive(first time.Time) {
 			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending; the server may expire the lease now", ErrSessionExpired, ErrLostContact, s.ttl))
 			return
 		}
-		if ka == nil && !time.Now().Before(next) {
-			ka = s.openBeats()
-		}
-		wake := earliest(next, deadline)
-		var ready <-chan struct{} // set while a beat is due on a stream still opening
-		if ka != nil && !ka.isReady() && !time.Now().Before(next) {
-			ready, wake = ka.ready, deadline
-		}
-		timer.Reset(time.Until(wake))
+		timer.Reset(time.Until(earliest(next, deadline)))
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-s.check:
 			next = time.Now() // a hold lost its key: is the lease gone?
 			continue
-		case r := <-ka.replies():
+		case r := <-replies:
 			switch {
-			case r.err != nil: // the stream failed: open another one after a pause
-				s.keepaliveFailed(r.err)
-				ka.close()
-				ka, next = nil, latest(next, time.Now().Add(min(retryPause, pace)))
-			case r.ttl <= 0:
+			case errors.Is(r.err, rpctypes.ErrLeaseNotFound):
 				s.cancel(fmt.Errorf("%w: lease 0x%x not found (expired or revoked)", ErrSessionExpired, int64(s.id)))
 				return
+			case r.err != nil: // try again after a pause, unless a beat is due sooner
+				s.keepaliveFailed(r.err)
+				next = latest(next, time.Now().Add(min(retryPause, pace)))
 			default:
 				s.keepaliveAcked(r.sent)
 				s.extend(r.sent.Add(time.Duration(r.ttl) * time.Second))
 			}
 			continue
-		case <-ready:
 		case <-timer.C:
 		}
-		if time.Now().Before(next) || !ka.isReady() {
+		if time.Now().Before(next) {
 			continue
 		}
-		if err := ka.beat(); err != nil {
-			continue // the stream's goroutine reports the failure
-		}
+		beats.Add(1)
+		go func() {
+			defer beats.Done()
+			r := s.beat(bctx)
+			select {
+			case replies <- r:
+			case <-bctx.Done():
+			}
+		}()
 		next = time.Now().Add(pace)
 	}
+}
+
+// beat sends one keepalive and waits for its reply, bounded by ctx and the
+// TTL (a later reply could not extend the deadline).
+func (s *Session) beat(ctx context.Context) reply {
+	ctx, cancel := context.WithTimeout(ctx, s.ttl)
+	defer cancel()
+	sent := time.Now()
+	resp, err := s.client.KeepAliveOnce(ctx, s.id)
+	if err != nil {
+		return reply{sent: sent, err: fmt.Errorf("etcdsync: keepalive: %w", err)}
+	}
+	return reply{sent: sent, ttl: resp.TTL}
 }
 
 func earliest(a, b time.Time) time.Time {
@@ -275,121 +297,12 @@ func (s *Session) stopMovingLocked() {
 	}
 }
 
-// beats is one LeaseKeepAlive stream and the send times of the beats in
-// flight on it, oldest first. Its goroutine opens the stream (ready closes
-// then) and matches each reply to its beat. The session's keepalive loop owns
-// it; close joins the goroutine.
-type beats struct {
-	s      *Session
-	cancel context.CancelFunc
-	ready  chan struct{} // closed once stream is set
-	stream pb.Lease_LeaseKeepAliveClient
-	out    chan reply
-	done   chan struct{}
-
-	mu   sync.Mutex
-	sent []time.Time
-}
-
 // reply is a beat's acknowledgement (its send time and the TTL the server
-// granted, 0 when the lease is gone), or the error that ended the stream.
+// granted), or why it failed.
 type reply struct {
 	sent time.Time
 	ttl  int64
 	err  error
-}
-
-// openBeats starts opening a stream; it does not block.
-func (s *Session) openBeats() *beats {
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
-	ka := &beats{s: s, cancel: cancel, ready: make(chan struct{}), out: make(chan reply, 1), done: make(chan struct{})}
-	go ka.run(ctx)
-	return ka
-}
-
-// run opens the stream, then hands each reply, with its beat's send time, to
-// the loop, until the stream fails or the session ends.
-func (ka *beats) run(ctx context.Context) {
-	defer close(ka.done)
-	stream, err := pb.NewLeaseClient(ka.s.client.ActiveConnection()).LeaseKeepAlive(ctx)
-	if err == nil {
-		ka.stream = stream
-		close(ka.ready)
-	}
-	for err == nil {
-		var resp *pb.LeaseKeepAliveResponse
-		if resp, err = stream.Recv(); err != nil {
-			break
-		}
-		r := reply{ttl: resp.TTL}
-		ka.mu.Lock()
-		if len(ka.sent) == 0 {
-			err = errStrayReply
-		} else {
-			r.sent, ka.sent = ka.sent[0], ka.sent[1:]
-		}
-		ka.mu.Unlock()
-		if err == nil && !ka.hand(r) {
-			return
-		}
-	}
-	ka.hand(reply{err: fmt.Errorf("etcdsync: keepalive stream: %w", err)})
-}
-
-// hand gives r to the loop; false when the stream or the session ended.
-func (ka *beats) hand(r reply) bool {
-	select {
-	case ka.out <- r:
-		return true
-	case <-ka.s.ctx.Done():
-		return false
-	case <-ka.s.loop:
-		return false
-	}
-}
-
-// isReady reports whether the stream is open (false on nil).
-func (ka *beats) isReady() bool {
-	if ka == nil {
-		return false
-	}
-	select {
-	case <-ka.ready:
-		return true
-	default:
-		return false
-	}
-}
-
-// beat sends one keepalive on an open stream and records its send time.
-func (ka *beats) beat() error {
-	ka.mu.Lock()
-	ka.sent = append(ka.sent, time.Now())
-	ka.mu.Unlock()
-	return ka.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(ka.s.id)})
-}
-
-// replies is the channel of the stream's replies; nil (never ready) without one.
-func (ka *beats) replies() <-chan reply {
-	if ka == nil {
-		return nil
-	}
-	return ka.out
-}
-
-// close ends the stream and waits for its goroutine. It is a no-op on nil.
-func (ka *beats) close() {
-	if ka == nil {
-		return
-	}
-	ka.cancel()
-	for {
-		select {
-		case <-ka.done:
-			return
-		case <-ka.out: // a reply the loop will not take
-		}
-	}
 }
 
 // Client returns the etcd client the session uses.

@@ -6,11 +6,15 @@ package etcdsync
 // in one create-if-absent transaction that also lists, keys only and sorted by
 // create revision, the keys under NAME/. The direct children of NAME/ form a
 // queue in create-revision order; the oldest holds. A waiter watches its own
-// key and the two nearest older keys (its predecessor and the one before it),
-// on one watch stream of its own. Older keys can only vanish, never appear,
-// so when the last older key goes the waiter owns the turn with no further
-// RPC (a progress request on its stream shows its own key still there);
-// when its own key goes first it returns ErrSessionExpired.
+// key and the two nearest older keys (its predecessor and the one before it)
+// through the client's Watcher, on one watch stream of its own. Older keys
+// can only vanish, never appear, so when the last older key goes the waiter
+// owns the turn with no further RPC (a progress request on its stream shows
+// its own key still there; where the server's answers cannot be trusted or
+// do not come, one read does: see caps); when its own key goes first it
+// returns ErrSessionExpired. Every request goes through the client's
+// interfaces (KV, Watcher, Lease, Maintenance), so that a namespace, a
+// wrapper, an in-process client or etcd's gRPC proxy sees it.
 
 import (
 	"context"
@@ -18,15 +22,18 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -354,45 +361,99 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 	return t.hdr, nil
 }
 
-// Watch IDs on a waiter's stream: our own key, then the keys ahead from
-// firstAhead up. progressID is the ID of the server's answer to a progress
-// request on the whole stream.
-const (
-	ownWatch   = 1
-	firstAhead = 2
-	progressID = clientv3.InvalidWatchID
-)
-
-// progressWait bounds the wait for the answer to a progress request; a member
-// whose watchers on the stream are not all synced never answers one, and the
-// waiter then reads instead.
+// progressWait bounds the wait for the answer to a progress request. etcd's
+// gRPC proxy never answers one, and a member answers only once every watch
+// on the stream is synced; unanswered, the waiter reads instead, and the
+// client is marked as one whose progress requests go unanswered (see caps).
 const progressWait = 500 * time.Millisecond
 
-// stream is one watch stream of a waiter: a watch of its own key and one of
-// each of the nearest keys that block it, all from the serving member's
-// current revision.
-type stream struct {
-	t      *turn
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	pb     pb.Watch_WatchClient
-	ids    map[int64]string // watch ID -> key ahead it watches
-	nextID int64
+// keyed is one response of the watch of one key, or (closed) the end of it.
+type keyed struct {
+	key    string
+	wr     clientv3.WatchResponse
+	closed bool
 }
 
-// watch opens one watch stream and waits on it. It returns nil when the turn
-// came (nothing blocks us), an error wrapping ErrSessionExpired when our key
-// went, or another error when the stream failed.
+// stream is a waiter's watches: one of its own key and one of each of the
+// nearest keys that block it, all through the client's Watcher, from the
+// serving member's current revision, on one gRPC stream of the wait's own
+// (see waitContext).
+// A response is matched to its key by the channel it came on, never by a
+// watch ID. The stream's goroutines (one per watch, each forwarding its
+// channel to in) are owned by the wait and joined by close.
+type stream struct {
+	t    *turn
+	ctx  context.Context
+	in   chan keyed
+	own  context.CancelFunc
+	keys map[string]context.CancelFunc // key ahead -> ends its watch
+	wg   sync.WaitGroup
+	// ownSeen is set once the watch of our own key has shown its creation:
+	// a progress answer on it counts only from then on.
+	ownSeen bool
+	trust   bool // progress answers may confirm the turn (see caps)
+}
+
+// waitSeq numbers waits, so that each has a stream of its own (waitContext).
+var waitSeq atomic.Uint64
+
+// waitContext marks the watches and progress requests of one wait with
+// metadata of their own, so that the client's Watcher (which groups watches
+// on gRPC streams by their contexts' outgoing metadata) puts them on a
+// stream of their own: a progress request then concerns, and its answer
+// reaches, this waiter's watches only, at any queue length.
+func waitContext(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "etcdsync-wait", strconv.FormatUint(waitSeq.Add(1), 36))
+}
+
+// add starts the watch of key's deletes from the current revision. It
+// blocks until the watch is created (the client's Watcher creates the
+// watches of a stream one at a time, in order), or its context ends.
+func (st *stream) add(key string) context.CancelFunc {
+	ctx, cancel := context.WithCancel(st.ctx)
+	ch := st.t.s.client.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	st.wg.Add(1)
+	go func() {
+		defer st.wg.Done()
+		for wr := range ch {
+			select {
+			case st.in <- keyed{key: key, wr: wr}:
+			case <-ctx.Done():
+				return
+			}
+		}
+		select {
+		case st.in <- keyed{key: key, closed: true}:
+		case <-ctx.Done():
+		}
+	}()
+	return cancel
+}
+
+// close ends every watch and waits for their goroutines.
+func (st *stream) close() {
+	st.own()
+	for _, cancel := range st.keys {
+		cancel()
+	}
+	st.wg.Wait()
+}
+
+// watch watches our key and the nearest keys ahead and waits. It returns
+// nil when the turn came (nothing blocks us), an error wrapping
+// ErrSessionExpired when our key went, or another error when a watch
+// failed.
 //
 // It watches our own key and the nearest keys that block us (turn.nearest):
 // the nearest ones whose weight exceeds the rule's room, as the turn cannot
-// come before one of them goes, and the one behind them too, so that when it goes first (while the
-// nearest still block us) the waiter learns, off the critical path, what is
-// left ahead: by a read when keys it does not watch were listed, else at
-// once. When the turn then comes, the list is exact and needs no read. All watches start at the serving member's current
-// revision (start 0), so the server puts them in its synced set at once (a
-// watch from a past revision waits up to 100 ms for the server's resync). Two
-// things follow:
+// come before one of them goes, and the one behind them too, so that when it
+// goes first (while the nearest still block us) the waiter learns, off the
+// critical path, what is left ahead: by a read when keys it does not watch
+// were listed, else at once. When the turn then comes, the list is exact and
+// needs no read. All watches start at the serving member's current revision
+// (start 0), so the server puts them in its synced set at once (a watch from
+// a past revision waits up to 100 ms for the server's resync). Two things
+// follow:
 //
 //   - The member may be ahead of our last read (t.hdr): writes between the read
 //     and a watch's creation leave a gap, which one read at the created
@@ -406,31 +467,22 @@ type stream struct {
 //
 // Handoff: when a watched key's delete leaves no more blocking keys listed
 // than the rule allows (older keys can only vanish, never appear), the turn
-// is ours at R, the latest delete of a listed key seen (a stream delivers
-// the deletes of different watches out of revision order: a watch's events
-// wait until its creation has gone out), unless our own key went by R (one
-// transaction deleting a whole prefix): the server sends one revision's events
-// to the watchers of a stream in no set order. A progress request on the
-// stream settles it: the server answers it after every event up to its
-// current revision (at least R) has gone out on the stream. When more keys
-// are listed and all of them are watched, they all still block us (their
-// deletes have not arrived); when some are not watched, one serializable
-// read says which are gone.
+// is ours at R, the latest delete of a listed key seen (the watches' channels
+// deliver the deletes of different keys in no set order), unless our own key
+// went by R (one transaction deleting a whole prefix). A progress request
+// settles it: the server answers it, on every watch of the stream, after
+// every event up to its current revision (at least R) has gone out. Where
+// the server's answer cannot be trusted or does not come (see caps), one
+// read at R or later settles it instead. When more keys are listed and all
+// of them are watched, they all still block us (their deletes have not
+// arrived); when some are not watched, one read says which are gone.
 func (t *turn) watch(ctx context.Context) error {
-	sctx, cancel := context.WithCancelCause(clientv3.WithRequireLeader(ctx))
-	defer cancel(nil)
-	ws, err := pb.NewWatchClient(t.s.client.ActiveConnection()).Watch(sctx, grpc.WaitForReady(true))
-	if err != nil {
-		return err
-	}
-	st := &stream{t: t, ctx: sctx, cancel: cancel, pb: ws, ids: make(map[int64]string), nextID: firstAhead}
-	if err := st.create(ownWatch, t.key); err != nil {
-		return err
-	}
+	st := &stream{t: t, ctx: waitContext(ctx), in: make(chan keyed), keys: make(map[string]context.CancelFunc)}
+	st.trust = capsOf(t.s.client).progress(ctx, t.s.client) // before the watches: a gap it leaves is read
+	st.own = st.add(t.key)
+	defer st.close()
 	for t.blocked() {
-		if err := st.watchNearest(); err != nil {
-			return err
-		}
+		st.watchNearest()
 		key, gone, err := st.next(ctx)
 		switch {
 		case err != nil:
@@ -438,7 +490,7 @@ func (t *turn) watch(ctx context.Context) error {
 		case gone == 0: // a read moved the queue: watch the new nearest keys
 		default:
 			// The list changes only once the turn is confirmed or a read
-			// says what is left: a stream that breaks meanwhile leaves us
+			// says what is left: a watch that fails meanwhile leaves us
 			// as blocked as before.
 			rest := slices.DeleteFunc(slices.Clone(t.ahead), func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
 			t.gone = max(t.gone, gone)
@@ -446,7 +498,7 @@ func (t *turn) watch(ctx context.Context) error {
 			case t.rule.weight(rest) <= t.rule.room:
 				err = st.confirm(ctx, t.gone)
 			case st.watchesAll(rest):
-				t.ahead = rest // still blocked: nothing to undo if the stream breaks
+				t.ahead = rest // still blocked: nothing to undo if a watch fails
 			default:
 				err = t.settle(ctx, gone)
 			}
@@ -460,127 +512,134 @@ func (t *turn) watch(ctx context.Context) error {
 
 // watchNearest makes the stream watch the nearest keys that block us (see
 // turn.nearest), and only those.
-func (st *stream) watchNearest() error {
+func (st *stream) watchNearest() {
 	near := st.t.nearest()
-	isNear := func(key string) bool {
-		return slices.ContainsFunc(near, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
-	}
-	for id, key := range st.ids {
-		if !isNear(key) {
-			delete(st.ids, id)
-			if err := st.drop(id); err != nil {
-				return err
-			}
+	for key, cancel := range st.keys {
+		if !slices.ContainsFunc(near, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key }) {
+			cancel()
+			delete(st.keys, key)
 		}
 	}
 	for _, kv := range near {
-		if !st.watching(string(kv.Key)) {
-			st.ids[st.nextID] = string(kv.Key)
-			if err := st.create(st.nextID, string(kv.Key)); err != nil {
-				return err
-			}
-			st.nextID++
+		if _, ok := st.keys[string(kv.Key)]; !ok {
+			st.keys[string(kv.Key)] = st.add(string(kv.Key))
 		}
 	}
-	return nil
 }
 
 // watchesAll reports whether the stream watches every key of kvs.
 func (st *stream) watchesAll(kvs []*mvccpb.KeyValue) bool {
 	for _, kv := range kvs {
-		if !st.watching(string(kv.Key)) {
+		if _, ok := st.keys[string(kv.Key)]; !ok {
 			return false
 		}
 	}
 	return true
 }
 
-// watching reports whether the stream watches key.
-func (st *stream) watching(key string) bool {
-	for _, k := range st.ids {
-		if k == key {
-			return true
-		}
-	}
-	return false
-}
-
-// next reads the stream until a watched key ahead is deleted (after our last
-// read), and returns it with the delete's revision; or until a watch's
+// next reads the watches until a watched key ahead is deleted (after our
+// last read), and returns it with the delete's revision; or until a watch's
 // creation past our last read made us read again (the queue may have moved),
 // and returns a revision of 0. A delete of our own key is an error wrapping
 // ErrSessionExpired.
 func (st *stream) next(ctx context.Context) (string, int64, error) {
 	t := st.t
 	for {
-		resp, err := st.recv(ctx)
+		r, err := st.recv(ctx)
 		if err != nil {
 			return "", 0, err
 		}
-		if resp.Created && resp.Header.Revision > t.hdr.Revision {
-			return "", 0, t.settle(ctx, resp.Header.Revision)
+		if r.wr.Created && r.wr.Header.Revision > t.hdr.Revision {
+			return "", 0, t.settle(ctx, r.wr.Header.Revision)
 		}
-		if key, ok := st.ids[resp.WatchId]; ok {
-			if rev := t.deleted(resp, resp.WatchId); rev > 0 {
-				return key, rev, nil
+		if _, ok := st.keys[r.key]; ok {
+			if rev := t.deleted(r.wr); rev > 0 {
+				return r.key, rev, nil
 			}
 		}
 	}
 }
 
 // confirm makes the turn ours at rev, the latest delete of a key ahead
-// seen, once the stream shows that our own key was not deleted by then:
-// it asks for progress and reads up to the answer. Unanswered, it reads.
+// seen, once our own key's watch shows that it was not deleted by then: it
+// asks for progress and waits for the answer on that watch. Where progress
+// answers cannot be trusted, or the answer does not come within
+// progressWait (the client is then marked, see caps), it reads instead.
 func (st *stream) confirm(ctx context.Context, rev int64) error {
 	t := st.t
-	req := &pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}
-	if err := st.pb.Send(req); err != nil {
-		return err
+	c := capsOf(t.s.client)
+	if !st.trust || c.state.Load() != capsProgress || t.s.client.RequestProgress(st.ctx) != nil {
+		return t.settle(ctx, rev)
 	}
-	timer := time.AfterFunc(progressWait, func() { st.cancel(errNoProgress) })
+	timer := time.NewTimer(progressWait)
 	defer timer.Stop()
 	for {
-		resp, err := st.recv(ctx)
-		if errors.Is(context.Cause(st.ctx), errNoProgress) {
+		var r keyed
+		select {
+		case r = <-st.in:
+		case <-timer.C:
+			c.unanswered()
 			return t.settle(ctx, rev)
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		if err != nil {
+		if err := st.check(r); err != nil {
 			return err
 		}
-		if resp.WatchId == progressID && !resp.Created && resp.Header.Revision >= rev {
+		switch {
+		case r.key != t.key:
+		case r.wr.Created && r.wr.Header.Revision > t.hdr.Revision:
+			// Our key's watch began after our last read: the gap
+			// is read.
+			return t.settle(ctx, max(rev, r.wr.Header.Revision))
+		case st.ownSeen && r.wr.IsProgressNotify() && r.wr.Header.Revision >= rev:
 			t.ahead = nil
-			t.hdr = &pb.ResponseHeader{ClusterId: resp.Header.ClusterId, MemberId: resp.Header.MemberId, Revision: rev, RaftTerm: resp.Header.RaftTerm}
+			h := r.wr.Header
+			t.hdr = &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: rev, RaftTerm: h.RaftTerm}
 			return nil
 		}
 	}
 }
 
-// recv returns the stream's next response. A delete of our own key (after
-// our last read) is an error wrapping ErrSessionExpired; a cancelled watch of
-// our own key or of a key we wait for is an error.
-func (st *stream) recv(ctx context.Context) (*pb.WatchResponse, error) {
-	resp, err := st.pb.Recv()
-	if err != nil {
-		return nil, err
+// recv returns the next response of a watch. A delete of our own key
+// (after our last read) is an error wrapping ErrSessionExpired; a failed
+// watch of our own key or of a key we wait for is an error.
+func (st *stream) recv(ctx context.Context) (keyed, error) {
+	select {
+	case r := <-st.in:
+		return r, st.check(r)
+	case <-ctx.Done():
+		return keyed{}, ctx.Err()
 	}
-	// A create the server refused (Created and Canceled, ID -1: a stale auth
-	// token, say) breaks the stream as much as a cancelled watch does.
-	if _, watched := st.ids[resp.WatchId]; resp.Canceled && (watched || resp.WatchId == ownWatch || resp.Created) {
-		return nil, fmt.Errorf("etcdsync: watch canceled: %s", resp.CancelReason)
-	}
-	if rev := st.t.deleted(resp, ownWatch); rev > 0 {
-		return nil, fmt.Errorf("%w (revision %d)", errOwnKeyGone, rev)
-	}
-	return resp, nil
 }
 
-// deleted returns the revision of a delete that resp reports for watch id
-// after our last read, else 0.
-func (t *turn) deleted(resp *pb.WatchResponse, id int64) int64 {
-	if resp.WatchId != id {
-		return 0
+// check returns the error r means, if any (see recv), and notes the
+// creation of our own key's watch.
+func (st *stream) check(r keyed) error {
+	_, watched := st.keys[r.key]
+	mine := r.key == st.t.key
+	switch {
+	case !watched && !mine: // a watch dropped since
+		return nil
+	case r.closed:
+		return fmt.Errorf("etcdsync: watch of %s ended", r.key)
+	case r.wr.Canceled || r.wr.Err() != nil:
+		return fmt.Errorf("etcdsync: watch of %s canceled: %w", r.key, r.wr.Err())
+	case !mine:
+		return nil
+	case r.wr.Created:
+		st.ownSeen = true
 	}
-	for _, ev := range resp.Events {
+	if rev := st.t.deleted(r.wr); rev > 0 {
+		return fmt.Errorf("%w (revision %d)", errOwnKeyGone, rev)
+	}
+	return nil
+}
+
+// deleted returns the revision of a delete that wr reports after our last
+// read, else 0.
+func (t *turn) deleted(wr clientv3.WatchResponse) int64 {
+	for _, ev := range wr.Events {
 		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision {
 			return ev.Kv.ModRevision
 		}
@@ -588,31 +647,21 @@ func (t *turn) deleted(resp *pb.WatchResponse, id int64) int64 {
 	return 0
 }
 
-// create asks for a watch of key's deletes from the current revision.
-func (st *stream) create(id int64, key string) error {
-	return st.pb.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{
-		CreateRequest: &pb.WatchCreateRequest{
-			Key:     []byte(key),
-			WatchId: id,
-			Filters: []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT},
-		}}})
-}
-
-// drop cancels watch id, a key that is no longer the nearest ahead.
-func (st *stream) drop(id int64) error {
-	return st.pb.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
-		CancelRequest: &pb.WatchCancelRequest{WatchId: id}}})
-}
-
 // settle re-reads the keys up to ours at a revision of at least atLeast and
-// of the latest delete seen (serializable when the member is that recent,
-// else linearizable) and
-// updates t. It returns an error wrapping ErrSessionExpired when our key is gone.
+// of the latest delete seen, and updates t: serializable when the answer is
+// that recent (its header's revision is checked: a cached answer, such as
+// etcd's gRPC proxy gives, is a true state at its revision, and when that
+// is too old it does not count), else linearizable; linearizable at once on
+// a client whose serializable reads come from that cache (caps.cached). It returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	atLeast = max(atLeast, t.gone) // a list from before a delete seen would wait for it again
 	opts := append(t.listOpts(), clientv3.WithMaxCreateRev(t.rev))
-	resp, err := t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
-	if err == nil && resp.Header.Revision < atLeast {
+	var resp *clientv3.GetResponse
+	var err error
+	if !capsOf(t.s.client).cached() {
+		resp, err = t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
+	}
+	if resp == nil && err == nil || err == nil && resp.Header.Revision < atLeast {
 		resp, err = t.s.client.Get(ctx, t.prefix, opts...)
 	}
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -37,7 +38,12 @@ func StartServer() (endpoints []string, stop func(), err error) {
 
 // Connect returns a client for a program or an example: of the endpoints in
 // ETCD_ENDPOINTS (comma-separated) when it is set, else of one embedded
-// member that it starts (as StartServer). It prints to standard output
+// member that it starts (as StartServer). With ETCD_ENDPOINTS, the client
+// speaks TLS when ETCD_CACERT (a CA bundle to trust) or ETCD_CERT and
+// ETCD_KEY (a client certificate and its key) name PEM files, and
+// authenticates when ETCD_USER is set (user, or user:password as etcdctl's
+// --user; else the password is ETCD_PASSWORD); an endpoint https://… with
+// none of the files set trusts the system's CAs. It prints to standard output
 // which one it did and where. With ETCD_ENDPOINTS it makes one read (of the
 // key "health", as etcdctl's health check does) to see that etcd answers,
 // bounded by 5s. An error leaves nothing open or running. close closes the
@@ -57,7 +63,11 @@ func connect(w io.Writer, env string) (*clientv3.Client, func(), error) {
 	if len(endpoints) == 0 {
 		return connectEmbedded(w)
 	}
-	cli, err := clientv3.New(etcdtest.ClientConfig(endpoints))
+	cfg := etcdtest.ClientConfig(endpoints)
+	if err := secure(&cfg, os.Getenv); err != nil {
+		return nil, nil, fmt.Errorf("etcdsynctest: ETCD_ENDPOINTS=%s: %w", env, err)
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("etcdsynctest: ETCD_ENDPOINTS=%s: %w", env, err)
 	}
@@ -69,6 +79,31 @@ func connect(w io.Writer, env string) (*clientv3.Client, func(), error) {
 	}
 	fmt.Fprintf(w, "connected to ETCD_ENDPOINTS=%s\n", strings.Join(endpoints, ","))
 	return cli, sync.OnceFunc(func() { cli.Close() }), nil
+}
+
+// secure sets cfg's TLS and credentials from the variables Connect reads
+// (see Connect), looked up with getenv.
+func secure(cfg *clientv3.Config, getenv func(string) string) error {
+	ca, cert, key := getenv("ETCD_CACERT"), getenv("ETCD_CERT"), getenv("ETCD_KEY")
+	if (cert == "") != (key == "") {
+		return fmt.Errorf("ETCD_CERT and ETCD_KEY go together (ETCD_CERT=%q, ETCD_KEY=%q)", cert, key)
+	}
+	if ca != "" || cert != "" {
+		info := transport.TLSInfo{TrustedCAFile: ca, CertFile: cert, KeyFile: key}
+		tlsCfg, err := info.ClientConfig()
+		if err != nil {
+			return fmt.Errorf("TLS from ETCD_CACERT, ETCD_CERT, ETCD_KEY: %w", err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	if user := getenv("ETCD_USER"); user != "" {
+		name, password, ok := strings.Cut(user, ":")
+		if !ok {
+			password = getenv("ETCD_PASSWORD")
+		}
+		cfg.Username, cfg.Password = name, password
+	}
+	return nil
 }
 
 func connectEmbedded(w io.Writer) (*clientv3.Client, func(), error) {

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Without ETCD_ENDPOINTS Connect starts a member, says where, and close
@@ -69,4 +71,54 @@ func TestConnectNoAnswer(t *testing.T) {
 	require.Contains(t, err.Error(), "ETCD_ENDPOINTS="+ep)
 	require.Less(t, time.Since(start), connectTimeout+5*time.Second)
 	require.Empty(t, strings.TrimSpace(out.String()))
+}
+
+// With ETCD_CACERT and ETCD_USER Connect reaches a member that serves TLS
+// and requires a password; without the user it is refused.
+func TestConnectTLSAndAuth(t *testing.T) {
+	certs, err := etcdtest.MakeCerts(t.TempDir())
+	require.NoError(t, err)
+	c := etcdtest.Start(t, etcdtest.Options{TLS: certs})
+	ep := c.Endpoints()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	admin, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, TLS: certs.ClientTLS(), DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer admin.Close()
+	_, err = admin.UserAdd(ctx, "root", "secret")
+	require.NoError(t, err)
+	_, err = admin.UserGrantRole(ctx, "root", "root")
+	require.NoError(t, err)
+	_, err = admin.AuthEnable(ctx)
+	require.NoError(t, err)
+
+	t.Setenv("ETCD_CACERT", certs.CAFile)
+	for _, env := range []map[string]string{
+		{"ETCD_USER": "root:secret"},
+		{"ETCD_USER": "root", "ETCD_PASSWORD": "secret"},
+	} {
+		for k, v := range env {
+			t.Setenv(k, v)
+		}
+		var out bytes.Buffer
+		cli, closeAll, err := connect(&out, ep)
+		require.NoError(t, err)
+		_, err = cli.Put(ctx, "k", "v")
+		require.NoError(t, err)
+		closeAll()
+		t.Setenv("ETCD_PASSWORD", "")
+	}
+
+	t.Setenv("ETCD_USER", "")
+	_, _, err = connect(&bytes.Buffer{}, ep)
+	require.Error(t, err, "a member that requires a password let a client in without one")
+
+	t.Setenv("ETCD_CACERT", "")
+	t.Setenv("ETCD_USER", "root:secret")
+	_, _, err = connect(&bytes.Buffer{}, ep)
+	require.Error(t, err, "a member with a certificate of an unknown CA was trusted")
+
+	t.Setenv("ETCD_CERT", certs.CertFile)
+	_, _, err = connect(&bytes.Buffer{}, ep)
+	require.ErrorContains(t, err, "ETCD_CERT and ETCD_KEY go together")
 }

@@ -21,6 +21,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
@@ -214,6 +215,15 @@ func (m *Member) start() error {
 
 // Endpoint returns the member's client URL.
 func (m *Member) Endpoint() string { return m.client.String() }
+
+// Server returns the running member's server (for an in-process client,
+// v3client.New), or nil when it is stopped.
+func (m *Member) Server() *etcdserver.EtcdServer {
+	if m.etcd == nil {
+		return nil
+	}
+	return m.etcd.Server
+}
 
 // Running reports whether the member is running.
 func (m *Member) Running() bool { return m.etcd != nil }

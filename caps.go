@@ -1,0 +1,132 @@
+package etcdsync
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"weak"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// caps is what the library has learned about the servers behind one
+// client: whether a waiter may confirm its turn by a watch progress request
+// (see stream.confirm) rather than by a read.
+type caps struct {
+	state atomic.Int32 // one of capsUnknown, capsProgress, capsOldServer, capsUnanswered
+	mu    sync.Mutex   // one probe at a time
+}
+
+const (
+	capsUnknown    int32 = iota
+	capsProgress         // progress answers confirm a turn
+	capsOldServer        // a server older than 3.6: reads confirm a turn
+	capsUnanswered       // a progress request went unanswered: etcd's gRPC proxy, whose serializable reads come from a cache
+)
+
+// probeTimeout bounds the version probe of a client's servers.
+const probeTimeout = time.Second
+
+// clientCaps maps a client (weakly: it does not keep the client alive) to
+// its caps.
+var clientCaps sync.Map // weak.Pointer[clientv3.Client] -> *caps
+
+// capsOf returns cli's caps, made on first use and dropped when cli is
+// garbage.
+func capsOf(cli *clientv3.Client) *caps {
+	k := weak.Make(cli)
+	if c, ok := clientCaps.Load(k); ok {
+		return c.(*caps)
+	}
+	c, loaded := clientCaps.LoadOrStore(k, &caps{})
+	if !loaded {
+		runtime.AddCleanup(cli, func(k weak.Pointer[clientv3.Client]) { clientCaps.Delete(k) }, k)
+	}
+	return c.(*caps)
+}
+
+// progress reports whether a progress answer may confirm a turn on cli. The
+// first call per client asks the server behind each endpoint for its
+// version (client.Maintenance.Status, all at once; without endpoints, as
+// for an in-process client, once with none), blocking for those calls,
+// bounded by ctx and probeTimeout. Only servers from 3.6 on are trusted:
+// before fixes in late 3.4 and 3.5 patch releases (etcd-io/etcd#15220) an
+// answer could overtake the events it vouches for. The answer is kept for
+// the client once one server answered and none is older; an endpoint that
+// does not answer is not counted (a member down at that moment, which etcd's
+// upgrade rules keep within one minor version of the others). When none
+// answers the caps stay unknown: this call says false, the next one asks
+// again.
+func (c *caps) progress(ctx context.Context, cli *clientv3.Client) bool {
+	if s := c.state.Load(); s != capsUnknown {
+		return s == capsProgress
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.state.Load(); s != capsUnknown {
+		return s == capsProgress
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	eps := cli.Endpoints()
+	if len(eps) == 0 {
+		eps = []string{""}
+	}
+	versions := make([]string, len(eps)) // "" where no answer came
+	var wg sync.WaitGroup
+	for i, ep := range eps {
+		wg.Go(func() {
+			if resp, err := cli.Status(ctx, ep); err == nil {
+				versions[i] = resp.Version
+			}
+		})
+	}
+	wg.Wait()
+	answered := false
+	for _, v := range versions {
+		if v == "" {
+			continue
+		}
+		answered = true
+		if !progressOrdered(v) {
+			c.state.Store(capsOldServer)
+			return false
+		}
+	}
+	if answered {
+		c.state.Store(capsProgress)
+	}
+	return answered
+}
+
+// unanswered records that a progress request on cli went unanswered (etcd's
+// gRPC proxy ignores them): from now on its waiters read instead, and
+// linearizably (see cached).
+func (c *caps) unanswered() { c.state.Store(capsUnanswered) }
+
+// cached reports whether serializable reads on the client are likely served
+// from etcd's gRPC proxy's cache, which writes made elsewhere and lease
+// expiry do not invalidate: such a read is checked against the revision it
+// must reach anyway, but it would mostly be behind, and a linearizable read
+// right away saves a round trip.
+func (c *caps) cached() bool { return c.state.Load() == capsUnanswered }
+
+// progressOrdered reports whether a server of version v (major.minor.patch)
+// sends the answer to a progress request after every event up to its
+// revision: 3.6 and later.
+func progressOrdered(v string) bool {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return major > 3 || major == 3 && minor >= 6
+}

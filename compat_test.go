@@ -1,0 +1,689 @@
+package etcdsync_test
+
+// The compatibility matrix (issue 24): every primitive, through every way a
+// user's *clientv3.Client reaches etcd. A deployment gives the library its
+// clients and gives the test an admin client straight to a member (a
+// delete or a revoke made there is one the deployment's client did not
+// make: the proxy's cache does not see it) and the prefix under which the
+// library's keys live in etcd's keyspace.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/namespace"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+	"go.etcd.io/etcd/server/v3/proxy/grpcproxy"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+)
+
+// cellTimeout bounds one cell: a cell that hangs fails within it.
+const cellTimeout = 15 * time.Second
+
+// deployment is how the library's clients reach etcd.
+type deployment struct {
+	// newClient returns a new client of the deployment, closed in t's cleanup.
+	newClient func(t *testing.T) *clientv3.Client
+	admin     *clientv3.Client // straight to a member, no wrapper
+	prefix    string           // of the library's keys in etcd's keyspace
+	// after checks what the deployment promises once a cell has run.
+	after func(t *testing.T)
+}
+
+type compatRig struct {
+	name  string
+	short bool // runs in -short
+	start func(t *testing.T) *deployment
+}
+
+func compatRigs() []compatRig {
+	return []compatRig{
+		{"plain", true, func(t *testing.T) *deployment {
+			c := single(t)
+			return &deployment{newClient: func(t *testing.T) *clientv3.Client { return c.Client(t) }, admin: c.Client(t)}
+		}},
+		{"namespace", true, func(t *testing.T) *deployment {
+			c := single(t)
+			return &deployment{
+				newClient: func(t *testing.T) *clientv3.Client {
+					cli := c.Client(t)
+					cli.KV = namespace.NewKV(cli.KV, "tenant/")
+					cli.Watcher = namespace.NewWatcher(cli.Watcher, "tenant/")
+					cli.Lease = namespace.NewLease(cli.Lease, "tenant/")
+					return cli
+				},
+				admin:  c.Client(t),
+				prefix: "tenant/",
+			}
+		}},
+		{"grpcproxy", false, func(t *testing.T) *deployment {
+			c := single(t)
+			addr := startGRPCProxy(t, c.Endpoints())
+			return &deployment{newClient: func(t *testing.T) *clientv3.Client { return etcdtest.NewClient(t, []string{addr}) }, admin: c.Client(t)}
+		}},
+		{"v3client", false, func(t *testing.T) *deployment {
+			c := single(t)
+			srv := c.Member(0).Server()
+			return &deployment{
+				newClient: func(t *testing.T) *clientv3.Client {
+					cli := v3client.New(srv)
+					t.Cleanup(func() { cli.Close() })
+					return cli
+				},
+				admin: c.Client(t),
+			}
+		}},
+		{"wrapped", false, func(t *testing.T) *deployment {
+			c := single(t)
+			calls := &wrapCalls{}
+			return &deployment{
+				newClient: func(t *testing.T) *clientv3.Client { return calls.wrap(c.Client(t, calls.dial()...)) },
+				admin:     c.Client(t),
+				after:     calls.check,
+			}
+		}},
+		{"etcd34", false, startEtcd34},
+	}
+}
+
+// compatCell is one behaviour checked under every deployment.
+type compatCell struct {
+	name string
+	run  func(t *testing.T, d *deployment, name string)
+}
+
+func compatCells() []compatCell {
+	return []compatCell{
+		{"MutexContention", cellMutexContention},
+		{"TryLock", cellTryLock},
+		{"RWMutex", cellRWMutex},
+		{"Semaphore", cellSemaphore},
+		{"ElectionObserveResign", cellElection},
+		{"RunLossOnAdminDelete", cellRunLoss},
+		{"LeaseGoneWhileWaiting", cellLeaseGoneWaiting},
+		{"LeaseGoneWhileHolding", cellLeaseGoneHolding},
+		{"LeaseExpiresWhileHolding", cellLeaseExpires},
+	}
+}
+
+// TestCompat runs every cell under every deployment. Each cell ends by
+// checking that no key is left under its name.
+func TestCompat(t *testing.T) {
+	for _, rig := range compatRigs() {
+		t.Run(rig.name, func(t *testing.T) {
+			if testing.Short() && !rig.short {
+				t.Skip("skipped in -short")
+			}
+			d := rig.start(t)
+			for _, cell := range compatCells() {
+				t.Run(cell.name, func(t *testing.T) {
+					name := "compat/" + cell.name
+					cell.run(t, d, name)
+					require.Empty(t, rawKeys(t, d, name), "keys left under %s", name)
+					if d.after != nil {
+						d.after(t)
+					}
+				})
+			}
+		})
+	}
+}
+
+// ctxCell is a context bounded by cellTimeout.
+func ctxCell(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), cellTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// sessions returns n sessions, each on a client of its own.
+func (d *deployment) sessions(t *testing.T, n int, opts ...etcdsync.SessionOption) []*etcdsync.Session {
+	t.Helper()
+	var out []*etcdsync.Session
+	for range n {
+		out = append(out, session(t, d.newClient(t), opts...))
+	}
+	return out
+}
+
+// rawKeys returns the keys under name/ in etcd's keyspace.
+func rawKeys(t *testing.T, d *deployment, name string) []string {
+	t.Helper()
+	return keys(t, d.admin, d.prefix+name+"/")
+}
+
+// awaitKeys blocks until at least n keys are under name/ (read and watched
+// through the admin client).
+func awaitKeys(t *testing.T, d *deployment, name string, n int) {
+	t.Helper()
+	ctx := ctxCell(t)
+	prefix := d.prefix + name + "/"
+	for {
+		resp, err := d.admin.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		require.NoError(t, err)
+		if resp.Count >= int64(n) {
+			return
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		wr := <-d.admin.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		cancel()
+		require.NoError(t, ctx.Err(), "waiting for %d keys under %s", n, prefix)
+		require.NoError(t, wr.Err())
+	}
+}
+
+// async runs f in a goroutine and returns a channel that gets its error.
+func async(f func() error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	return ch
+}
+
+// result returns what ch delivers, failing t after cellTimeout.
+func result(t *testing.T, ch <-chan error, what string) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(cellTimeout):
+		t.Fatalf("%s: no result within %v (hung)", what, cellTimeout)
+		return nil
+	}
+}
+
+// blocked fails t if ch delivers within a moment: the call must still wait.
+func blocked(t *testing.T, ch <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-ch:
+		t.Fatalf("%s: returned (%v), must still wait", what, err)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+func cellMutexContention(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	const contenders, rounds = 3, 4
+	var inside, most, total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, contenders)
+	for _, s := range d.sessions(t, contenders) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := etcdsync.NewMutex(s, name)
+			for range rounds {
+				if err := m.Lock(ctx); err != nil {
+					errs <- fmt.Errorf("lock: %w", err)
+					return
+				}
+				n := inside.Add(1)
+				for cur := most.Load(); n > cur && !most.CompareAndSwap(cur, n); cur = most.Load() {
+				}
+				total.Add(1)
+				time.Sleep(5 * time.Millisecond) // hold it a moment: overlaps would show
+				inside.Add(-1)
+				if err := m.Unlock(ctx); err != nil {
+					errs <- fmt.Errorf("unlock: %w", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 1, most.Load(), "holders at once")
+	require.EqualValues(t, contenders*rounds, total.Load())
+}
+
+func cellTryLock(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	a, b := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name)
+	require.NoError(t, a.Lock(ctx))
+	require.ErrorIs(t, b.TryLock(ctx), etcdsync.ErrLocked)
+	require.Len(t, rawKeys(t, d, name), 1, "a failed TryLock leaves no key")
+	require.NoError(t, a.Unlock(ctx))
+	require.NoError(t, b.TryLock(ctx))
+	require.ErrorIs(t, a.TryLock(ctx), etcdsync.ErrLocked)
+	require.NoError(t, b.Unlock(ctx))
+}
+
+func cellRWMutex(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 4)
+	r1, r2, w, r3 := etcdsync.NewRWMutex(ss[0], name), etcdsync.NewRWMutex(ss[1], name), etcdsync.NewRWMutex(ss[2], name), etcdsync.NewRWMutex(ss[3], name)
+	require.NoError(t, r1.RLock(ctx))
+	require.NoError(t, r2.RLock(ctx), "readers share")
+	wl := async(func() error { return w.Lock(ctx) })
+	blocked(t, wl, "writer behind readers")
+	require.NoError(t, r1.RUnlock(ctx))
+	blocked(t, wl, "writer behind one reader")
+	require.NoError(t, r2.RUnlock(ctx))
+	require.NoError(t, result(t, wl, "writer after the readers left"))
+	rl := async(func() error { return r3.RLock(ctx) })
+	blocked(t, rl, "reader behind a writer")
+	require.NoError(t, w.Unlock(ctx))
+	require.NoError(t, result(t, rl, "reader after the writer left"))
+	require.NoError(t, r3.RUnlock(ctx))
+}
+
+func cellSemaphore(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 3)
+	a, b, c := etcdsync.NewSemaphore(ss[0], name, 2), etcdsync.NewSemaphore(ss[1], name, 2), etcdsync.NewSemaphore(ss[2], name, 2)
+	require.NoError(t, a.Acquire(ctx, 1))
+	require.NoError(t, b.Acquire(ctx, 1))
+	ca := async(func() error { return c.Acquire(ctx, 1) })
+	blocked(t, ca, "third acquire of a capacity of two")
+	require.NoError(t, a.Release(ctx))
+	require.NoError(t, result(t, ca, "acquire after a release"))
+	require.NoError(t, b.Release(ctx))
+	require.NoError(t, c.Release(ctx))
+}
+
+func cellElection(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	e1, e2 := etcdsync.NewElection(ss[0], name), etcdsync.NewElection(ss[1], name)
+	require.NoError(t, e1.Campaign(ctx, "one"))
+	octx, stop := context.WithCancel(ctx)
+	defer stop()
+	obs := etcdsync.NewObserver(d.newClient(t), name).Observe(octx)
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case resp, ok := <-obs:
+			require.True(t, ok, "observe closed before %s", what)
+			return string(resp.Kvs[0].Value)
+		case <-ctx.Done():
+			t.Fatalf("observe: no %s within %v", what, cellTimeout)
+			return ""
+		}
+	}
+	require.Equal(t, "one", next("first leader"))
+	c2 := async(func() error { return e2.Campaign(ctx, "two") })
+	blocked(t, c2, "second candidate")
+	require.NoError(t, e1.Proclaim(ctx, "one again"))
+	require.Equal(t, "one again", next("proclamation"))
+	require.NoError(t, e1.Resign(ctx))
+	require.NoError(t, result(t, c2, "campaign after the leader resigned"))
+	require.Equal(t, "two", next("second leader"))
+	resp, err := e1.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "two", string(resp.Kvs[0].Value))
+	require.NoError(t, e2.Resign(ctx))
+}
+
+func cellRunLoss(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	m, next := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name)
+	started := make(chan string, 1)
+	run := async(func() error {
+		return m.Run(ctx, func(fctx context.Context) error {
+			started <- m.Key()
+			<-fctx.Done()
+			return context.Cause(fctx)
+		})
+	})
+	var key string
+	select {
+	case key = <-started:
+	case <-ctx.Done():
+		t.Fatal("Run did not start")
+	}
+	waiter := async(func() error { return next.Lock(ctx) })
+	awaitKeys(t, d, name, 2)
+	_, err := d.admin.Delete(ctx, d.prefix+key)
+	require.NoError(t, err)
+	require.ErrorIs(t, result(t, run, "Run after an admin deleted its key"), etcdsync.ErrNotHeld)
+	require.NoError(t, result(t, waiter, "the waiter after the holder's key was deleted"))
+	require.NoError(t, ss[0].Err(), "the session of a hold whose key was deleted lives on")
+	require.NoError(t, next.Unlock(ctx))
+}
+
+func cellLeaseGoneWaiting(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 3)
+	holder, waiter, behind := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name), etcdsync.NewMutex(ss[2], name)
+	require.NoError(t, holder.Lock(ctx))
+	w := async(func() error { return waiter.Lock(ctx) })
+	awaitKeys(t, d, name, 2)
+	b := async(func() error { return behind.Lock(ctx) })
+	awaitKeys(t, d, name, 3)
+	_, err := d.admin.Revoke(ctx, ss[1].Lease())
+	require.NoError(t, err)
+	require.ErrorIs(t, result(t, w, "a waiter whose lease was revoked"), etcdsync.ErrSessionExpired)
+	blocked(t, b, "the one behind the revoked waiter, while the holder holds")
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, result(t, b, "the one behind, after the holder left"))
+	require.NoError(t, behind.Unlock(ctx))
+}
+
+func cellLeaseGoneHolding(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	holder, waiter := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name)
+	require.NoError(t, holder.Lock(ctx))
+	done := holder.Done()
+	w := async(func() error { return waiter.Lock(ctx) })
+	awaitKeys(t, d, name, 2)
+	_, err := d.admin.Revoke(ctx, ss[0].Lease())
+	require.NoError(t, err)
+	within(t, done, cellTimeout, "Done of a hold whose lease was revoked")
+	within(t, ss[0].Done(), cellTimeout, "Done of a session whose lease was revoked")
+	require.ErrorIs(t, ss[0].Err(), etcdsync.ErrSessionExpired)
+	require.NoError(t, result(t, w, "the waiter after the holder's lease went"))
+	require.NoError(t, waiter.Unlock(ctx))
+}
+
+// cellLeaseExpires lets a holder's lease expire on the server: its
+// session's client stops reaching etcd (closed), so nothing keeps the lease
+// alive; the waiter gets the lock once the server expires it.
+func cellLeaseExpires(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	doomed := d.newClient(t)
+	s, err := etcdsync.NewSession(doomed, etcdsync.WithTTL(2*time.Second))
+	require.NoError(t, err)
+	holder := etcdsync.NewMutex(s, name)
+	require.NoError(t, holder.Lock(ctx))
+	s.Orphan() // keepalives stop; the lease is left to expire
+	waiter := etcdsync.NewMutex(d.sessions(t, 1)[0], name)
+	require.NoError(t, waiter.Lock(ctx), "the waiter once the holder's lease expired")
+	require.NoError(t, waiter.Unlock(ctx))
+}
+
+// startGRPCProxy serves etcd's gRPC proxy (KV, Watch, Lease, Maintenance)
+// on 127.0.0.1 in front of endpoints, until t's cleanup, and returns its
+// address.
+func startGRPCProxy(t *testing.T, endpoints []string) string {
+	back := etcdtest.NewClient(t, endpoints)
+	ctx, cancel := context.WithCancel(context.Background())
+	kvp, _ := grpcproxy.NewKvProxy(back)
+	watchp, watchDone := grpcproxy.NewWatchProxy(ctx, zap.NewNop(), back)
+	leasep, leaseDone := grpcproxy.NewLeaseProxy(ctx, back)
+	srv := grpc.NewServer()
+	pb.RegisterKVServer(srv, kvp)
+	pb.RegisterWatchServer(srv, watchp)
+	pb.RegisterLeaseServer(srv, leasep)
+	pb.RegisterMaintenanceServer(srv, grpcproxy.NewMaintenanceProxy(back))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		cancel()
+		srv.Stop()
+		<-served
+		<-watchDone
+		<-leaseDone
+	})
+	return ln.Addr().String()
+}
+
+// startEtcd34 runs the etcd binary named by ETCDSYNC_ETCD34 (Debian's
+// etcd-server package is 3.4.x; see .ci/etcd34.sh) on 127.0.0.1 until t's
+// cleanup; without it the rig is skipped.
+func startEtcd34(t *testing.T) *deployment {
+	bin := os.Getenv("ETCDSYNC_ETCD34")
+	if bin == "" {
+		t.Skip("ETCDSYNC_ETCD34 is not set: no etcd 3.4 binary to test against (.ci/etcd34.sh fetches one)")
+	}
+	ep := runEtcdBinary(t, bin)
+	return &deployment{newClient: func(t *testing.T) *clientv3.Client { return etcdtest.NewClient(t, []string{ep}) }, admin: etcdtest.NewClient(t, []string{ep})}
+}
+
+// runEtcdBinary starts a single etcd member from bin on free ports of
+// 127.0.0.1, waits until it answers, stops it in t's cleanup and returns
+// its client URL.
+func runEtcdBinary(t *testing.T, bin string) string {
+	var ports [2]int
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+		require.NoError(t, ln.Close())
+	}
+	client := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])}
+	peer := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])}
+	var out strings.Builder
+	cmd := exec.Command(bin,
+		"--name", "m0", "--data-dir", t.TempDir(),
+		"--listen-client-urls", client.String(), "--advertise-client-urls", client.String(),
+		"--listen-peer-urls", peer.String(), "--initial-advertise-peer-urls", peer.String(),
+		"--initial-cluster", "m0="+peer.String(),
+		"--heartbeat-interval", "50", "--election-timeout", "500",
+		"--logger", "zap", "--log-level", "error")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+	})
+	cli := etcdtest.NewClient(t, []string{client.String()})
+	ctx := ctxCell(t)
+	for {
+		if _, err := cli.Get(ctx, "health", clientv3.WithCountOnly()); err == nil {
+			return client.String()
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("etcd %s exited: %v\n%s", bin, err, out.String())
+		case <-ctx.Done():
+			t.Fatalf("etcd %s: no answer within %v\n%s", bin, cellTimeout, out.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// wrapCalls wraps a client's KV, Watcher, Lease and Maintenance with user
+// interceptors that mark each call's context, and checks at the gRPC layer
+// (unary and stream interceptors) that every RPC the client sends carries
+// the mark: a request the library sends around the client's interfaces
+// does not.
+type wrapCalls struct {
+	mu       sync.Mutex
+	calls    map[string]int // through the interfaces, by method
+	bypassed []string       // RPCs without the mark
+}
+
+type wrapMark struct{}
+
+func (w *wrapCalls) mark(ctx context.Context, method string) context.Context {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.calls == nil {
+		w.calls = make(map[string]int)
+	}
+	w.calls[method]++
+	return context.WithValue(ctx, wrapMark{}, true)
+}
+
+func (w *wrapCalls) seen(ctx context.Context, method string) {
+	if ctx.Value(wrapMark{}) != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.bypassed = append(w.bypassed, method)
+}
+
+func (w *wrapCalls) dial() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			w.seen(ctx, method)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			w.seen(ctx, method)
+			return streamer(ctx, desc, cc, method, opts...)
+		}),
+	}
+}
+
+// check fails t when an RPC went around the interfaces, and resets.
+func (w *wrapCalls) check(t *testing.T) {
+	t.Helper()
+	w.mu.Lock()
+	bypassed, calls := w.bypassed, w.calls
+	w.bypassed, w.calls = nil, nil
+	w.mu.Unlock()
+	require.Empty(t, bypassed, "RPCs that went around the client's interfaces (calls through them: %v)", calls)
+	require.NotEmpty(t, calls)
+}
+
+func (w *wrapCalls) wrap(cli *clientv3.Client) *clientv3.Client {
+	cli.KV = wrapKV{cli.KV, w}
+	cli.Watcher = wrapWatcher{cli.Watcher, w}
+	cli.Lease = wrapLease{cli.Lease, w}
+	cli.Maintenance = wrapMaintenance{cli.Maintenance, w}
+	return cli
+}
+
+type wrapKV struct {
+	clientv3.KV
+	w *wrapCalls
+}
+
+func (k wrapKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	return k.KV.Get(k.w.mark(ctx, "Get"), key, opts...)
+}
+
+func (k wrapKV) Put(ctx context.Context, key, val string, opts ...clientv3.OpOption) (*clientv3.PutResponse, error) {
+	return k.KV.Put(k.w.mark(ctx, "Put"), key, val, opts...)
+}
+
+func (k wrapKV) Delete(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.DeleteResponse, error) {
+	return k.KV.Delete(k.w.mark(ctx, "Delete"), key, opts...)
+}
+
+func (k wrapKV) Do(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
+	return k.KV.Do(k.w.mark(ctx, "Do"), op)
+}
+
+func (k wrapKV) Txn(ctx context.Context) clientv3.Txn { return k.KV.Txn(k.w.mark(ctx, "Txn")) }
+
+type wrapWatcher struct {
+	clientv3.Watcher
+	w *wrapCalls
+}
+
+func (ww wrapWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	return ww.Watcher.Watch(ww.w.mark(ctx, "Watch"), key, opts...)
+}
+
+func (ww wrapWatcher) RequestProgress(ctx context.Context) error {
+	return ww.Watcher.RequestProgress(ww.w.mark(ctx, "RequestProgress"))
+}
+
+type wrapLease struct {
+	clientv3.Lease
+	w *wrapCalls
+}
+
+func (l wrapLease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	return l.Lease.Grant(l.w.mark(ctx, "Grant"), ttl)
+}
+
+func (l wrapLease) Revoke(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseRevokeResponse, error) {
+	return l.Lease.Revoke(l.w.mark(ctx, "Revoke"), id)
+}
+
+func (l wrapLease) TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error) {
+	return l.Lease.TimeToLive(l.w.mark(ctx, "TimeToLive"), id, opts...)
+}
+
+func (l wrapLease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	return l.Lease.KeepAlive(l.w.mark(ctx, "KeepAlive"), id)
+}
+
+func (l wrapLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
+	return l.Lease.KeepAliveOnce(l.w.mark(ctx, "KeepAliveOnce"), id)
+}
+
+type wrapMaintenance struct {
+	clientv3.Maintenance
+	w *wrapCalls
+}
+
+func (m wrapMaintenance) Status(ctx context.Context, endpoint string) (*clientv3.StatusResponse, error) {
+	return m.Maintenance.Status(m.w.mark(ctx, "Status"), endpoint)
+}
+
+// Through etcd's gRPC proxy, which never answers a progress request, a
+// client's waiters learn that once: only the first handoff asks (and waits
+// progressWait), the later ones read at once. Against a member, every
+// handoff is confirmed by a progress request and no RPC. Each handoff's
+// latency and critical-path RPCs are logged beside the other's.
+func TestCompatProgressLearnedOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	c := single(t)
+	proxy := startGRPCProxy(t, c.Endpoints())
+	admin := c.Client(t)
+	const handoffs = 5
+	for _, tc := range []struct {
+		name      string
+		endpoints []string
+		progress  int // progress requests over the handoffs
+		rpcs      int // unary RPCs between the holder's Unlock and the waiter's Lock, from the 2nd handoff on
+	}{
+		{"direct", c.Endpoints(), handoffs, 0},
+		{"grpcproxy", []string{proxy}, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxCell(t)
+			name := "progress-" + tc.name
+			calls := &wrapCalls{}
+			cnt := &counter{created: make(chan struct{}, 16)}
+			cli := calls.wrap(etcdtest.NewClient(t, tc.endpoints, append(calls.dial(), cnt.dial()...)...))
+			holder := etcdsync.NewMutex(session(t, admin), name)
+			waiter := etcdsync.NewMutex(session(t, cli), name)
+			var lat []time.Duration
+			for i := range handoffs {
+				require.NoError(t, holder.Lock(ctx))
+				w := async(func() error { return waiter.Lock(ctx) })
+				for range 2 { // the waiter's watches of its key and the holder's
+					within(t, cnt.created, cellTimeout, "the waiter's watches created")
+				}
+				before := cnt.unary.Load()
+				start := time.Now()
+				require.NoError(t, holder.Unlock(ctx))
+				require.NoError(t, result(t, w, "handoff"))
+				lat = append(lat, time.Since(start))
+				if n := cnt.unary.Load() - before; i > 0 {
+					require.EqualValues(t, tc.rpcs, n, "RPCs on the critical path of handoff %d", i)
+				}
+				require.NoError(t, waiter.Unlock(ctx))
+			}
+			calls.mu.Lock()
+			progress := calls.calls["RequestProgress"]
+			calls.mu.Unlock()
+			require.Equal(t, tc.progress, progress, "progress requests over %d handoffs", handoffs)
+			t.Logf("%s: handoff latencies (holder's Unlock to the waiter's Lock) %v", tc.name, lat)
+		})
+	}
+}
