@@ -19,6 +19,10 @@ import (
 type caps struct {
 	state atomic.Int32 // one of capsUnknown, capsProgress, capsOldServer, capsUnanswered
 	mu    sync.Mutex   // one probe at a time
+	// answered is set once a progress request on the client was answered:
+	// its servers answer them, and a later one that comes late (a member
+	// busy or lagging for a moment) does not mark the client.
+	answered atomic.Bool
 }
 
 const (
@@ -105,8 +109,13 @@ func (c *caps) progress(ctx context.Context, cli *clientv3.Client) bool {
 
 // unanswered records that a progress request on cli went unanswered (etcd's
 // gRPC proxy ignores them): from now on its waiters read instead, and
-// linearizably (see cached).
-func (c *caps) unanswered() { c.state.Store(capsUnanswered) }
+// linearizably (see cached). A client that answered one before is left as
+// it is: that wait reads, later ones ask again.
+func (c *caps) unanswered() {
+	if !c.answered.Load() {
+		c.state.Store(capsUnanswered)
+	}
+}
 
 // cached reports whether serializable reads on the client are likely served
 // from etcd's gRPC proxy's cache, which writes made elsewhere and lease

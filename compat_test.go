@@ -687,3 +687,54 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 		})
 	}
 }
+
+// A progress request that goes unanswered on a client whose requests were
+// answered before (a member busy for a moment) costs that handoff a read,
+// and only that one: the client's later waiters ask again, and their
+// handoffs take no RPC.
+func TestCompatLateProgressKeepsClient(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	c := single(t)
+	ctx := ctxCell(t)
+	cnt := &counter{created: make(chan struct{}, 16)}
+	cli := etcdtest.NewClient(t, c.Endpoints(), cnt.dial()...)
+	drop := &dropProgress{Watcher: cli.Watcher, drop: 2}
+	cli.Watcher = drop
+	holder := etcdsync.NewMutex(session(t, c.Client(t)), "late-progress")
+	waiter := etcdsync.NewMutex(session(t, cli), "late-progress")
+	const handoffs = 4
+	for i := range handoffs {
+		require.NoError(t, holder.Lock(ctx))
+		w := async(func() error { return waiter.Lock(ctx) })
+		for range 2 { // the waiter's watches of its key and the holder's
+			within(t, cnt.created, cellTimeout, "the waiter's watches created")
+		}
+		before := cnt.unary.Load()
+		require.NoError(t, holder.Unlock(ctx))
+		require.NoError(t, result(t, w, "handoff"))
+		want := 0
+		if i == 1 { // the dropped request: this handoff reads
+			want = 1
+		}
+		require.EqualValues(t, want, cnt.unary.Load()-before, "RPCs on the critical path of handoff %d", i)
+		require.NoError(t, waiter.Unlock(ctx))
+	}
+	require.EqualValues(t, handoffs, drop.n.Load(), "progress requests over %d handoffs", handoffs)
+}
+
+// dropProgress is a Watcher that drops its drop-th progress request (it
+// says it sent it).
+type dropProgress struct {
+	clientv3.Watcher
+	n    atomic.Int32
+	drop int32
+}
+
+func (d *dropProgress) RequestProgress(ctx context.Context) error {
+	if d.n.Add(1) == d.drop {
+		return nil
+	}
+	return d.Watcher.RequestProgress(ctx)
+}

@@ -592,7 +592,11 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 			// Our key's watch began after our last read: the gap
 			// is read.
 			return t.settle(ctx, max(rev, r.wr.Header.Revision))
-		case st.ownSeen && r.wr.IsProgressNotify() && r.wr.Header.Revision >= rev:
+		case st.ownSeen && r.wr.IsProgressNotify():
+			c.answered.Store(true)
+			if r.wr.Header.Revision < rev { // a member behind the delete (after a reconnect): wait on
+				continue
+			}
 			t.ahead = nil
 			h := r.wr.Header
 			t.hdr = &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: rev, RaftTerm: h.RaftTerm}
