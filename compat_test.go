@@ -21,12 +21,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
-	"go.etcd.io/etcd/server/v3/proxy/grpcproxy"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/etcdsync/etcdsync"
@@ -74,7 +71,7 @@ func compatRigs() []compatRig {
 		}},
 		{"grpcproxy", false, func(t *testing.T) *deployment {
 			c := single(t)
-			addr := startGRPCProxy(t, c.Endpoints())
+			addr := etcdtest.StartGRPCProxy(t, c.Endpoints())
 			return &deployment{newClient: func(t *testing.T) *clientv3.Client { return etcdtest.NewClient(t, []string{addr}) }, admin: c.Client(t)}
 		}},
 		{"v3client", false, func(t *testing.T) *deployment {
@@ -413,34 +410,6 @@ func cellLeaseExpires(t *testing.T, d *deployment, name string) {
 	require.NoError(t, waiter.Unlock(ctx))
 }
 
-// startGRPCProxy serves etcd's gRPC proxy (KV, Watch, Lease, Maintenance)
-// on 127.0.0.1 in front of endpoints, until t's cleanup, and returns its
-// address.
-func startGRPCProxy(t *testing.T, endpoints []string) string {
-	back := etcdtest.NewClient(t, endpoints)
-	ctx, cancel := context.WithCancel(context.Background())
-	kvp, _ := grpcproxy.NewKvProxy(back)
-	watchp, watchDone := grpcproxy.NewWatchProxy(ctx, zap.NewNop(), back)
-	leasep, leaseDone := grpcproxy.NewLeaseProxy(ctx, back)
-	srv := grpc.NewServer()
-	pb.RegisterKVServer(srv, kvp)
-	pb.RegisterWatchServer(srv, watchp)
-	pb.RegisterLeaseServer(srv, leasep)
-	pb.RegisterMaintenanceServer(srv, grpcproxy.NewMaintenanceProxy(back))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		cancel()
-		srv.Stop()
-		<-served
-		<-watchDone
-		<-leaseDone
-	})
-	return ln.Addr().String()
-}
-
 // startEtcd34 runs the etcd binary named by ETCDSYNC_ETCD34 (Debian's
 // etcd-server package is 3.4.x; see .ci/etcd34.sh) on 127.0.0.1 until t's
 // cleanup; without it the rig is skipped.
@@ -642,7 +611,7 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 		t.Skip("skipped in -short")
 	}
 	c := single(t)
-	proxy := startGRPCProxy(t, c.Endpoints())
+	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
 	admin := c.Client(t)
 	const handoffs = 5
 	for _, tc := range []struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/namespace"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -28,6 +29,7 @@ type connFlags struct {
 	insecureSkipVerify bool
 	user, password     string
 	dialTimeout        time.Duration
+	namespace          string // prefix of every key, as clientv3/namespace applies it
 }
 
 // register adds the flags to fs.
@@ -40,6 +42,7 @@ func (c *connFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.user, "user", "", "user for authentication, as NAME:PASSWORD or NAME (with --password)")
 	fs.StringVar(&c.password, "password", "", "password for authentication")
 	fs.DurationVar(&c.dialTimeout, "dial-timeout", 5*time.Second, "how long to try to reach etcd before giving up (exit 1)")
+	fs.StringVar(&c.namespace, "namespace", "", "prefix of every key lockctl reads and writes, as a client wrapped by clientv3/namespace (or etcd grpc-proxy --namespace) applies it: lock NAME lives under NAMESPACE+NAME/")
 }
 
 // envVars maps each connection flag to its etcdctl environment variable.
@@ -122,10 +125,10 @@ func (c *connFlags) config() (clientv3.Config, error) {
 	return cfg, nil
 }
 
-// dial connects to etcd and checks that it answers: one count-only read of
-// prefix, bounded by --dial-timeout and by ctx. It blocks for that long at
-// most (authentication, when --user is given, is bounded the same way). The
-// caller closes the client.
+// dial connects to etcd (under --namespace, if given) and checks that it
+// answers: one count-only read of prefix, bounded by --dial-timeout and by
+// ctx. It blocks for that long at most (authentication, when --user is
+// given, is bounded the same way). The caller closes the client.
 func (c *connFlags) dial(ctx context.Context, prefix string) (*clientv3.Client, error) {
 	cfg, err := c.config()
 	if err != nil {
@@ -138,6 +141,11 @@ func (c *connFlags) dial(ctx context.Context, prefix string) (*clientv3.Client, 
 			err = fmt.Errorf("no answer within --dial-timeout %v%s", c.dialTimeout, connError(cfg))
 		}
 		return nil, fmt.Errorf("etcd at %s: %w", where, err)
+	}
+	if c.namespace != "" {
+		cli.KV = namespace.NewKV(cli.KV, c.namespace)
+		cli.Watcher = namespace.NewWatcher(cli.Watcher, c.namespace)
+		cli.Lease = namespace.NewLease(cli.Lease, c.namespace)
 	}
 	pctx, cancel := context.WithTimeout(ctx, c.dialTimeout)
 	defer cancel()

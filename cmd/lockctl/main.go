@@ -145,7 +145,12 @@ hosts never overlap, and shows who holds a lock and who waits.
 Connection flags and their environment variables are etcdctl's:
 ETCDCTL_ENDPOINTS, ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY,
 ETCDCTL_INSECURE_SKIP_TLS_VERIFY, ETCDCTL_USER, ETCDCTL_PASSWORD,
-ETCDCTL_DIAL_TIMEOUT. A flag overrides its variable.`,
+ETCDCTL_DIAL_TIMEOUT. A flag overrides its variable.
+
+--endpoints may name etcd's gRPC proxy (etcd grpc-proxy start). --namespace
+puts every key under a prefix, as services whose clients are wrapped by
+clientv3/namespace see them: lockctl --namespace tenant/ run jobs/x and a
+plain client's lock on tenant/jobs/x exclude each other.`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},

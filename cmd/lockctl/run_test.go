@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 )
 
 // The child sees the hold's variables: the key, its create revision (the
@@ -238,4 +240,30 @@ func TestRunReadWriteSem(t *testing.T) {
 	require.Equal(t, 0, s1.wait(t))
 	require.Equal(t, 0, s2.wait(t))
 	noKeys(t, sem)
+}
+
+// --namespace puts the lock under the prefix, the same lock a plain client
+// takes on the prefixed name; through etcd's gRPC proxy a waiter gets the
+// turn when the holder ends, and no key is left.
+func TestRunNamespaceAndProxy(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	ns := name + "-ns/"
+	proxy := etcdtest.StartGRPCProxy(t, []string{endpoint})
+	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
+	holder := start(t, "--endpoints", proxy, "--namespace", ns, "run", name, "--", "sh", "-c", fmt.Sprintf("echo x > %q; %s", started, waitFor(release)))
+	readFile(t, started)
+	require.Len(t, keys(t, ns+name+"/"), 1, "the holder's key, under the namespace")
+	require.Empty(t, keys(t, name+"/"), "nothing outside the namespace")
+
+	code, p := run(t, "run", "--try", ns+name, "--", "touch", filepath.Join(dir, "ran"))
+	require.Equal(t, exitHeld, code, "a plain client on the prefixed name is excluded; stderr: %s", p.stderr.String())
+	waiter := start(t, "--endpoints", proxy, "--namespace", ns, "run", name, "--", "touch", filepath.Join(dir, "ran"))
+	waitKeys(t, ns+name+"/", 2)
+	require.NoFileExists(t, filepath.Join(dir, "ran"))
+	touch(t, release)
+	require.Equal(t, 0, holder.wait(t))
+	require.Equal(t, 0, waiter.wait(t), "stderr: %s", waiter.stderr.String())
+	require.FileExists(t, filepath.Join(dir, "ran"))
+	noKeys(t, ns+name)
 }
