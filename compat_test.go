@@ -116,17 +116,20 @@ func compatCells() []compatCell {
 		{"LeaseGoneWhileWaiting", cellLeaseGoneWaiting},
 		{"LeaseGoneWhileHolding", cellLeaseGoneHolding},
 		{"LeaseExpiresWhileHolding", cellLeaseExpires},
+		{"LeaseExpiresWhileWaiting", cellLeaseExpiresWaiting},
+		{"HoldOutlivesTTLs", cellHoldOutlivesTTLs},
 	}
 }
 
-// TestCompat runs every cell under every deployment. Each cell ends by
-// checking that no key is left under its name.
+// TestCompat runs every cell under every deployment, the deployments side
+// by side. Each cell ends by checking that no key is left under its name.
 func TestCompat(t *testing.T) {
 	for _, rig := range compatRigs() {
 		t.Run(rig.name, func(t *testing.T) {
 			if testing.Short() && !rig.short {
 				t.Skip("skipped in -short")
 			}
+			t.Parallel() // each deployment has a cluster of its own
 			d := rig.start(t)
 			for _, cell := range compatCells() {
 				t.Run(cell.name, func(t *testing.T) {
@@ -408,6 +411,78 @@ func cellLeaseExpires(t *testing.T, d *deployment, name string) {
 	waiter := etcdsync.NewMutex(d.sessions(t, 1)[0], name)
 	require.NoError(t, waiter.Lock(ctx), "the waiter once the holder's lease expired")
 	require.NoError(t, waiter.Unlock(ctx))
+}
+
+// cellLeaseExpiresWaiting lets a waiter's lease expire on the server while
+// it waits between a holder and another waiter. The waiter is a crashed
+// process: its key and lease written straight to etcd, never kept alive.
+// The one behind it keeps waiting while the holder holds, and gets the lock
+// once the holder leaves.
+func cellLeaseExpiresWaiting(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	holder, behind := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name)
+	require.NoError(t, holder.Lock(ctx))
+	lease, err := d.admin.Grant(ctx, 2)
+	require.NoError(t, err)
+	crashed := fmt.Sprintf("%s%s/%x", d.prefix, name, int64(lease.ID))
+	_, err = d.admin.Put(ctx, crashed, "", clientv3.WithLease(lease.ID))
+	require.NoError(t, err)
+	b := async(func() error { return behind.Lock(ctx) })
+	awaitKeys(t, d, name, 3)
+	awaitGone(t, d, crashed)
+	ttl, err := d.admin.TimeToLive(ctx, lease.ID)
+	require.NoError(t, err)
+	require.EqualValues(t, -1, ttl.TTL, "the crashed waiter's key went with its lease")
+	blocked(t, b, "the one behind the expired waiter, while the holder holds")
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, result(t, b, "the one behind, after the holder left"))
+	require.NoError(t, behind.Unlock(ctx))
+}
+
+// cellHoldOutlivesTTLs holds a lock for several TTLs: while keepalives are
+// acknowledged (through the deployment's Lease), neither the hold nor the
+// session ends, and the lease's TTL on the server keeps being renewed.
+func cellHoldOutlivesTTLs(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	const ttl = 2 * time.Second
+	s, err := etcdsync.NewSession(d.newClient(t), etcdsync.WithTTL(ttl))
+	require.NoError(t, err)
+	defer s.Close()
+	m := etcdsync.NewMutex(s, name)
+	require.NoError(t, m.Lock(ctx))
+	select {
+	case <-m.Done():
+		t.Fatalf("the hold ended while keepalives were acknowledged: %v", m.Err())
+	case <-s.Done():
+		t.Fatalf("the session ended while keepalives were acknowledged: %v", s.Err())
+	case <-time.After(3 * ttl):
+	}
+	resp, err := d.admin.TimeToLive(ctx, s.Lease())
+	require.NoError(t, err)
+	require.Positive(t, resp.TTL, "the lease on the server")
+	require.Len(t, rawKeys(t, d, name), 1, "the held key")
+	require.NoError(t, m.Unlock(ctx))
+}
+
+// awaitGone blocks until key (in etcd's keyspace) is absent, read and
+// watched through the admin client.
+func awaitGone(t *testing.T, d *deployment, key string) {
+	t.Helper()
+	ctx := ctxCell(t)
+	resp, err := d.admin.Get(ctx, key, clientv3.WithCountOnly())
+	require.NoError(t, err)
+	if resp.Count == 0 {
+		return
+	}
+	wch := d.admin.Watch(ctx, key, clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
+	for wr := range wch {
+		require.NoError(t, wr.Err())
+		if len(wr.Events) > 0 {
+			return
+		}
+	}
+	t.Fatalf("%s: not gone within %v", key, cellTimeout)
 }
 
 // startEtcd34 runs the etcd binary named by ETCDSYNC_ETCD34 (Debian's
