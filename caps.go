@@ -18,11 +18,12 @@ import (
 // (see stream.confirm) rather than by a read.
 type caps struct {
 	state atomic.Int32 // one of capsUnknown, capsProgress, capsOldServer, capsUnanswered
-	mu    sync.Mutex   // one probe at a time
+	mu    sync.Mutex   // one version check at a time
 	// answered is set once a progress request on the client was answered:
 	// its servers answer them, and a later one that comes late (a member
 	// busy or lagging for a moment) does not mark the client.
 	answered atomic.Bool
+	reprobe  atomic.Int64 // when a client marked unanswered asks again, UnixNano (see probing)
 }
 
 const (
@@ -32,8 +33,8 @@ const (
 	capsUnanswered       // a progress request went unanswered: etcd's gRPC proxy, whose serializable reads come from a cache
 )
 
-// probeTimeout bounds the version probe of a client's servers.
-const probeTimeout = time.Second
+// versionTimeout bounds the version check of a client's servers.
+const versionTimeout = time.Second
 
 // clientCaps maps a client (weakly: it does not keep the client alive) to
 // its caps.
@@ -57,7 +58,7 @@ func capsOf(cli *clientv3.Client) *caps {
 // first call per client asks the server behind each endpoint for its
 // version (client.Maintenance.Status, all at once; without endpoints, as
 // for an in-process client, once with none), blocking for those calls,
-// bounded by ctx and probeTimeout. Only servers from 3.6 on are trusted:
+// bounded by ctx and versionTimeout. Only servers from 3.6 on are trusted:
 // before fixes in late 3.4 and 3.5 patch releases (etcd-io/etcd#15220) an
 // answer could overtake the events it vouches for. The answer is kept for
 // the client once one server answered and none is older; an endpoint that
@@ -74,7 +75,7 @@ func (c *caps) progress(ctx context.Context, cli *clientv3.Client) bool {
 	if s := c.state.Load(); s != capsUnknown {
 		return s == capsProgress
 	}
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, versionTimeout)
 	defer cancel()
 	eps := cli.Endpoints()
 	if len(eps) == 0 {
@@ -109,12 +110,42 @@ func (c *caps) progress(ctx context.Context, cli *clientv3.Client) bool {
 
 // unanswered records that a progress request on cli went unanswered (etcd's
 // gRPC proxy ignores them): from now on its waiters read instead, and
-// linearizably (see cached). A client that answered one before is left as
-// it is: that wait reads, later ones ask again.
+// linearizably (see cached), until a probe is answered (see probing). A
+// client that answered one before is left as it is: that wait reads, later
+// ones ask again.
 func (c *caps) unanswered() {
-	if !c.answered.Load() {
-		c.state.Store(capsUnanswered)
+	if !c.answered.Load() && c.state.CompareAndSwap(capsProgress, capsUnanswered) {
+		c.reprobe.Store(time.Now().Add(reprobeAfter).UnixNano())
 	}
+}
+
+// answer records that a progress request on the client was answered: its
+// servers answer them, whatever a late one said before.
+func (c *caps) answer() {
+	c.answered.Store(true)
+	c.state.CompareAndSwap(capsUnanswered, capsProgress)
+}
+
+// reprobeAfter is how long a client marked unanswered goes before one of its
+// waits asks again.
+const reprobeAfter = time.Minute
+
+// probing reports whether a wait should ask, as soon as it watches, whether
+// the client's servers answer progress requests, so that the client learns
+// it off the critical path (a wait that lasts progressWait learns it before
+// its turn comes): every wait until one was answered, on a client whose
+// servers are recent enough; and one wait a reprobeAfter on a client marked
+// unanswered, so that it learns again when its servers do answer (a member
+// was busy, not a proxy).
+func (c *caps) probing() bool {
+	switch c.state.Load() {
+	case capsProgress:
+		return !c.answered.Load()
+	case capsUnanswered:
+		at, now := c.reprobe.Load(), time.Now()
+		return now.UnixNano() >= at && c.reprobe.CompareAndSwap(at, now.Add(reprobeAfter).UnixNano())
+	}
+	return false
 }
 
 // cached reports whether serializable reads on the client are likely served

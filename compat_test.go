@@ -118,6 +118,9 @@ func compatCells() []compatCell {
 		{"LeaseExpiresWhileHolding", cellLeaseExpires},
 		{"LeaseExpiresWhileWaiting", cellLeaseExpiresWaiting},
 		{"HoldOutlivesTTLs", cellHoldOutlivesTTLs},
+		{"OwnKeyDeletedByAdmin", cellOwnKeyDeleted},
+		{"OwnKeyDeletedWithPredecessor", cellOwnKeyWithPredecessor},
+		{"PrefixDeletedWhileWaiting", cellPrefixDeleted},
 	}
 }
 
@@ -485,6 +488,119 @@ func awaitGone(t *testing.T, d *deployment, key string) {
 	t.Fatalf("%s: not gone within %v", key, cellTimeout)
 }
 
+// watchedSession returns a session on a new client of the deployment whose
+// Watcher signals on the returned channel each time a watch of the
+// library's is created (its Created response has come).
+func watchedSession(t *testing.T, d *deployment) (*etcdsync.Session, <-chan struct{}) {
+	t.Helper()
+	cli := d.newClient(t)
+	w := &createdWatcher{Watcher: cli.Watcher, created: make(chan struct{}, 64)}
+	cli.Watcher = w
+	return session(t, cli), w.created
+}
+
+// createdWatcher is a Watcher that signals each watch's creation.
+type createdWatcher struct {
+	clientv3.Watcher
+	created chan struct{}
+}
+
+func (w *createdWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	in := w.Watcher.Watch(ctx, key, opts...)
+	out := make(chan clientv3.WatchResponse)
+	go func() {
+		defer close(out)
+		for wr := range in {
+			if wr.Created {
+				w.created <- struct{}{}
+			}
+			select {
+			case out <- wr:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// awaitWatches blocks until n watches were created on created.
+func awaitWatches(t *testing.T, created <-chan struct{}, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case <-created:
+		case <-time.After(cellTimeout):
+			t.Fatalf("%d watches not created within %v", n, cellTimeout)
+		}
+	}
+}
+
+// cellOwnKeyDeleted: an admin deletes a waiter's key straight on a member
+// (through etcd's gRPC proxy, its cache does not see it). The waiter returns
+// ErrSessionExpired while its predecessor still holds; the one behind it
+// waits for the holder, then gets the lock.
+func cellOwnKeyDeleted(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	hs := d.sessions(t, 2)
+	ws, created := watchedSession(t, d)
+	holder, waiter, behind := etcdsync.NewMutex(hs[0], name), etcdsync.NewMutex(ws, name), etcdsync.NewMutex(hs[1], name)
+	require.NoError(t, holder.Lock(ctx))
+	w := async(func() error { return waiter.Lock(ctx) })
+	awaitWatches(t, created, 2) // its own key and the holder's
+	b := async(func() error { return behind.Lock(ctx) })
+	awaitKeys(t, d, name, 3)
+	_, err := d.admin.Delete(ctx, fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease())))
+	require.NoError(t, err)
+	require.ErrorIs(t, result(t, w, "a waiter whose key an admin deleted"), etcdsync.ErrSessionExpired)
+	blocked(t, b, "the one behind, while the holder holds")
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, result(t, b, "the one behind, after the holder left"))
+	require.NoError(t, behind.Unlock(ctx))
+}
+
+// cellOwnKeyWithPredecessor: one transaction deletes a waiter's key and its
+// predecessor's (the holder's), so the waiter's key is gone at the revision
+// its turn would have come: it returns ErrSessionExpired, never the lock.
+// The first wait on a client (the version check and the probe; through
+// etcd's gRPC proxy, the unanswered progress request) and a later one.
+func cellOwnKeyWithPredecessor(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ws, created := watchedSession(t, d)
+	hs := d.sessions(t, 1)[0]
+	for round := range 2 {
+		holder, waiter := etcdsync.NewMutex(hs, name), etcdsync.NewMutex(ws, name)
+		require.NoError(t, holder.Lock(ctx))
+		w := async(func() error { return waiter.Lock(ctx) })
+		awaitWatches(t, created, 2)
+		own := fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease()))
+		_, err := d.admin.Txn(ctx).Then(clientv3.OpDelete(d.prefix+holder.Key()), clientv3.OpDelete(own)).Commit()
+		require.NoError(t, err)
+		require.ErrorIs(t, result(t, w, "a waiter whose key went with its predecessor's"), etcdsync.ErrSessionExpired, "round %d", round)
+		within(t, holder.Done(), cellTimeout, "Done of the hold whose key was deleted")
+	}
+}
+
+// cellPrefixDeleted: an admin deletes the whole name (every key at one
+// revision) while one holds and two wait: both waiters return
+// ErrSessionExpired, the hold's Done closes.
+func cellPrefixDeleted(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	holder := etcdsync.NewMutex(d.sessions(t, 1)[0], name)
+	s1, created1 := watchedSession(t, d)
+	s2, created2 := watchedSession(t, d)
+	require.NoError(t, holder.Lock(ctx))
+	w1 := async(func() error { return etcdsync.NewMutex(s1, name).Lock(ctx) })
+	awaitWatches(t, created1, 2)
+	w2 := async(func() error { return etcdsync.NewMutex(s2, name).Lock(ctx) })
+	awaitWatches(t, created2, 3) // its own key, the first waiter's and the holder's
+	_, err := d.admin.Delete(ctx, d.prefix+name+"/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.ErrorIs(t, result(t, w1, "the first waiter"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, result(t, w2, "the second waiter"), etcdsync.ErrSessionExpired)
+	within(t, holder.Done(), cellTimeout, "Done of the hold whose key was deleted")
+}
+
 // startEtcd34 runs the etcd binary named by ETCDSYNC_ETCD34 (Debian's
 // etcd-server package is 3.4.x; see .ci/etcd34.sh) on 127.0.0.1 until t's
 // cleanup; without it the rig is skipped.
@@ -677,10 +793,12 @@ func (m wrapMaintenance) Status(ctx context.Context, endpoint string) (*clientv3
 }
 
 // Through etcd's gRPC proxy, which never answers a progress request, a
-// client's waiters learn that once: only the first handoff asks (and waits
-// progressWait), the later ones read at once. Against a member, every
-// handoff is confirmed by a progress request and no RPC. Each handoff's
-// latency and critical-path RPCs are logged beside the other's.
+// client's waiters learn that once: only the first wait asks (its probe,
+// sent as it watches, and its handoff's confirmation, which waits for the
+// probe's answer no longer than progressWait from the probe), the later
+// ones read at once. Against a member, every handoff is confirmed by a
+// progress request and no RPC, and only the first wait sends a probe. Each
+// handoff's latency and critical-path RPCs are logged beside the other's.
 func TestCompatProgressLearnedOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped in -short")
@@ -695,8 +813,8 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 		progress  int // progress requests over the handoffs
 		rpcs      int // unary RPCs between the holder's Unlock and the waiter's Lock, from the 2nd handoff on
 	}{
-		{"direct", c.Endpoints(), handoffs, 0},
-		{"grpcproxy", []string{proxy}, 1, 1},
+		{"direct", c.Endpoints(), handoffs + 1, 0},
+		{"grpcproxy", []string{proxy}, 2, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := ctxCell(t)
@@ -759,13 +877,49 @@ func TestCompatLateProgressKeepsClient(t *testing.T) {
 		require.NoError(t, holder.Unlock(ctx))
 		require.NoError(t, result(t, w, "handoff"))
 		want := 0
-		if i == 1 { // the dropped request: this handoff reads
+		if i == 0 { // the dropped request (after the first wait's probe): this handoff reads
 			want = 1
 		}
 		require.EqualValues(t, want, cnt.unary.Load()-before, "RPCs on the critical path of handoff %d", i)
 		require.NoError(t, waiter.Unlock(ctx))
 	}
-	require.EqualValues(t, handoffs, drop.n.Load(), "progress requests over %d handoffs", handoffs)
+	require.EqualValues(t, handoffs+1, drop.n.Load(), "progress requests over %d handoffs (and one probe)", handoffs)
+}
+
+// A client learns that its progress requests go unanswered off the
+// critical path: through etcd's gRPC proxy, a first wait that lasts longer
+// than progressWait has learned it from its probe by the time its turn
+// comes, so its handoff reads at once and asks nothing more.
+func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	c := single(t)
+	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
+	ctx := ctxCell(t)
+	calls := &wrapCalls{}
+	cnt := &counter{created: make(chan struct{}, 16)}
+	cli := calls.wrap(etcdtest.NewClient(t, []string{proxy}, append(calls.dial(), cnt.dial()...)...))
+	holder := etcdsync.NewMutex(session(t, c.Client(t)), "progress-learned")
+	waiter := etcdsync.NewMutex(session(t, cli), "progress-learned")
+	require.NoError(t, holder.Lock(ctx))
+	w := async(func() error { return waiter.Lock(ctx) })
+	for range 2 { // the waiter's watches of its key and the holder's
+		within(t, cnt.created, cellTimeout, "the waiter's watches created")
+	}
+	time.Sleep(2 * time.Second) // the holder holds a while: longer than the probe waits for its answer
+	progress := func() int {
+		calls.mu.Lock()
+		defer calls.mu.Unlock()
+		return calls.calls["RequestProgress"]
+	}
+	require.Equal(t, 1, progress(), "progress requests before the turn: the probe")
+	before := cnt.unary.Load()
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, result(t, w, "handoff"))
+	require.EqualValues(t, 1, cnt.unary.Load()-before, "RPCs on the critical path: the read")
+	require.Equal(t, 1, progress(), "progress requests after the turn: none more")
+	require.NoError(t, waiter.Unlock(ctx))
 }
 
 // dropProgress is a Watcher that drops its drop-th progress request (it

@@ -365,6 +365,10 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 // gRPC proxy never answers one, and a member answers only once every watch
 // on the stream is synced; unanswered, the waiter reads instead, and the
 // client is marked as one whose progress requests go unanswered (see caps).
+// A client learns that off the critical path: the first waits on it send a
+// probe as soon as they watch, and one that waits progressWait learns the
+// answer before its turn comes; a turn that comes sooner waits for the
+// probe's answer no longer than the probe's own progressWait.
 const progressWait = 500 * time.Millisecond
 
 // keyed is one response of the watch of one key, or (closed) the end of it.
@@ -392,6 +396,12 @@ type stream struct {
 	// a progress answer on it counts only from then on.
 	ownSeen bool
 	trust   bool // progress answers may confirm the turn (see caps)
+	// probe fires when the probe (see caps.probing), a progress request sent
+	// once our own key's watch was created, has gone unanswered for
+	// progressWait; nil when none is out. probeEnd is when it fires.
+	probe     <-chan time.Time
+	probeEnd  time.Time
+	stopTimer func() bool
 }
 
 // waitSeq numbers waits, so that each has a stream of its own (waitContext).
@@ -481,6 +491,7 @@ func (t *turn) watch(ctx context.Context) error {
 	st.trust = capsOf(t.s.client).progress(ctx, t.s.client) // before the watches: a gap it leaves is read
 	st.own = st.add(t.key)
 	defer st.close()
+	defer st.stopProbe()
 	for t.blocked() {
 		st.watchNearest()
 		key, gone, err := st.next(ctx)
@@ -571,7 +582,11 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 	if !st.trust || c.state.Load() != capsProgress || t.s.client.RequestProgress(st.ctx) != nil {
 		return t.settle(ctx, rev)
 	}
-	timer := time.NewTimer(progressWait)
+	wait := progressWait
+	if st.probe != nil { // the probe is out: its answer would have come by its end
+		wait = max(0, time.Until(st.probeEnd))
+	}
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		var r keyed
@@ -593,7 +608,6 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 			// is read.
 			return t.settle(ctx, max(rev, r.wr.Header.Revision))
 		case st.ownSeen && r.wr.IsProgressNotify():
-			c.answered.Store(true)
 			if r.wr.Header.Revision < rev { // a member behind the delete (after a reconnect): wait on
 				continue
 			}
@@ -609,16 +623,41 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 // (after our last read) is an error wrapping ErrSessionExpired; a failed
 // watch of our own key or of a key we wait for is an error.
 func (st *stream) recv(ctx context.Context) (keyed, error) {
-	select {
-	case r := <-st.in:
-		return r, st.check(r)
-	case <-ctx.Done():
-		return keyed{}, ctx.Err()
+	for {
+		select {
+		case r := <-st.in:
+			return r, st.check(r)
+		case <-st.probe:
+			st.probe = nil
+			capsOf(st.t.s.client).unanswered()
+		case <-ctx.Done():
+			return keyed{}, ctx.Err()
+		}
+	}
+}
+
+// sendProbe sends the probe (see caps.probing), once our own key's watch
+// was created, if the client wants one. Its answer is noted by check; its
+// silence by recv, once progressWait has passed.
+func (st *stream) sendProbe() {
+	if !capsOf(st.t.s.client).probing() || st.t.s.client.RequestProgress(st.ctx) != nil {
+		return
+	}
+	timer := time.NewTimer(progressWait)
+	st.probe, st.probeEnd, st.stopTimer = timer.C, time.Now().Add(progressWait), timer.Stop
+}
+
+// stopProbe stops the probe's timer, if one is out.
+func (st *stream) stopProbe() {
+	if st.probe != nil {
+		st.stopTimer()
+		st.probe = nil
 	}
 }
 
 // check returns the error r means, if any (see recv), and notes the
-// creation of our own key's watch.
+// creation of our own key's watch (then sends the probe) and the answers to
+// progress requests on it.
 func (st *stream) check(r keyed) error {
 	_, watched := st.keys[r.key]
 	mine := r.key == st.t.key
@@ -633,6 +672,10 @@ func (st *stream) check(r keyed) error {
 		return nil
 	case r.wr.Created:
 		st.ownSeen = true
+		st.sendProbe()
+	case st.ownSeen && r.wr.IsProgressNotify():
+		st.stopProbe()
+		capsOf(st.t.s.client).answer()
 	}
 	if rev := st.t.deleted(r.wr); rev > 0 {
 		return fmt.Errorf("%w (revision %d)", errOwnKeyGone, rev)

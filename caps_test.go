@@ -1,0 +1,62 @@
+package etcdsync
+
+// What a client learns about its servers (caps), without a server: when a
+// progress answer may confirm a turn, and when a wait asks again.
+
+import (
+	"testing"
+	"time"
+)
+
+func TestCapsProgressOrderedFrom36(t *testing.T) {
+	for v, want := range map[string]bool{
+		"3.4.23": false, "3.5.17": false, "3.6.0": true, "3.7.3": true, "4.0.0": true,
+		"": false, "3": false, "x.y.z": false, "3.6": true,
+	} {
+		if got := progressOrdered(v); got != want {
+			t.Errorf("progressOrdered(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+func TestCapsUnansweredUntilAProbeIsAnswered(t *testing.T) {
+	var c caps
+	c.state.Store(capsProgress)
+	if !c.probing() {
+		t.Fatal("a client with no answer yet: its waits probe")
+	}
+	c.unanswered()
+	if !c.cached() || c.state.Load() != capsUnanswered {
+		t.Fatal("an unanswered request marks a client that never answered")
+	}
+	if c.probing() {
+		t.Fatal("a marked client probes again only after reprobeAfter")
+	}
+	c.reprobe.Store(time.Now().Add(-time.Second).UnixNano()) // reprobeAfter has passed
+	if !c.probing() {
+		t.Fatal("a marked client probes again once reprobeAfter has passed")
+	}
+	if c.probing() {
+		t.Fatal("one wait per reprobeAfter probes a marked client")
+	}
+	c.answer()
+	if c.cached() || c.state.Load() != capsProgress {
+		t.Fatal("an answered probe clears the mark")
+	}
+	if c.probing() {
+		t.Fatal("a client that answered: its waits do not probe")
+	}
+	c.unanswered()
+	if c.state.Load() != capsProgress {
+		t.Fatal("a late answer does not mark a client that answered before")
+	}
+}
+
+func TestCapsOldServerNeverAsks(t *testing.T) {
+	var c caps
+	c.state.Store(capsOldServer)
+	c.unanswered()
+	if c.probing() || c.cached() || c.state.Load() != capsOldServer {
+		t.Fatal("a client of servers older than 3.6 reads, and is never marked or probed")
+	}
+}
