@@ -9,6 +9,7 @@ import (
 )
 
 func TestCapsProgressOrderedFrom36(t *testing.T) {
+	t.Parallel()
 	for v, want := range map[string]bool{
 		"3.4.23": false, "3.5.17": false, "3.6.0": true, "3.7.3": true, "4.0.0": true,
 		"": false, "3": false, "x.y.z": false, "3.6": true,
@@ -20,6 +21,7 @@ func TestCapsProgressOrderedFrom36(t *testing.T) {
 }
 
 func TestCapsUnansweredUntilAProbeIsAnswered(t *testing.T) {
+	t.Parallel()
 	var c caps
 	c.state.Store(capsProgress)
 	if !c.probing() {
@@ -53,6 +55,7 @@ func TestCapsUnansweredUntilAProbeIsAnswered(t *testing.T) {
 }
 
 func TestCapsOldServerNeverAsks(t *testing.T) {
+	t.Parallel()
 	var c caps
 	c.state.Store(capsOldServer)
 	c.unanswered()

@@ -127,6 +127,7 @@ func compatCells() []compatCell {
 // TestCompat runs every cell under every deployment, the deployments side
 // by side. Each cell ends by checking that no key is left under its name.
 func TestCompat(t *testing.T) {
+	t.Parallel()
 	for _, rig := range compatRigs() {
 		t.Run(rig.name, func(t *testing.T) {
 			if testing.Short() && !rig.short {
@@ -377,7 +378,15 @@ func cellLeaseGoneWaiting(t *testing.T, d *deployment, name string) {
 	_, err := d.admin.Revoke(ctx, ss[1].Lease())
 	require.NoError(t, err)
 	require.ErrorIs(t, result(t, w, "a waiter whose lease was revoked"), etcdsync.ErrSessionExpired)
-	blocked(t, b, "the one behind the revoked waiter, while the holder holds")
+	behindWaitsForHolder(t, ctx, holder, behind, b)
+}
+
+// behindWaitsForHolder checks the end of a cell where a waiter between
+// holder and behind went: behind (whose Lock's result comes on b) still
+// waits while holder holds, and gets the lock once holder unlocks.
+func behindWaitsForHolder(t *testing.T, ctx context.Context, holder, behind *etcdsync.Mutex, b <-chan error) {
+	t.Helper()
+	blocked(t, b, "the one behind the waiter that went, while the holder holds")
 	require.NoError(t, holder.Unlock(ctx))
 	require.NoError(t, result(t, b, "the one behind, after the holder left"))
 	require.NoError(t, behind.Unlock(ctx))
@@ -437,10 +446,7 @@ func cellLeaseExpiresWaiting(t *testing.T, d *deployment, name string) {
 	ttl, err := d.admin.TimeToLive(ctx, lease.ID)
 	require.NoError(t, err)
 	require.EqualValues(t, -1, ttl.TTL, "the crashed waiter's key went with its lease")
-	blocked(t, b, "the one behind the expired waiter, while the holder holds")
-	require.NoError(t, holder.Unlock(ctx))
-	require.NoError(t, result(t, b, "the one behind, after the holder left"))
-	require.NoError(t, behind.Unlock(ctx))
+	behindWaitsForHolder(t, ctx, holder, behind, b)
 }
 
 // cellHoldOutlivesTTLs holds a lock for several TTLs: while keepalives are
@@ -553,10 +559,7 @@ func cellOwnKeyDeleted(t *testing.T, d *deployment, name string) {
 	_, err := d.admin.Delete(ctx, fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease())))
 	require.NoError(t, err)
 	require.ErrorIs(t, result(t, w, "a waiter whose key an admin deleted"), etcdsync.ErrSessionExpired)
-	blocked(t, b, "the one behind, while the holder holds")
-	require.NoError(t, holder.Unlock(ctx))
-	require.NoError(t, result(t, b, "the one behind, after the holder left"))
-	require.NoError(t, behind.Unlock(ctx))
+	behindWaitsForHolder(t, ctx, holder, behind, b)
 }
 
 // cellOwnKeyWithPredecessor: one transaction deletes a waiter's key and its
@@ -800,6 +803,7 @@ func (m wrapMaintenance) Status(ctx context.Context, endpoint string) (*clientv3
 // progress request and no RPC, and only the first wait sends a probe. Each
 // handoff's latency and critical-path RPCs are logged beside the other's.
 func TestCompatProgressLearnedOnce(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("skipped in -short")
 	}
@@ -855,6 +859,7 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 // and only that one: the client's later waiters ask again, and their
 // handoffs take no RPC.
 func TestCompatLateProgressKeepsClient(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("skipped in -short")
 	}
@@ -891,6 +896,7 @@ func TestCompatLateProgressKeepsClient(t *testing.T) {
 // than progressWait has learned it from its probe by the time its turn
 // comes, so its handoff reads at once and asks nothing more.
 func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("skipped in -short")
 	}

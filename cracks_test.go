@@ -57,6 +57,7 @@ func TestAdoptLateKeepsLease(t *testing.T) {
 // Close after Orphan changes nothing in etcd: the lease and its keys stay
 // for the process that adopts them.
 func TestOrphanThenCloseKeepsLease(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -79,6 +80,7 @@ func TestOrphanThenCloseKeepsLease(t *testing.T) {
 // same term; after a Resign either may Campaign again. A wrong revision or
 // another session's key does not lead.
 func TestResumeElectionSharesLeadership(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -121,6 +123,7 @@ func TestResumeElectionSharesLeadership(t *testing.T) {
 // An observer started before any candidate gets every leader and every
 // value, in order (as etcdctl elect -l does).
 func TestObserveEveryValue(t *testing.T) {
+	t.Parallel()
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
 		cnt := counter{created: make(chan struct{}, 100)}
@@ -164,6 +167,7 @@ func TestObserveEveryValue(t *testing.T) {
 // Observers need no session; a bad name or client closes the channel at
 // once and Err says why; so does a client that closes.
 func TestObserverErrors(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	for _, tc := range []struct {
@@ -199,6 +203,7 @@ func TestObserverErrors(t *testing.T) {
 // After the client closes, the session and its holds end with a cause that
 // says so, and Close returns at once.
 func TestClosedClient(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	cli := etcdtest.NewClient(t, c.Endpoints())
@@ -222,6 +227,7 @@ func TestClosedClient(t *testing.T) {
 // NewSession against an endpoint nobody listens on names the endpoint and
 // the dial error.
 func TestNewSessionNamesUnreachableEndpoint(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
@@ -235,6 +241,7 @@ func TestNewSessionNamesUnreachableEndpoint(t *testing.T) {
 
 // Error texts say what failed, on which name, and why, each once.
 func TestErrorTexts(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)

@@ -1,25 +1,81 @@
-// Package etcdsync provides distributed coordination primitives on etcd: a
-// Session (a lease kept alive in the background), a Mutex and an Election.
+// Package etcdsync provides distributed coordination primitives on etcd:
+//
+//   - Session: a lease kept alive in the background, with a local deadline
+//     that never passes the server's expiry (Done, Err, Deadline).
+//   - Mutex: an exclusive lock on a name (Lock, TryLock, Unlock, Run, Do).
+//   - Election and Observer: leader election on a name (Campaign, Proclaim,
+//     Resign, Run, Leader, Observe), and a follower that needs no session.
+//   - RWMutex: readers share, a writer is alone (RLock, Lock, RRun, Run).
+//   - Semaphore: a capacity of permits, a holder takes n (Acquire, Release,
+//     Run).
 //
 // It mirrors go.etcd.io/etcd/client/v3/concurrency, so switching is a change
 // of import path plus WithTTL taking a time.Duration, and it writes the same
 // keys (NAME/<lease-hex>), so a fleet that mixes the two still excludes each
-// other. What it adds:
+// other.
 //
-//   - Loss signals: Session.Done closes no later than the server can expire
-//     the lease, even when etcd is unreachable (the session keeps a deadline
-//     from the send time of the last acknowledged keepalive); Mutex.Done
-//     closes when the hold ends for any reason, and Err says why.
-//   - Fencing: Rev is the create revision of the held key, strictly increasing
-//     from one holder to the next; Do runs operations only while the hold is
-//     current and returns ErrNotHeld otherwise.
-//   - Exclusion between two Mutex values on one Session, fenced releases, no
-//     key left behind by a cancelled Lock, and a waiter that notices at once
-//     when its own key vanishes.
-//   - A cheap queue: each waiter watches only its predecessor, a release wakes
-//     one waiter, and the next waiter owns the lock with no further RPC once
-//     the predecessor's delete arrives.
+// # The queue and what it costs
 //
-// Only direct children NAME/<hex> of a name take part in its queue, so a lock
-// on "/a/b" never blocks a lock on "/a".
+// Every primitive is one recipe. A contender writes one key under the name,
+// bound to its session's lease, in one create-if-absent transaction that also
+// lists the queue (1 RPC, 1 write). Only direct children NAME/<hex> of the
+// name take part (an RWMutex's are NAME/read/<hex> and NAME/write/<hex>, the
+// layout of etcd's recipes), so a lock on "/a/b" never blocks a lock on "/a".
+// The oldest key holds; which older keys block a contender is the
+// primitive's rule (every one for a Mutex or an Election; writers for a
+// reader; enough weight to fill the capacity for a Semaphore).
+//
+// A waiter watches its own key and the two nearest keys that block it: its
+// predecessor and the one before it. When the predecessor's delete arrives
+// and nothing else is ahead, the turn is its own with no RPC (a watch progress
+// request, on servers that order its answer, shows that its own key survived;
+// elsewhere one read does). When the key before the predecessor goes first,
+// the waiter learns what is left ahead then, off the critical path. A release
+// reaches at most two waiters at any queue length. A release (Unlock, Resign,
+// Release) is one fenced RPC; TryLock on a held name is one RPC and writes
+// nothing. Every request goes through the client's interfaces (KV, Watcher,
+// Lease, Maintenance), so a client wrapped by clientv3/namespace, the
+// in-process client of an embedded etcd, a client behind etcd's gRPC proxy
+// and a user's own wrappers all see every call.
+//
+// # Invariants
+//
+// These hold for every primitive; the tests cite them by name.
+//
+//   - Exclusion: at most one holder of a Mutex or Election at any revision
+//     (for RWMutex: readers or one writer; for Semaphore: held weight within
+//     capacity), across processes, sessions, values on one Session and
+//     goroutines sharing a value.
+//   - Interop: the keys are the ones etcdctl lock, etcd's concurrency package
+//     and the server's lock and election APIs write, so they exclude each
+//     other.
+//   - Nested names: a holder of NAME/x never blocks NAME.
+//   - FIFO: waiters are served in the order their keys were created, and a
+//     waiter is woken only by the deletes of the keys it watches, so a release
+//     wakes one waiter at any queue length (no herd).
+//   - Nothing left: a cancelled or failed acquire leaves no key, also when the
+//     cancel races the create or the server applies the create late; a closed
+//     Session leaves no key.
+//   - Own loss: a waiter whose own key vanishes (lease expired or revoked, key
+//     deleted) returns ErrSessionExpired at once.
+//   - Fenced release: a release deletes only the key at the revision it
+//     holds, so a retried release never deletes a later hold; a failed one
+//     can be retried.
+//   - Loss signal: Done closes when a hold ends for any reason, with the cause
+//     in Err (or context.Cause of Run's context); after lost contact, no later
+//     than the server can expire the lease.
+//   - Fencing: Rev is the create revision of the held key, strictly
+//     increasing from one holder to the next; Do runs operations only while
+//     the hold is current and returns ErrNotHeld otherwise.
+//   - Truthful observer: Observe reports only leaders, and only keys of the
+//     election.
+//
+// # Reentrancy
+//
+// Lock, RLock, Campaign and Acquire are not reentrant, like sync.Mutex: a
+// second Lock on a held Mutex waits for its Unlock. Run is: inside fn, a Run
+// of the same session and name given fn's context enters the hold that is
+// already there and returns without releasing it (a read RRun inside a
+// write Run runs at once; a write Run inside a read RRun is an error, not a
+// deadlock).
 package etcdsync

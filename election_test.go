@@ -37,6 +37,7 @@ func leaderValue(t *testing.T, e *etcdsync.Election) string {
 // Leader reports the leader; Rev increases from term to term; Done closes on
 // Resign.
 func TestCampaignAndLeader(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		cli := c.Client(t)
 		ctx := ctxT(t)
@@ -70,6 +71,7 @@ func TestCampaignAndLeader(t *testing.T) {
 // A cancelled or failed Campaign leaves no candidate key (etcd-io/etcd#21128);
 // a candidate whose key vanishes returns ErrSessionExpired at once (#19597).
 func TestCampaignCancelAndOwnLoss(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		cli := c.Client(t)
 		ctx := ctxT(t)
@@ -109,6 +111,7 @@ func TestCampaignCancelAndOwnLoss(t *testing.T) {
 // Proclaim changes the value only while leading; a second Campaign on the
 // leading value proclaims and returns at once.
 func TestProclaim(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -139,6 +142,7 @@ func TestProclaim(t *testing.T) {
 // Resign deletes only the key at the held revision; a failed Resign keeps the
 // leadership and can be retried (etcd-io/etcd#22123).
 func TestResignFencedAndRetryable(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -167,6 +171,7 @@ func TestResignFencedAndRetryable(t *testing.T) {
 
 // Two Election values on one Session exclude each other.
 func TestSameSessionElectionsExclude(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	s := session(t, c.Client(t))
 	ctx := ctxT(t)
@@ -293,6 +298,7 @@ func values(rs []*clientv3.GetResponse) []string {
 
 // Observe on an invalid name closes at once.
 func TestElectionBadInput(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -324,6 +330,7 @@ func TestElectionBadInput(t *testing.T) {
 
 // ResumeElection names keys as NewElection does and resumes the term.
 func TestResumeElection(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -350,6 +357,7 @@ func TestResumeElection(t *testing.T) {
 
 // IsLeader and Do guard writes; both fail once leadership is gone.
 func TestElectionGuards(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -389,6 +397,7 @@ func TestElectionGuards(t *testing.T) {
 
 // Interop: etcd's concurrency.Election sees our leader and we see theirs.
 func TestElectionInterop(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -415,6 +424,7 @@ func TestElectionInterop(t *testing.T) {
 // Failover on 3 members: a leader that dies without resigning is replaced
 // within TTL + 1s; after a Resign, within a round trip.
 func TestFailover(t *testing.T) {
+	t.Parallel()
 	c := kitThree(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -455,6 +465,7 @@ func TestFailover(t *testing.T) {
 
 // Uncontended Campaign costs one RPC.
 func TestCampaignCost(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	var cnt counter
 	cli := kitClient(t, c, cnt.dial()...)
@@ -471,6 +482,7 @@ func TestCampaignCost(t *testing.T) {
 
 // Interop: the server's election API sees our leader, and we see its leader.
 func TestElectionInteropServerAPI(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -498,6 +510,7 @@ func TestElectionInteropServerAPI(t *testing.T) {
 // A second Campaign after the leadership was lost behind the value's back
 // campaigns anew instead of failing.
 func TestCampaignAfterSilentLoss(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -515,6 +528,7 @@ func TestCampaignAfterSilentLoss(t *testing.T) {
 // Campaigns on one value run one at a time: a second one started while the
 // first waits proclaims its value once the first leads.
 func TestConcurrentCampaignsOnOneValue(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -533,8 +547,9 @@ func TestConcurrentCampaignsOnOneValue(t *testing.T) {
 }
 
 // Election.Done closes, with the cause in Err, when the term ends by a
-// deleted key or a revoked lease (invariant 8).
+// deleted key or a revoked lease (invariant "Loss signal").
 func TestElectionDoneOnLoss(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -561,6 +576,7 @@ func TestElectionDoneOnLoss(t *testing.T) {
 // Observe re-reads after a compaction of the revisions it would watch from,
 // and Observe outlives the observer's session.
 func TestObserveAcrossCompactionAndSessionEnd(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)

@@ -30,8 +30,9 @@ func etcdctl(t *testing.T) string {
 	return strings.TrimSpace(string(out))
 }
 
-// Invariant 2: `etcdctl lock` and our Mutex exclude each other.
+// Invariant "Interop": `etcdctl lock` and our Mutex exclude each other.
 func TestEtcdctlLockInterop(t *testing.T) {
+	t.Parallel()
 	bin := etcdctl(t)
 	c := single(t)
 	cli := c.Client(t)
@@ -79,6 +80,7 @@ func TestEtcdctlLockInterop(t *testing.T) {
 
 // Issue 3: `etcdctl elect` sees our leader and we see its leader.
 func TestEtcdctlElectInterop(t *testing.T) {
+	t.Parallel()
 	bin := etcdctl(t)
 	c := single(t)
 	cli := c.Client(t)

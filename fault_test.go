@@ -55,6 +55,7 @@ type fault struct {
 }
 
 func TestFaults(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("fault suite skipped in -short")
 	}

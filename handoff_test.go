@@ -63,6 +63,7 @@ func enqueue(t *testing.T, c *etcdtest.Cluster, name string, n int, ctxFor func(
 // it does not watch were listed ahead of it happens when its second-nearest
 // key goes, while its predecessor still holds.
 func TestNoRPCOnTheCriticalPath(t *testing.T) {
+	t.Parallel()
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
@@ -111,6 +112,7 @@ func TestNoRPCOnTheCriticalPath(t *testing.T) {
 // a time; the ones that left return at once (their own error) and never
 // hold; nothing is left behind.
 func TestQueueChangesAtEveryPosition(t *testing.T) {
+	t.Parallel()
 	const n = 5
 	type leave func(t *testing.T, admin *clientv3.Client, qs []*queued, cancels []context.CancelFunc, at ...int)
 	giveUp := func(t *testing.T, _ *clientv3.Client, _ []*queued, cancels []context.CancelFunc, at ...int) {

@@ -20,6 +20,14 @@ import (
 // testTimeout bounds every wait in a test.
 const testTimeout = 20 * time.Second
 
+// long skips t unless the long runs are on (go test -tags long).
+func long(t *testing.T) {
+	t.Helper()
+	if !longRuns {
+		t.Skip("a long run: go test -tags long")
+	}
+}
+
 func single(t *testing.T) *etcdtest.Cluster {
 	return etcdtest.Start(t, etcdtest.Options{})
 }

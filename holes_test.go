@@ -75,6 +75,7 @@ func contenders(s *etcdsync.Session, name string) []contender {
 // delete), the server may send the holder's delete to the waiter first. The
 // waiter must see that its own key went too and never acquire.
 func TestPrefixDeleteGrantsNobody(t *testing.T) {
+	t.Parallel()
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
@@ -108,6 +109,7 @@ func TestPrefixDeleteGrantsNobody(t *testing.T) {
 // Item 4: a Lock whose context has no deadline waits through a partition
 // longer than the library's cleanup bound (5 s) and then acquires.
 func TestLockOutlivesCleanupBound(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("7 s partition skipped in -short")
 	}
@@ -139,6 +141,7 @@ func TestLockOutlivesCleanupBound(t *testing.T) {
 // RPC error keeps the hold it came to resume, and resumes it on the next try;
 // the waiter behind never gets the lock meanwhile.
 func TestFailedResumeKeepsHold(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	admin := c.Client(t)
@@ -179,6 +182,7 @@ func restartBehind(t *testing.T, cli, admin *clientv3.Client, name string) (*etc
 
 // Item 6: Lock, TryLock and Campaign on an ended context send nothing.
 func TestEndedContextSendsNothing(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	var cnt counter
 	s := session(t, c.Client(t, cnt.dial()...))
@@ -204,6 +208,7 @@ func TestEndedContextSendsNothing(t *testing.T) {
 // Item 7: after an Unlock that failed with an RPC error (and did not
 // commit), a loss by someone else's delete reads as ErrNotHeld.
 func TestLossCauseAfterFailedUnlock(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	admin := c.Client(t)
@@ -226,6 +231,7 @@ func TestLossCauseAfterFailedUnlock(t *testing.T) {
 // Item 8: the guard of a value with an invalid name or no session is a
 // comparison etcd accepts and that is always false.
 func TestGuardOnBadValue(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	cli := c.Client(t)
@@ -251,6 +257,7 @@ func TestGuardOnBadValue(t *testing.T) {
 // that is already over without saying so: it returns an error, or a hold
 // whose Err says why it ended; and no key stays once the session is closed.
 func TestLockAtSessionEnd(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	cli := c.Client(t)
@@ -283,6 +290,7 @@ func TestLockAtSessionEnd(t *testing.T) {
 // the session's local deadline whatever their context says, and a release of
 // a hold that has ended returns at once.
 func TestReleaseBoundedWhileEtcdDown(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	u, err := url.Parse(c.Members()[0].Endpoint())
@@ -482,6 +490,7 @@ func lateCreate(t *testing.T, wch clientv3.WatchChan) int64 {
 // is applied. The session must remove that key although it lives on, so that
 // the name is not blocked until the session ends.
 func TestLateCreateIsSwept(t *testing.T) {
+	t.Parallel()
 	c, f, u := peerRig(t)
 	ctx := ctxT(t)
 	admin := etcdtest.NewClient(t, []string{u.Endpoint()})

@@ -41,9 +41,10 @@ func (x *exclusionCheck) enter(t *testing.T, rev int64) {
 
 func (x *exclusionCheck) leave() { x.inside.Add(-1) }
 
-// Invariant 1 (and 9's token order): sessions, Mutex values on one session
+// Invariant "Exclusion" (and the order of "Fencing" tokens): sessions, Mutex values on one session
 // and goroutines sharing one *Mutex never hold at once.
 func TestMutualExclusion(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		var x exclusionCheck
@@ -78,10 +79,11 @@ func TestMutualExclusion(t *testing.T) {
 	})
 }
 
-// Invariant 1: two Mutex values on one Session exclude each other (etcd's
+// Invariant "Exclusion": two Mutex values on one Session exclude each other (etcd's
 // client lets both hold: etcd-io/etcd#10756); the second joins the queue with
 // a fresh key after the first releases.
 func TestSameSessionMutexesExclude(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	s := session(t, c.Client(t))
 	ctx := ctxT(t)
@@ -93,9 +95,10 @@ func TestSameSessionMutexesExclude(t *testing.T) {
 	handOver(t, ctx, m1, m2, got)
 }
 
-// Invariant 1: a new Session adopting the lease (process restart) resumes
+// Invariant "Exclusion": a new Session adopting the lease (process restart) resumes
 // the hold at once, at the same revision.
 func TestWithLeaseResumesHold(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -117,9 +120,10 @@ func TestWithLeaseResumesHold(t *testing.T) {
 	require.Empty(t, keys(t, cli, "restart/"))
 }
 
-// Invariant 2: our keys are etcd's; etcd's concurrency.Mutex and ours exclude
+// Invariant "Interop": our keys are etcd's; etcd's concurrency.Mutex and ours exclude
 // each other on one name.
 func TestInteropWithConcurrencyMutex(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -145,9 +149,10 @@ func TestInteropWithConcurrencyMutex(t *testing.T) {
 	require.NoError(t, theirs.Unlock(ctx))
 }
 
-// Invariant 3: a holder of /a/b never blocks /a (seed 002), with our Mutex or
+// Invariant "Nested names": a holder of /a/b never blocks /a (seed 002), with our Mutex or
 // etcd's holding the nested name.
 func TestNestedNamesIsolated(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -167,13 +172,14 @@ func TestNestedNamesIsolated(t *testing.T) {
 	require.NoError(t, outer.Unlock(ctx))
 }
 
-// Invariant 4: waiters are served in queue order, and each release delivers
+// Invariant "FIFO": waiters are served in queue order, and each release delivers
 // at most two watch events to the waiters (to the next waiter and to the one
 // behind it, which watches its second-nearest key), whatever the queue
 // length. Besides its Unlock, a waiter makes one read at most, when its
 // second-nearest key goes (TestNoRPCOnTheCriticalPath: never on the critical
 // path).
 func TestFIFOAndHerdFree(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
@@ -256,9 +262,10 @@ func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duratio
 	}
 }
 
-// Invariant 5: a cancelled Lock, a Lock whose cancel races the create, and a
+// Invariant "Nothing left": a cancelled Lock, a Lock whose cancel races the create, and a
 // closed Session leave no key.
 func TestNothingLeftBehind(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -299,9 +306,10 @@ func TestNothingLeftBehind(t *testing.T) {
 	require.ErrorIs(t, s2.Close(), nil, "Close is idempotent")
 }
 
-// Invariant 6: a waiter whose own key vanishes returns ErrSessionExpired at
+// Invariant "Own loss": a waiter whose own key vanishes returns ErrSessionExpired at
 // once, not when the holder goes (etcd-io/etcd#19597).
 func TestWaiterNoticesOwnLoss(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		cli := c.Client(t)
 		ctx := ctxT(t)
@@ -332,10 +340,11 @@ func TestWaiterNoticesOwnLoss(t *testing.T) {
 	})
 }
 
-// Invariant 7: Unlock deletes only the key at the revision it holds: a stale
+// Invariant "Fenced release": Unlock deletes only the key at the revision it holds: a stale
 // Unlock after the key was re-created by a new hold on the same session
 // (same key name) deletes nothing (etcd-io/etcd#22082).
 func TestUnlockIsFenced(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -358,8 +367,9 @@ func TestUnlockIsFenced(t *testing.T) {
 	require.ErrorIs(t, newer.Unlock(ctx), etcdsync.ErrLockReleased)
 }
 
-// Invariant 8: Done closes when the hold ends, with the cause in Err.
+// Invariant "Loss signal": Done closes when the hold ends, with the cause in Err.
 func TestHolderLearnsOfLoss(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -396,9 +406,10 @@ func TestHolderLearnsOfLoss(t *testing.T) {
 	}
 }
 
-// Invariant 9: Rev is the fencing token; Do and IsOwner stop working once
+// Invariant "Fencing": Rev is the fencing token; Do and IsOwner stop working once
 // the hold is gone.
 func TestFencingGuards(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -432,6 +443,7 @@ func TestFencingGuards(t *testing.T) {
 // TryLock on a held lock costs one RPC and writes nothing; it fails also for
 // the value that holds.
 func TestTryLockCost(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	var cnt counter
 	cli := kitClient(t, c, cnt.dial()...)
@@ -455,6 +467,7 @@ func TestTryLockCost(t *testing.T) {
 
 // Uncontended Lock and Unlock cost one RPC and one write each.
 func TestUncontendedCost(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	var cnt counter
 	cli := kitClient(t, c, cnt.dial()...)
@@ -478,6 +491,7 @@ func TestUncontendedCost(t *testing.T) {
 // The next waiter takes the lock after its predecessor's delete event with no
 // further RPC.
 func TestHandoffNeedsNoRPC(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	ctx := ctxT(t)
 	admin := c.Client(t)
@@ -501,6 +515,7 @@ func TestHandoffNeedsNoRPC(t *testing.T) {
 
 // Bad input gets errors wrapping sentinels, never a panic, and writes nothing.
 func TestMutexBadInput(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -524,6 +539,7 @@ func TestMutexBadInput(t *testing.T) {
 
 // NewLocker is a sync.Locker that excludes like Mutex.
 func TestLocker(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	l1, l2 := etcdsync.NewLocker(session(t, cli), "locker"), etcdsync.NewLocker(session(t, cli), "locker")
@@ -539,6 +555,7 @@ func TestLocker(t *testing.T) {
 
 // A Lock on an ended session fails at once.
 func TestLockOnEndedSession(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	s, err := etcdsync.NewSession(cli)
@@ -552,6 +569,7 @@ func TestLockOnEndedSession(t *testing.T) {
 // A waiter keeps its place while the raft leader is stopped and restarted,
 // and takes the lock when the holder releases.
 func TestWaiterSurvivesLeaderStop(t *testing.T) {
+	t.Parallel()
 	c := kitThree(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -570,6 +588,7 @@ func TestWaiterSurvivesLeaderStop(t *testing.T) {
 
 // Done keeps watching across a compaction of the revisions it started from.
 func TestDoneSurvivesCompaction(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -615,9 +634,10 @@ func handOver(t *testing.T, ctx context.Context, from, to *etcdsync.Mutex, got <
 	require.NoError(t, to.Unlock(ctx))
 }
 
-// Invariant 2: the server's lock API (v3lock, as etcdctl lock --endpoint
+// Invariant "Interop": the server's lock API (v3lock, as etcdctl lock --endpoint
 // uses through the gateway) and our Mutex exclude each other.
 func TestInteropWithServerLockAPI(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -640,10 +660,11 @@ func TestInteropWithServerLockAPI(t *testing.T) {
 	require.NoError(t, ours.Unlock(ctx))
 }
 
-// Invariant 4 with give-ups: when the waiter ahead gives up, or keys ahead
+// Invariant "FIFO" with give-ups: when the waiter ahead gives up, or keys ahead
 // vanish out of order, the next waiter keeps waiting while an older key is
 // held, and takes the lock when the holder goes.
 func TestQueueSurvivesGiveUps(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)

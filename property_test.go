@@ -16,6 +16,7 @@ import (
 // and after the create transaction, while waiting, or not at all) leave no
 // key of theirs once the call has returned, and none once the session closed.
 func TestNoLeftoversProperty(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)

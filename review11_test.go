@@ -51,6 +51,7 @@ func r11NotYet(t *testing.T, q *queued, d time.Duration, what string) {
 // branch, the second confirms. It must hold (the RPCs it made are logged;
 // TestNoRPCOnTheCriticalPath asserts none).
 func TestR11SameRevPredAndSecond(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	for round := range 8 {
@@ -87,6 +88,7 @@ func TestR11SameRevPredAndSecond(t *testing.T) {
 // Predecessor, second-nearest and our own key deleted in one Txn: the
 // waiter must return ErrSessionExpired and never hold.
 func TestR11SameRevWithOwnKey(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	for round := range 8 {
@@ -160,6 +162,7 @@ func (s *gatedStream) SendMsg(m any) error {
 // (a) both keys ahead go: it must hold. (b) only the second-nearest goes:
 // it must wait for its predecessor, then hold.
 func TestR11DeletedBeforeWatchCreated(t *testing.T) {
+	t.Parallel()
 	for _, both := range []bool{true, false} {
 		t.Run(fmt.Sprintf("both=%v", both), func(t *testing.T) {
 			c := single(t)

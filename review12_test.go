@@ -63,6 +63,7 @@ func r12Proxied(t *testing.T, c *etcdtest.Cluster) (*clientv3.Client, *etcdtest.
 // RUnlock's fenced delete fails and the read key stays, blocking every
 // writer for as long as the session lives.
 func TestR12TryRLockResumedReadKey(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -92,6 +93,7 @@ func TestR12TryRLockResumedReadKey(t *testing.T) {
 // permits asks for 3: it must not hold 3 while its key says 1 (the others
 // then grant themselves 2 more: 5 of 3 permits held).
 func TestR12SemaphoreResumeMorePermits(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -120,6 +122,7 @@ func TestR12SemaphoreResumeMorePermits(t *testing.T) {
 // Weights summed in int64: with a capacity near MaxInt64 the sum of the
 // keys ahead overflows and a waiter holds with a full hold ahead of it.
 func TestR12SemaphoreWeightOverflow(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -153,6 +156,7 @@ func TestR12SemaphoreWeightOverflow(t *testing.T) {
 // when that key was deleted (by an admin, say) and a writer now holds, a
 // new RLock must not return as if it held a read beside the writer.
 func TestR12JoinOfALostReadHold(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -180,6 +184,7 @@ func TestR12JoinOfALostReadHold(t *testing.T) {
 // more" key, so each writer's release reached every reader behind the next
 // one; readers now watch only their nearest writer.)
 func TestR12ReaderHerdBehindSecondWriter(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -227,6 +232,7 @@ func TestR12ReaderHerdBehindSecondWriter(t *testing.T) {
 // own read acquire or last RUnlock is in flight, as documented (it sends
 // nothing then), and succeeds once that call has returned.
 func TestR12TryRLockNoWriterInFlight(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -266,6 +272,7 @@ func TestR12TryRLockNoWriterInFlight(t *testing.T) {
 // RPC, as if it held a read: a reader and a writer hold together, and the
 // reader's call said nothing was wrong.
 func TestR12JoinAfterFailedRUnlock(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -491,6 +498,7 @@ func (r *r12Rand) perm(n int) []int {
 // and deleted (several in one revision) in random orders; exactly the FIFO
 // prefix that fits holds after every step, and nobody who may hold waits.
 func TestR12SemaphoreModel(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	for seed := int64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -503,6 +511,7 @@ func TestR12SemaphoreModel(t *testing.T) {
 // orders; after every step the first writer alone, or the readers before
 // the first writer, hold.
 func TestR12RWMutexModel(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	for seed := int64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -513,6 +522,7 @@ func TestR12RWMutexModel(t *testing.T) {
 
 // The model on three members, each participant's client on all of them.
 func TestR12ModelThree(t *testing.T) {
+	t.Parallel()
 	c := three(t)
 	t.Run("semaphore", func(t *testing.T) {
 		r12Model(t, c, "r12sem3", false, 3, []int64{1, 3, 2, 1, 1, 2, 3, 1}, 7)
@@ -525,6 +535,7 @@ func TestR12ModelThree(t *testing.T) {
 // A join while the session's last read share is releasing waits for the
 // release, and then queues a new key behind the writer that was waiting.
 func TestR12JoinWhileLastShareReleasing(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -557,6 +568,7 @@ func TestR12JoinWhileLastShareReleasing(t *testing.T) {
 // The session ends while two values share its read hold: both see it
 // (Done closed, Err wraps ErrSessionClosed), and RUnlock says not held.
 func TestR12SessionEndsWithShares(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -581,6 +593,7 @@ func TestR12SessionEndsWithShares(t *testing.T) {
 // RUnlock that fails before sending (ended ctx) keeps the share; Done and
 // Err follow each value's own shares.
 func TestR12ShareCounting(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -619,6 +632,7 @@ func TestR12ShareCounting(t *testing.T) {
 // holds while writers of other sessions come and go: no overlap, nothing
 // left.
 func TestR12SharedReadStress(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -674,6 +688,7 @@ func TestR12SharedReadStress(t *testing.T) {
 // taken but enough free 2; with too few free 1 RPC and no write; TryRLock
 // beside readers 1 RPC.
 func TestR12TryCosts(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -715,6 +730,7 @@ func TestR12TryCosts(t *testing.T) {
 // Cancels at every moment of Acquire, TryAcquire, RLock and TryRLock,
 // waiting or not, leave no key.
 func TestR12CancelsLeaveNothing(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -761,6 +777,7 @@ func TestR12CancelsLeaveNothing(t *testing.T) {
 // One Semaphore value, Acquire from two goroutines: one holds, the other
 // waits for its Release, then holds at a later revision.
 func TestR12SemaphoreValueTwoGoroutines(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -803,11 +820,12 @@ func TestR12SemaphoreValueTwoGoroutines(t *testing.T) {
 	require.Empty(t, keys(t, admin, "r12two/"))
 }
 
-// Invariant 3 (a holder of NAME/x never blocks NAME) against the recipe
+// Invariant "Nested names" (a holder of NAME/x never blocks NAME) against the recipe
 // layout: a Mutex on "NAME/write" holds the key NAME/write/<hex>, which is a
 // writer of the RWMutex NAME; the documented exception. A Mutex on NAME/x
 // for another x does not block it.
 func TestR12NestedMutexBlocksRWMutex(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	m := etcdsync.NewMutex(session(t, c.Client(t)), "r12nest/write")
@@ -825,6 +843,7 @@ func TestR12NestedMutexBlocksRWMutex(t *testing.T) {
 // Keys ahead deleted (in one revision) after a waiter's enqueue was applied
 // but before its reply arrived and its watches exist: the waiter holds.
 func TestR12AheadGoneBeforeWatches(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)

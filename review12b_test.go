@@ -32,6 +32,7 @@ func r12bWatchesCreated(t *testing.T, cnt *counter, n int, what string) {
 // still holds, the reader must keep waiting (no early hold), move to W1,
 // and hold once W1 goes (no stuck reader).
 func TestR12bExactReaderNearestWriterWithdraws(t *testing.T) {
+	t.Parallel()
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		for _, how := range []string{"cancel", "admin-delete"} {
 			t.Run(how, func(t *testing.T) {
@@ -81,6 +82,7 @@ func TestR12bExactReaderNearestWriterWithdraws(t *testing.T) {
 // (the reader does not watch it): the reader keeps waiting for W2, which now
 // holds, then holds after W2.
 func TestR12bExactReaderWritersDeletedTogether(t *testing.T) {
+	t.Parallel()
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		admin := c.Client(t)
 		setup := func(t *testing.T, name string) (w1, w2 *etcdsync.RWMutex, w2got <-chan error, r *etcdsync.RWMutex, rgot <-chan error) {
@@ -183,6 +185,7 @@ func r12bRoutedClient(t *testing.T, c *etcdtest.Cluster, watch, unary int, cnt *
 // older writer releases too, while the follower lags. After the heal the
 // reader must not hold while W1 holds, and must hold once W1 is gone.
 func TestR12bExactReaderLaggingFollower(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3 members")
 	}
@@ -262,6 +265,7 @@ func r12bReaderBehindWithdrawnWriter(t *testing.T, ctx context.Context, c *etcdt
 // its leader, the reader's stream (WithRequireLeader) breaks again and
 // again, and the reader must neither hold early nor stay stuck.
 func TestR12bExactReaderFollowerLosesLeader(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3 members")
 	}
@@ -287,6 +291,7 @@ func TestR12bExactReaderFollowerLosesLeader(t *testing.T) {
 // key once the old hold is gone (by the late delete, or by a retry of the
 // RUnlock); a third value then joins that fresh hold.
 func TestR12bKeptThenLateOrRetry(t *testing.T) {
+	t.Parallel()
 	for i := range 3 {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			c := single(t)
@@ -355,6 +360,7 @@ func TestR12bKeptThenLateOrRetry(t *testing.T) {
 // gone (whether or not the watch reported first): the new RLock queues a
 // fresh key behind the writer and holds only after it.
 func TestR12bJoinRacesDoneWatch(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	for i := range 8 {
@@ -424,6 +430,7 @@ func r12bDrain(sent chan string) {
 // Orphan). RLock's contract: it returns when ctx ends or the session ends
 // (ErrSessionExpired); so within a bound, with an error, never nil.
 func TestR12bSessionEndsDuringJoin(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	for _, tc := range []string{"waiting", "reading-slow", "reading-partitioned"} {
@@ -472,6 +479,7 @@ func TestR12bSessionEndsDuringJoin(t *testing.T) {
 // that still waits is resumed and holds in its turn; another n is refused
 // and leaves the key alone, after which the same n resumes.
 func TestR12bSemaphoreResumeSameValue(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	for _, try := range []bool{false, true} {
@@ -532,6 +540,7 @@ func TestR12bSemaphoreResumeSameValue(t *testing.T) {
 // waiting ahead; a TryRLock on a session whose read hold is being released
 // sends nothing.
 func TestR12bTryCostsFailing(t *testing.T) {
+	t.Parallel()
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		admin := c.Client(t)
 		ctx := ctxT(t)
@@ -584,6 +593,7 @@ func TestR12bTryCostsFailing(t *testing.T) {
 // keys of MaxInt64/2+1 ahead, TryAcquire(1) is ErrLocked, and Acquire(1)
 // waits until both are gone.
 func TestR12bSaturatingTry(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -617,6 +627,7 @@ func TestR12bSaturatingTry(t *testing.T) {
 // lock). Keys of one session are claimed locally, so the RLock must wait
 // for the Mutex (or fail), and the Mutex must keep its hold.
 func TestR12bReadJoinsMutexHold(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)

@@ -155,6 +155,7 @@ func r13kindOf(s *etcdsync.Session, name, kind string) r13kind {
 // very cause, and no key is left (but for Orphan, which leaves its keys to
 // the lease).
 func TestR13LossEveryWay(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ways := []struct {
@@ -270,6 +271,7 @@ func TestR13ReleaseBlackholed(t *testing.T) {
 // fn that releases the hold itself: Run returns fn's error only, fn's
 // context ends (ErrLockReleased), no key is left, and the value can Run again.
 func TestR13FnReleasesItself(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -295,6 +297,7 @@ func TestR13FnReleasesItself(t *testing.T) {
 // RRun's doc asks), its Run must not end the other's share: the other fn
 // still holds (the read key is there, its context has not ended).
 func TestR13RRunSelfUnlockKeepsOthersShare(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -325,6 +328,7 @@ func TestR13RRunSelfUnlockKeepsOthersShare(t *testing.T) {
 // A second Run of the same value from another goroutine with an unrelated
 // ctx excludes (waits for the first), for every exclusive kind.
 func TestR13SecondRunSameValueExcludes(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -373,6 +377,7 @@ func TestR13SecondRunSameValueExcludes(t *testing.T) {
 // A reentrant (inner) Run whose hold ends while its fn runs returns fn's
 // error joined with the cause, as every Run does.
 func TestR13ReentrantRunErrorCarriesCause(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -398,6 +403,7 @@ func TestR13ReentrantRunErrorCarriesCause(t *testing.T) {
 // nested in one another's Run they take their own holds, not an
 // ErrInvalidArgument.
 func TestR13MutexInsideRWMutexSameName(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -437,6 +443,7 @@ func TestR13MutexInsideRWMutexSameName(t *testing.T) {
 // documented exception): nested in rw.Run it could never be granted, so it
 // must be an error wrapping ErrInvalidArgument, not a wait until ctx ends.
 func TestR13MutexOnWriteDirInsideRWMutex(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -456,6 +463,7 @@ func TestR13MutexOnWriteDirInsideRWMutex(t *testing.T) {
 // Run either proclaims its val (as Campaign on a leading value does) or is
 // refused; it must not run fn "leading with v2" while v1 is proclaimed.
 func TestR13ElectionNestedOtherValue(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -485,6 +493,7 @@ func TestR13ElectionNestedOtherValue(t *testing.T) {
 // fn used after the outer Run returned cannot re-enter the dead hold (an
 // uncancelled copy of it takes a new hold, with a new fencing token).
 func TestR13RunInsideEndedHold(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -533,6 +542,7 @@ type r13key struct{}
 // their own holds (HoldFrom is the innermost), same name enters (a read in a
 // write; a write in a read is ErrInvalidArgument, also further out).
 func TestR13NestedRWMutexValues(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -573,6 +583,7 @@ func TestR13NestedRWMutexValues(t *testing.T) {
 // Semaphore nested: fewer or as many permits enter (any value of the
 // session and name), more is ErrInvalidArgument; HoldFrom is the outer's.
 func TestR13SemaphoreNested(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -597,6 +608,7 @@ func TestR13SemaphoreNested(t *testing.T) {
 // Semaphore Run: a participant with another capacity is an error wrapping
 // ErrInvalidArgument (the design's rule), also when it would re-enter.
 func TestR13SemaphoreNestedOtherCapacity(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -614,6 +626,7 @@ func TestR13SemaphoreNestedOtherCapacity(t *testing.T) {
 // hold was lost, and runtime.Goexit: every hold is released, the panic value
 // goes on unchanged.
 func TestR13Panics(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -668,6 +681,7 @@ func TestR13Panics(t *testing.T) {
 // outer's again once the inner Run returned; in a read entered inside a
 // write, the write's.
 func TestR13HoldFrom(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -740,6 +754,7 @@ func r13noneLeft(t *testing.T, what string, match string) {
 // No goroutine of a Run (its Done watch) outlives Run, after a release,
 // after a loss, and none of the session after Close ends a Run's hold.
 func TestR13NoGoroutinesLeft(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -886,6 +901,7 @@ func TestR13ThreeMembers(t *testing.T) {
 // value (unrelated ctx) takes a new hold: the first Run's end must not
 // release that new hold.
 func TestR13FnReleaseThenOtherRunKeeps(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)

@@ -70,6 +70,7 @@ func (s *script) dial() grpc.DialOption {
 // this call), the acquire sees its context ended, and withdraws the key at
 // its revision. TestFailedResumeKeepsHold covers only the RPC-error path.
 func TestR8CancelDuringResumeKeepsHold(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	admin := c.Client(t)
@@ -95,6 +96,7 @@ func TestR8CancelDuringResumeKeepsHold(t *testing.T) {
 // with an RPC error (one Unavailable, not sent), and abandon() deletes the
 // leadership created before this call, so the candidate behind leads.
 func TestR8FailedProclaimKeepsResumedLeadership(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	admin := c.Client(t)
@@ -139,8 +141,9 @@ func TestR8FailedProclaimKeepsResumedLeadership(t *testing.T) {
 // fails (one RPC error) leaves its key behind for as long as its session
 // lives: the create's outcome was known, so nothing sweeps it. When the
 // holder ahead releases, that key heads the queue and blocks the name for
-// every other contender. Invariant 5: a cancelled Lock leaves no key.
+// every other contender. Invariant "Nothing left": a cancelled Lock leaves no key.
 func TestR8FailedWithdrawLeavesKey(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	admin := c.Client(t)
@@ -315,6 +318,7 @@ func staleStartRev(t *testing.T, lagging bool) {
 // else (ErrNotHeld), although the value's own Unlock B released it and
 // returns nil.
 func TestR8ConcurrentUnlockLossCause(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	var sc script
@@ -346,6 +350,7 @@ func TestR8ConcurrentUnlockLossCause(t *testing.T) {
 // and name returns ErrLocked although nobody holds the name, and Lock waits
 // for a round trip.
 func TestR8SweeperStealsClaimAfterUnlock(t *testing.T) {
+	t.Parallel()
 	// "unswept" is the control: no create of unknown outcome, no sweeper.
 	for _, swept := range []bool{true, false} {
 		t.Run(map[bool]string{true: "swept", false: "unswept"}[swept], func(t *testing.T) { sweeperSteals(t, swept) })
@@ -396,6 +401,7 @@ func sweeperSteals(t *testing.T, swept bool) {
 // unreachable keeps its caller past the deadline: createGrace for the create,
 // then the cleanup's own bound, in the caller's goroutine.
 func TestR8LockOverrunWhileUnreachable(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	u, err := url.Parse(c.Members()[0].Endpoint())
 	require.NoError(t, err)
@@ -422,6 +428,7 @@ func TestR8LockOverrunWhileUnreachable(t *testing.T) {
 // resumed *hold* is issue 8 item 5; a resumed waiting key has no hold to
 // keep.)
 func TestR8CancelledResumedWaiterLeavesNoKey(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	admin := c.Client(t)

@@ -40,6 +40,7 @@ import (
 // etcd's own client re-opens the stream on these cancel reasons
 // (shouldRetryWatch in client/v3/watch.go). "unchanged" is the control.
 func TestR9RefusedWatchCreateWaitsForever(t *testing.T) {
+	t.Parallel()
 	t.Run("unchanged", func(t *testing.T) {
 		connect := secureCluster(t)
 		refusedWatch(t, connect, func() {})
@@ -190,6 +191,7 @@ func cpuTime(t *testing.T) time.Duration {
 //
 // The session (TTL 6 s) rightly lives on meanwhile; only the process burns.
 func TestR9KeepaliveBusyLoopsWhileStreamCannotOpen(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		fault func(p *etcdtest.Proxy)
@@ -230,6 +232,7 @@ func TestR9KeepaliveBusyLoopsWhileStreamCannotOpen(t *testing.T) {
 // a value of the session uses the key otherwise, the Election does not lead
 // and Err says why".
 func TestR9ResumeElectionDoesNotShareAMutex(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	s := session(t, c.Client(t), etcdsync.WithTTL(30*time.Second))
@@ -271,6 +274,7 @@ func isClosed(ch <-chan struct{}) bool {
 // ("held, or waited for, by this session") although nobody holds or waits for
 // the name. "unswept" is the control.
 func TestR9SweeperStealsClaimAfterFailedLock(t *testing.T) {
+	t.Parallel()
 	for _, swept := range []bool{true, false} {
 		t.Run(map[bool]string{true: "swept", false: "unswept"}[swept], func(t *testing.T) {
 			c := single(t)
@@ -360,6 +364,7 @@ func (s *breakingStream) RecvMsg(m any) error {
 // stream breaks right after the predecessor's delete and the re-read fails
 // (both injected, each a single fault: a member restart makes both).
 func TestR9BrokenConfirmGrantsTurn(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	admin := c.Client(t)
@@ -409,6 +414,7 @@ func TestR9BrokenConfirmGrantsTurn(t *testing.T) {
 // own Proclaims: after a Proclaim through r, e (same term) still returns the
 // Campaign's header, a revision at which the leader's value was the old one.
 func TestR9SharedLeadershipHeader(t *testing.T) {
+	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
 	s := session(t, c.Client(t), etcdsync.WithTTL(30*time.Second))
@@ -436,6 +442,7 @@ func TestR9SharedLeadershipHeader(t *testing.T) {
 // an adopting process replaces) or a hand-over of the swept names through
 // Orphan; see the closing note of issues 8 and 9.
 func TestR9LateCreateAfterHandOverBlocksName(t *testing.T) {
+	t.Parallel()
 	t.Skip("known limitation: a late create of an orphaned session's call, applied after a restarted process adopted the lease, is swept by nobody")
 	c, f, u := peerRig(t)
 	ctx := ctxT(t)

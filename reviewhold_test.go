@@ -85,6 +85,7 @@ func rhUnlockHeld(t *testing.T, name string) (*clientv3.Client, *etcdsync.Mutex,
 // An Unlock in flight must return at once when the hold ends meanwhile
 // because Done's watch saw the key deleted (Done first called during Unlock).
 func TestRHUnlockBoundDoneDuringUnlock(t *testing.T) {
+	t.Parallel()
 	admin, m, key, errc := rhUnlockHeld(t, "rh-bound-done")
 	ctx := ctxT(t)
 	done := m.Done() // first call, after the unhold took its bound
@@ -97,6 +98,7 @@ func TestRHUnlockBoundDoneDuringUnlock(t *testing.T) {
 
 // Same, the hold ended by a concurrent Do that finds the key gone.
 func TestRHUnlockBoundDoLost(t *testing.T) {
+	t.Parallel()
 	admin, m, key, errc := rhUnlockHeld(t, "rh-bound-do")
 	ctx := ctxT(t)
 	_, err := admin.Delete(ctx, key)
@@ -110,6 +112,7 @@ func TestRHUnlockBoundDoLost(t *testing.T) {
 // Done and Err after the session ended (Done never called before), and with
 // Done called before.
 func TestRHSessionEnd(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -136,6 +139,7 @@ func TestRHSessionEnd(t *testing.T) {
 // A release's cause is not overwritten by the later session end, and the
 // reverse; Done first called after the hold ended is closed.
 func TestRHCauses(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -166,6 +170,7 @@ func TestRHCauses(t *testing.T) {
 // A same-session waiter that started waiting while the first value was still
 // acquiring (reserved, no hold) wakes when that value, once holding, unlocks.
 func TestRHClaimWaiterAcrossNewHold(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -200,6 +205,7 @@ func TestRHClaimWaiterAcrossNewHold(t *testing.T) {
 // ResumeElection shares a live hold; after a Resign frees the key, the
 // sharer sees the end and a new resume is not handed the old hold.
 func TestRHResumeShareAfterRelease(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -237,6 +243,7 @@ func TestRHResumeShareAfterRelease(t *testing.T) {
 
 // Header returns a fresh copy; callers mutating it do not change the hold.
 func TestRHHeaderCopy(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -258,6 +265,7 @@ func TestRHHeaderCopy(t *testing.T) {
 
 // Concurrent Done/Err/Header/Key/Unlock/Close under -race.
 func TestRHRace(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)

@@ -46,6 +46,7 @@ const (
 )
 
 func TestRobustness(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("robustness driver skipped in -short")
 	}
@@ -468,6 +469,7 @@ func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *
 // The models reject what they must: two holds at once, a lost update, a
 // stale read; and accept a write whose outcome is unknown either way.
 func TestRobustnessModels(t *testing.T) {
+	t.Parallel()
 	op := func(in any, call, ret int64) porcupine.Operation {
 		return porcupine.Operation{Input: in, Call: call, Return: ret}
 	}

@@ -36,6 +36,7 @@ func runners(s *etcdsync.Session, name string) []runner {
 // Run holds while fn runs and releases after it, also when ctx ended in fn
 // or fn panicked; fn's error comes back.
 func TestRunReleases(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -72,6 +73,7 @@ func TestRunReleases(t *testing.T) {
 // context ends at once with the cause, and Run returns it joined with fn's
 // error.
 func TestRunLoss(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -98,6 +100,7 @@ func TestRunLoss(t *testing.T) {
 
 // An error before the hold (bad input, ctx ended) comes back without fn.
 func TestRunAcquireFails(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	s := session(t, c.Client(t))
 	ctx := ctxT(t)
@@ -115,6 +118,7 @@ func TestRunAcquireFails(t *testing.T) {
 // once (through the context, whichever value), sees its fencing token in
 // HoldFrom, and only the outermost Run releases: one delete in all.
 func TestRunReentrant(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -155,6 +159,7 @@ func TestRunReentrant(t *testing.T) {
 
 // Goroutines that share a *Mutex but not a context exclude each other.
 func TestRunSharedValueExcludes(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	ctx := ctxT(t)
 	m := etcdsync.NewMutex(session(t, c.Client(t)), "runshared")
@@ -183,6 +188,7 @@ func TestRunSharedValueExcludes(t *testing.T) {
 // inside a read (or more permits, or another kind on the same key) is an
 // error wrapping ErrInvalidArgument at once, not a deadlock.
 func TestRunReentrantKinds(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	ctx := ctxT(t)
 	s := session(t, c.Client(t))
@@ -216,6 +222,7 @@ func TestRunReentrantKinds(t *testing.T) {
 // lock to the next waiter; with the lease revoked or the key deleted, it
 // ends with ErrNotHeld.
 func TestRunLossCancelsFirst(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)

@@ -52,6 +52,7 @@ func (x *rwCheck) write(t *testing.T, rev int64) {
 // Readers hold together, a writer alone; sessions, values on one session
 // and goroutines sharing a value all take part.
 func TestRWMutexExclusion(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		var x rwCheck
@@ -103,6 +104,7 @@ func TestRWMutexExclusion(t *testing.T) {
 // Readers really hold at once: two readers of different sessions each wait,
 // holding, until the other holds too.
 func TestRWMutexReadersTogether(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	ctx := ctxT(t)
 	holdTogether(t, 2, func() (func() error, func() error) {
@@ -136,6 +138,7 @@ func holdTogether(t *testing.T, n int, hold func() (take, release func() error))
 // FIFO: a waiting writer holds back readers that come after it, and TryRLock
 // fails then in one RPC without writing.
 func TestRWMutexWriterNotStarved(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
@@ -184,6 +187,7 @@ func storeRev(t *testing.T, cli *clientv3.Client) int64 {
 // goroutines take them; the last RUnlock deletes it. A write hold of the
 // same session waits for them.
 func TestRWMutexSessionSharesReadKey(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -222,6 +226,7 @@ func TestRWMutexSessionSharesReadKey(t *testing.T) {
 // etcd's experimental recipe RWMutex and ours exclude each other on one name,
 // both ways.
 func TestRWMutexInteropWithRecipe(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	ctx := ctxT(t)
 	es, err := concurrency.NewSession(c.Client(t))
@@ -263,6 +268,7 @@ func TestRWMutexInteropWithRecipe(t *testing.T) {
 // with no RPC; the readers behind the next writer read once when that
 // writer goes. N = 10 and 100 readers.
 func TestRWMutexHerd(t *testing.T) {
+	t.Parallel()
 	for _, group := range []int{5, 50} {
 		t.Run(fmt.Sprintf("N=%d", 2*group), func(t *testing.T) { testRWMutexHerd(t, group) })
 	}
@@ -351,6 +357,7 @@ func testRWMutexHerd(t *testing.T, group int) {
 // cancels at any moment leave no key; a waiter whose key vanishes returns
 // ErrSessionExpired at once.
 func TestRWMutexErrorsAndLeftovers(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)

@@ -55,6 +55,7 @@ func secureCluster(t *testing.T) func(user string, dial ...grpc.DialOption) *cli
 }
 
 func TestAuthAndTLS(t *testing.T) {
+	t.Parallel()
 	connect := secureCluster(t)
 	ctx := ctxT(t)
 	root, rw, ro, none := connect("root"), connect("rw"), connect("ro"), connect("none")

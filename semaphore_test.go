@@ -18,6 +18,7 @@ import (
 // sessions, values on one session and goroutines sharing a value; several
 // holders at once do happen.
 func TestSemaphoreExclusion(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		const capacity, rounds = 3, 5
@@ -69,6 +70,7 @@ func TestSemaphoreExclusion(t *testing.T) {
 
 // Holders of 1 permit each hold at once up to the capacity.
 func TestSemaphoreHoldersTogether(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	ctx := ctxT(t)
 	const capacity = 3
@@ -81,6 +83,7 @@ func TestSemaphoreHoldersTogether(t *testing.T) {
 // FIFO: a large request blocks later small ones although permits are free;
 // TryAcquire then fails in one RPC without writing.
 func TestSemaphoreFIFO(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
@@ -128,6 +131,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 // allow, and a release reaches O(capacity) waiters, not all of them. N = 10
 // and 100 waiters.
 func TestSemaphoreReleaseOrderAndHerd(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{10, 100} {
 		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) { testSemaphoreHerd(t, n) })
 	}
@@ -193,6 +197,7 @@ func testSemaphoreHerd(t *testing.T, waiters int) {
 
 // Bad input and another capacity: errors wrapping sentinels, no key left.
 func TestSemaphoreErrors(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -232,6 +237,7 @@ func TestSemaphoreErrors(t *testing.T) {
 // Cancels at any moment leave no key; a waiter whose key vanishes returns
 // ErrSessionExpired at once.
 func TestSemaphoreLeftovers(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)

@@ -13,6 +13,7 @@ import (
 )
 
 func TestSessionBadInput(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	_, err := etcdsync.NewSession(nil)
@@ -34,6 +35,7 @@ func TestSessionBadInput(t *testing.T) {
 }
 
 func TestSessionTTLRoundsUp(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	s := session(t, cli, etcdsync.WithTTL(1500*time.Millisecond))
@@ -47,6 +49,7 @@ func TestSessionTTLRoundsUp(t *testing.T) {
 // deadline (later than before), and at the session's end; after the end it
 // is closed already.
 func TestSessionDeadlineMoved(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	s := session(t, c.Client(t), etcdsync.WithTTL(time.Second))
 	for range 3 {
@@ -69,6 +72,7 @@ func TestSessionDeadlineMoved(t *testing.T) {
 // The lease outlives several TTLs while the session runs; Close revokes it,
 // Orphan leaves it to expire.
 func TestSessionKeepAliveCloseOrphan(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -99,9 +103,10 @@ func TestSessionKeepAliveCloseOrphan(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// Invariant 8: a lease revoked by someone else ends the session at the next
+// Invariant "Loss signal": a lease revoked by someone else ends the session at the next
 // keepalive; cancelling the WithContext context ends it at once.
 func TestSessionEnds(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -119,10 +124,11 @@ func TestSessionEnds(t *testing.T) {
 	require.ErrorIs(t, s2.Err(), context.Canceled)
 }
 
-// Invariant 8: when keepalives stop getting through (blackhole), the
+// Invariant "Loss signal": when keepalives stop getting through (blackhole), the
 // session's Done, and a hold's Done, close before the server deletes the
 // key (watched from another client).
 func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
+	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
@@ -171,6 +177,7 @@ func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
 // NewSession never waits past its context (etcd-io/etcd#14631), nor, without
 // one, past the TTL.
 func TestNewSessionBounded(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli, link := c.ClientThrough(t)
 	link.Cut()
@@ -197,6 +204,7 @@ func TestNewSessionBounded(t *testing.T) {
 
 // The session keeps its lease while the raft leader is stopped and restarted.
 func TestSessionSurvivesLeaderStop(t *testing.T) {
+	t.Parallel()
 	c := kitThree(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
@@ -215,10 +223,11 @@ func TestSessionSurvivesLeaderStop(t *testing.T) {
 	require.NoError(t, m.Unlock(ctx))
 }
 
-// Invariant 8: a lease revoked by someone else ends a session that holds a
+// Invariant "Loss signal": a lease revoked by someone else ends a session that holds a
 // watched lock within a round trip, not at the next keepalive (TTL/3 = 20s
 // at the default TTL).
 func TestSessionEndsSoonAfterRevoke(t *testing.T) {
+	t.Parallel()
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)

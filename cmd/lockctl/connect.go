@@ -45,29 +45,38 @@ func (c *connFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.namespace, "namespace", "", "prefix of every key lockctl reads and writes, as a client wrapped by clientv3/namespace (or etcd grpc-proxy --namespace) applies it: lock NAME lives under NAMESPACE+NAME/")
 }
 
-// envVars maps each connection flag to its etcdctl environment variable.
-var envVars = map[string]string{
-	"endpoints":                "ETCDCTL_ENDPOINTS",
-	"cacert":                   "ETCDCTL_CACERT",
-	"cert":                     "ETCDCTL_CERT",
-	"key":                      "ETCDCTL_KEY",
-	"insecure-skip-tls-verify": "ETCDCTL_INSECURE_SKIP_TLS_VERIFY",
-	"user":                     "ETCDCTL_USER",
-	"password":                 "ETCDCTL_PASSWORD",
-	"dial-timeout":             "ETCDCTL_DIAL_TIMEOUT",
+// envVars maps each connection flag to its environment variables, first
+// found first: etcdctl's, and for the endpoints also ETCD_ENDPOINTS, which
+// the examples and etcdsynctest.Connect read.
+var envVars = map[string][]string{
+	"endpoints":                {"ETCDCTL_ENDPOINTS", "ETCD_ENDPOINTS"},
+	"cacert":                   {"ETCDCTL_CACERT"},
+	"cert":                     {"ETCDCTL_CERT"},
+	"key":                      {"ETCDCTL_KEY"},
+	"insecure-skip-tls-verify": {"ETCDCTL_INSECURE_SKIP_TLS_VERIFY"},
+	"user":                     {"ETCDCTL_USER"},
+	"password":                 {"ETCDCTL_PASSWORD"},
+	"dial-timeout":             {"ETCDCTL_DIAL_TIMEOUT"},
 }
 
-// fromEnv sets each connection flag not given on the command line from its
-// environment variable, if set. A bad value is a usage error.
+// fromEnv sets each connection flag not given on the command line from the
+// first of its environment variables that is set and not empty. A bad value
+// is a usage error.
 func (c *connFlags) fromEnv(fs *pflag.FlagSet) error {
-	for flag, env := range envVars {
+	for flag, envs := range envVars {
 		f := fs.Lookup(flag)
-		val, ok := os.LookupEnv(env)
-		if f == nil || f.Changed || !ok || val == "" {
+		if f == nil || f.Changed {
 			continue
 		}
-		if err := f.Value.Set(val); err != nil {
-			return usage(fmt.Errorf("%s=%q: %w", env, val, err))
+		for _, env := range envs {
+			val := os.Getenv(env)
+			if val == "" {
+				continue
+			}
+			if err := f.Value.Set(val); err != nil {
+				return usage(fmt.Errorf("%s=%q: %w", env, val, err))
+			}
+			break
 		}
 	}
 	return nil

@@ -145,7 +145,9 @@ hosts never overlap, and shows who holds a lock and who waits.
 Connection flags and their environment variables are etcdctl's:
 ETCDCTL_ENDPOINTS, ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY,
 ETCDCTL_INSECURE_SKIP_TLS_VERIFY, ETCDCTL_USER, ETCDCTL_PASSWORD,
-ETCDCTL_DIAL_TIMEOUT. A flag overrides its variable.
+ETCDCTL_DIAL_TIMEOUT. A flag overrides its variable. Without
+ETCDCTL_ENDPOINTS, ETCD_ENDPOINTS (the examples' variable) names the
+endpoints.
 
 --endpoints may name etcd's gRPC proxy (etcd grpc-proxy start). --namespace
 puts every key under a prefix, as services whose clients are wrapped by

@@ -17,6 +17,14 @@ import (
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 )
 
+// Without ETCDCTL_ENDPOINTS, lockctl reaches the endpoints the examples'
+// ETCD_ENDPOINTS names (its default, 127.0.0.1:2379, has no etcd here).
+func TestEndpointsFromExamplesVariable(t *testing.T) {
+	t.Parallel()
+	p := startWith(t, opts{env: []string{"ETCDCTL_ENDPOINTS=", "ETCD_ENDPOINTS=" + endpoint, "ETCDCTL_DIAL_TIMEOUT=2s"}}, "run", uniqueName(t), "--", "true")
+	require.Equal(t, 0, p.wait(t), "stderr: %s", p.stderr.String())
+}
+
 // The child sees the hold's variables: the key, its create revision (the
 // fencing token, also as etcdctl's ETCD_LOCK_REV), the lease; after the run
 // the key and the lease are gone.
