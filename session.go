@@ -1,29 +1,25 @@
 package etcdsync
 
+// The session: a lease granted (or adopted) for a process, its life and
+// its end (Close revokes, Orphan leaves the lease to expire), and the holds
+// it ends with it. Its keepalive is in keepalive.go, its key claims in
+// claims.go, its sweepers in sweep.go.
+
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
-
-// cleanupTimeout bounds the library's own cleanup RPCs (deleting a key left
-// by a failed or cancelled acquire) that run after the caller's context ended.
-const cleanupTimeout = 5 * time.Second
-
-// retryPause is the pause between failed keepalives (bounded by TTL/3).
-const retryPause = 500 * time.Millisecond
 
 // Session is a lease kept alive in the background. Every key a primitive
 // writes is bound to the lease, so the keys vanish when the session ends.
@@ -175,136 +171,6 @@ func (s *Session) unreachable(what string, err error) error {
 	return err
 }
 
-// keepAlive refreshes the lease until the session ends: each beat is one
-// KeepAliveOnce through the client's Lease (so a wrapper, a namespace, an
-// in-process client or a proxy sees it), run in a goroutine of its own and
-// bounded by the TTL. Beats are paced from their send times, every TTL/3
-// whatever the replies do, so on a slow link several may be in flight: while
-// the server acknowledges a beat within the TTL of its sending the session
-// lives. Each acknowledgement moves the local deadline to its beat's send
-// time plus the TTL the server granted; a beat knows its own send time, so
-// replies may come in any order. The first beat goes at first. keepAlive
-// owns the beats' goroutines (joined on return) and the end of the session
-// by lost contact or a lease that vanished.
-func (s *Session) keepAlive(first time.Time) {
-	defer close(s.loop)
-	defer s.ended()
-	defer s.stopMoving()
-	defer s.finishHolds()
-	defer s.unlink()
-	pace := s.ttl / 3
-	next := first
-	replies := make(chan reply)
-	bctx, stopBeats := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
-	var beats sync.WaitGroup
-	defer beats.Wait()
-	defer stopBeats()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		deadline := s.Deadline()
-		if !time.Now().Before(deadline) {
-			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending; the server may expire the lease now", ErrSessionExpired, ErrLostContact, s.ttl))
-			return
-		}
-		timer.Reset(time.Until(earliest(next, deadline)))
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-s.check:
-			next = time.Now() // a hold lost its key: is the lease gone?
-			continue
-		case r := <-replies:
-			switch {
-			case errors.Is(r.err, rpctypes.ErrLeaseNotFound):
-				s.cancel(fmt.Errorf("%w: lease 0x%x not found (expired or revoked)", ErrSessionExpired, int64(s.id)))
-				return
-			case r.err != nil: // try again after a pause, unless a beat is due sooner
-				s.keepaliveFailed(r.err)
-				next = latest(next, time.Now().Add(min(retryPause, pace)))
-			default:
-				s.keepaliveAcked(r.sent)
-				s.extend(r.sent.Add(time.Duration(r.ttl) * time.Second))
-			}
-			continue
-		case <-timer.C:
-		}
-		if time.Now().Before(next) {
-			continue
-		}
-		beats.Add(1)
-		go func() {
-			defer beats.Done()
-			r := s.beat(bctx)
-			select {
-			case replies <- r:
-			case <-bctx.Done():
-			}
-		}()
-		next = time.Now().Add(pace)
-	}
-}
-
-// beat sends one keepalive and waits for its reply, bounded by ctx and the
-// TTL (a later reply could not extend the deadline).
-func (s *Session) beat(ctx context.Context) reply {
-	ctx, cancel := context.WithTimeout(ctx, s.ttl)
-	defer cancel()
-	sent := time.Now()
-	resp, err := s.client.KeepAliveOnce(ctx, s.id)
-	if err != nil {
-		return reply{sent: sent, err: fmt.Errorf("etcdsync: keepalive: %w", err)}
-	}
-	return reply{sent: sent, ttl: resp.TTL}
-}
-
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
-func latest(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
-}
-
-// extend moves the local deadline to d if that is later.
-func (s *Session) extend(d time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if d.After(s.deadline) {
-		s.deadline = d
-		s.stopMovingLocked()
-	}
-}
-
-// stopMoving closes the channel DeadlineMoved handed out, if any: the
-// session has ended.
-func (s *Session) stopMoving() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopMovingLocked()
-}
-
-func (s *Session) stopMovingLocked() {
-	if s.moved != nil {
-		close(s.moved)
-		s.moved = nil
-	}
-}
-
-// reply is a beat's acknowledgement (its send time and the TTL the server
-// granted), or why it failed.
-type reply struct {
-	sent time.Time
-	ttl  int64
-	err  error
-}
-
 // Client returns the etcd client the session uses.
 func (s *Session) Client() *clientv3.Client { return s.client }
 
@@ -313,39 +179,6 @@ func (s *Session) Lease() clientv3.LeaseID { return s.id }
 
 // TTL returns the lease's granted TTL.
 func (s *Session) TTL() time.Duration { return s.ttl }
-
-// Deadline returns the session's local deadline: the send time of the last
-// acknowledged keepalive plus the TTL. The server cannot expire the lease
-// before it.
-func (s *Session) Deadline() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.deadline
-}
-
-// DeadlineMoved returns a channel that is closed when the local deadline
-// (see Deadline) next moves, after an acknowledged keepalive, or when the
-// session ends; after the end the channel is closed already. It does not
-// block. Take the channel before reading Deadline, so that no move is
-// missed: a program that hands the deadline on (to a child process, a
-// device, a worker with a hard stop) loops
-//
-//	for s.Err() == nil {
-//		moved := s.DeadlineMoved()
-//		handOn(s.Deadline())
-//		<-moved
-//	}
-func (s *Session) DeadlineMoved() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ctx.Err() != nil {
-		return closed
-	}
-	if s.moved == nil {
-		s.moved = make(chan struct{})
-	}
-	return s.moved
-}
 
 // Ctx returns a context cancelled when the session ends; context.Cause tells
 // why: an error wrapping ErrSessionClosed (Close, Orphan), ErrSessionExpired
@@ -411,141 +244,6 @@ func (s *Session) revoke(bound time.Duration) error {
 	return nil
 }
 
-// claimKey reserves key for one primitive of this session: the key name is
-// fixed by interop (NAME/<lease>), so two holders on one session would share
-// a key. With wait it blocks until the key is free or ctx ends; without, it
-// returns ErrLocked at once. A reservation is freed by releaseKey, once.
-func (s *Session) claimKey(ctx context.Context, key string, wait bool) error {
-	_, err := s.claim(ctx, key, wait, nil, nil)
-	return err
-}
-
-// shareKey is claimKey for a key whose holds the session's primitives share
-// (an RWMutex's read key): when the session holds the key and one read shows
-// it still there, it joins that hold (counted, see hold.leave) and returns
-// it; else it reserves the key and returns nil. With wait, an acquire or a
-// release of the key in flight is waited for; without, it is an error
-// wrapping ErrLocked.
-func (s *Session) shareKey(ctx context.Context, key string, wait bool) (*hold, error) {
-	joinable := func(h *hold) bool { return h.rule.shared && h.live() && !h.closing } // not a Mutex on NAME/read
-	for {
-		var seen *hold
-		if _, err := s.claim(ctx, key, wait, nil, func(h *hold) bool {
-			if joinable(h) {
-				seen = h
-			}
-			return seen != nil
-		}); err != nil || seen == nil {
-			return nil, err
-		}
-		// Its key may be gone unnoticed (deleted, nobody watching).
-		if err := s.checkBounded(ctx, seen); err != nil {
-			if seen.live() {
-				return nil, err
-			}
-			continue // it ended: wait until it is freed
-		}
-		s.mu.Lock()
-		joined := s.keys[key].hold == seen && joinable(seen)
-		if joined {
-			seen.shares++
-		}
-		s.mu.Unlock()
-		if joined {
-			return seen, nil
-		}
-	}
-}
-
-// bound returns ctx ended also by the session's end, and its cancel.
-func (s *Session) bound(ctx context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.ctx, cancel)
-	return ctx, func() { stop(); cancel() }
-}
-
-// checkBounded is h.check bounded by ctx and by the session's end.
-func (s *Session) checkBounded(ctx context.Context, h *hold) error {
-	ctx, cancel := s.bound(ctx)
-	defer cancel()
-	_, err := h.check(ctx)
-	switch {
-	case err == nil:
-	case s.ctx.Err() != nil:
-		return s.endedErr()
-	default:
-		return fmt.Errorf("etcdsync: join the session's hold of %s: %w", h.key, err)
-	}
-	return nil
-}
-
-// claim is claimKey, except that once the key is free it claims nothing and
-// returns false when skip (called with s.mu held) says so, and that while
-// the key is held it claims nothing and returns false when join (called
-// with s.mu held) takes a share of the hold.
-func (s *Session) claim(ctx context.Context, key string, wait bool, skip func() bool, join func(*hold) bool) (bool, error) {
-	for {
-		s.mu.Lock()
-		use, taken := s.keys[key]
-		if !taken {
-			if skip != nil && skip() {
-				s.mu.Unlock()
-				return false, nil
-			}
-			s.keys[key] = keyUse{} // a channel is made only when someone waits
-			s.mu.Unlock()
-			return true, nil
-		}
-		if join != nil && use.hold != nil && join(use.hold) {
-			s.mu.Unlock()
-			return false, nil
-		}
-		if use.freed == nil && wait {
-			use.freed = make(chan struct{})
-			s.keys[key] = use
-		}
-		freed := use.freed
-		s.mu.Unlock()
-		if !wait {
-			return false, fmt.Errorf("%w: %s is held, or waited for, by this session", ErrLocked, key)
-		}
-		select {
-		case <-freed:
-		case <-ctx.Done():
-			return false, fmt.Errorf("etcdsync: waiting for %s held in this session: %w", key, ctx.Err())
-		case <-s.ctx.Done():
-			return false, s.endedErr()
-		}
-	}
-}
-
-// keyUse is a key reserved by a primitive of the session (claimKey).
-type keyUse struct {
-	freed chan struct{} // closed when released, or when a hold can be joined (wake); nil until someone waits
-	hold  *hold         // its hold, once it holds
-}
-
-// wakeLocked lets the callers waiting for key (claim) look again: its hold
-// began, or can be joined again. s.mu is held.
-func (s *Session) wakeLocked(key string) {
-	if use := s.keys[key]; use.freed != nil {
-		close(use.freed)
-		use.freed = nil
-		s.keys[key] = use
-	}
-}
-
-// releaseKey frees a reservation made by claimKey.
-func (s *Session) releaseKey(key string) {
-	s.mu.Lock()
-	freed := s.keys[key].freed
-	delete(s.keys, key)
-	s.mu.Unlock()
-	if freed != nil {
-		close(freed)
-	}
-}
-
 // endedErr is the error for a call on a session that has ended: why it
 // ended, also matching ErrSessionExpired.
 func (s *Session) endedErr() error {
@@ -605,115 +303,4 @@ func (s *Session) goLocked(f func()) bool {
 		f()
 	}()
 	return true
-}
-
-// sweep keeps a create of key whose outcome this session could not learn
-// from leaving a key behind, however late the server applies it (a request
-// that a member cut off from its peers forwarded to the leader can be applied
-// when the partition heals). Until the session ends, it deletes every key at
-// key with this session's lease, created after the session began, that no
-// primitive of the session holds or waits with. It does not block.
-func (s *Session) sweep(key string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.swept[key]; !ok && s.goLocked(func() { s.sweepKey(key) }) {
-		s.swept[key] = nil
-	}
-}
-
-// created records that an acquire of this session created key at rev, so
-// that a sweeper of the key leaves that create to the acquire (which holds
-// it, or withdraws it).
-func (s *Session) created(key string, rev int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if revs, ok := s.swept[key]; ok {
-		s.swept[key] = append(revs, rev)
-	}
-}
-
-// disown forgets that an acquire of this session created key at rev (its
-// withdraw failed): a sweeper of the key removes it.
-func (s *Session) disown(key string, rev int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if revs, ok := s.swept[key]; ok {
-		s.swept[key] = slices.DeleteFunc(revs, func(r int64) bool { return r == rev })
-	}
-}
-
-// oursLocked reports whether an acquire of this session created kv (see
-// created), and forgets that create and any before it. s.mu is held.
-func (s *Session) oursLocked(kv *mvccpb.KeyValue) bool {
-	key := string(kv.Key)
-	revs := s.swept[key]
-	i := slices.Index(revs, kv.CreateRevision)
-	if i < 0 {
-		return false
-	}
-	s.swept[key] = slices.Delete(revs, 0, i+1)
-	return true
-}
-
-// sweepKey reads key, then watches its creates, until the session ends.
-func (s *Session) sweepKey(key string) {
-	for s.ctx.Err() == nil {
-		if resp, err := s.client.Get(s.ctx, key); err == nil {
-			if len(resp.Kvs) > 0 {
-				s.unstray(resp.Kvs[0])
-			}
-			s.watchCreates(key, resp.Header.Revision+1)
-		}
-		if sleep(s.ctx, retryPause) != nil {
-			return
-		}
-	}
-}
-
-// watchCreates unstrays each key created at key from revision from, until the
-// watch fails or the session ends.
-func (s *Session) watchCreates(key string, from int64) {
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
-	defer cancel()
-	for wr := range s.client.Watch(ctx, key, clientv3.WithRev(from), clientv3.WithFilterDelete()) {
-		if wr.Err() != nil {
-			return
-		}
-		for _, ev := range wr.Events {
-			if ev.IsCreate() {
-				s.unstray(ev.Kv)
-			}
-		}
-	}
-}
-
-// made reports whether kv is a key this session created: it has the
-// session's lease and was created after the session began (a restarted
-// process's key, WithLease, was created before).
-func (s *Session) made(kv *mvccpb.KeyValue) bool {
-	return clientv3.LeaseID(kv.Lease) == s.id && kv.CreateRevision > s.startRev
-}
-
-// unstray deletes kv's key at its create revision when this session made it
-// and, once this session's primitives have let go of the key, it is still
-// there: nothing of the session owns it.
-func (s *Session) unstray(kv *mvccpb.KeyValue) {
-	key := string(kv.Key)
-	if !s.made(kv) {
-		return
-	}
-	// Wait until no primitive of the session uses the key: an acquire that
-	// created kv has recorded it by then, and the key is left alone.
-	if claimed, _ := s.claim(s.ctx, key, true, func() bool { return s.oursLocked(kv) }, nil); !claimed {
-		return
-	}
-	defer s.releaseKey(key)
-	for s.ctx.Err() == nil {
-		ctx, cancel := context.WithTimeout(s.ctx, cleanupTimeout)
-		err := deleteAtRev(ctx, s.client, key, kv.CreateRevision)
-		cancel()
-		if err == nil || sleep(s.ctx, retryPause) != nil {
-			return
-		}
-	}
 }

@@ -1,0 +1,307 @@
+package etcdsync
+
+// The acquire step every primitive shares: reserve the key in the session,
+// write it if absent and list the queue in one transaction, wait for the
+// turn (waitdelete.go) unless it is a try, and on any failure withdraw the
+// key this call may have written, however late the server applies the
+// create. Every request goes through the client's interfaces (KV, Watcher,
+// Lease, Maintenance), so that a namespace, a wrapper, an in-process client
+// or etcd's gRPC proxy sees it.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// turn is the outcome of an acquire: our key's create revision, the keys
+// ahead of it and the header of the read that listed them.
+type turn struct {
+	*slot
+	rev   int64
+	value []byte // our key's value when it already existed (non-nil), else nil
+	ahead []*mvccpb.KeyValue
+	hdr   *pb.ResponseHeader
+	wrote bool // this call may have written the key
+	// gone is the latest delete of a key listed ahead seen since: one
+	// stream delivers the deletes of different watches out of revision
+	// order (a watch's events wait until the server has sent its creation),
+	// and the turn comes no earlier than the latest.
+	gone int64
+}
+
+// enqueue writes our key if absent and reads the queue, in one transaction.
+// A key that already exists with our lease is ours: a resumed hold after a
+// restart with WithLease, or a create the client retried after it committed.
+func (sl *slot) enqueue(ctx context.Context, val string) (turn, error) {
+	lease := sl.s.Lease()
+	list := sl.listOp()
+	resp, err := sl.s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)).
+		Then(clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)), list).
+		Else(clientv3.OpGet(sl.key), list).
+		Commit()
+	if err != nil {
+		return turn{slot: sl, wrote: unsure(err)}, err
+	}
+	t := turn{slot: sl, hdr: resp.Header, wrote: resp.Succeeded, rev: resp.Header.Revision}
+	err = t.queued(resp, val)
+	return t, err
+}
+
+// queued fills t from an enqueue's response: our key as it already was, if
+// the response has it (it must have our lease and, under a rule that weighs
+// keys, the value val asks for), and the keys ahead of it (t.rev: our key's
+// create revision if it is new).
+func (t *turn) queued(resp *clientv3.TxnResponse, val string) error {
+	var own *mvccpb.KeyValue
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
+		own = kvs[0]
+		if lease := t.s.Lease(); clientv3.LeaseID(own.Lease) != lease {
+			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.key, own.Lease, int64(lease))
+		}
+		if t.rule.weigh != nil && string(own.Value) != val { // a restarted process's key, resumed
+			return fmt.Errorf("%w: key %s exists with %q, and this call asks for %q: acquire it as it is, then release it", ErrInvalidArgument, t.key, own.Value, val)
+		}
+		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
+	}
+	var err error
+	if t.ahead, err = t.blocking(resp.Responses[1].GetResponseRange().Kvs, t.rev); err != nil {
+		return err
+	}
+	if own != nil {
+		t.wrote = t.mine(own) // after t.ahead: a waiting key is ours to withdraw
+	}
+	return nil
+}
+
+// mine reports whether a key of ours that existed before this call is this
+// call's to withdraw if it fails: one this session made (a create applied
+// late), or a restarted process's key (WithLease) that still waits; never a
+// restarted process's hold.
+func (t *turn) mine(kv *mvccpb.KeyValue) bool {
+	return t.s.made(kv) || t.blocked()
+}
+
+// tryEnqueue writes our key only if nothing at all is under NAME/ (under
+// NAME/<rule.free>): one RPC and no write when the name is held. When the
+// compare fails although nothing blocks us (only nested keys NAME/x/…, or
+// keys that leave us room), it falls back to enqueue. The returned turn has
+// keys ahead when the name is held; the caller then withdraws the key if it
+// wrote one.
+func (sl *slot) tryEnqueue(ctx context.Context, val string) (turn, error) {
+	lease := sl.s.Lease()
+	resp, err := sl.s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(sl.prefix+sl.rule.free), "=", 0).WithPrefix(),
+			clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)). // ours may lie outside rule.free
+		Then(clientv3.OpPut(sl.key, val, clientv3.WithLease(lease))).
+		Else(clientv3.OpGet(sl.key), sl.listOp()).
+		Commit()
+	if err != nil {
+		return turn{slot: sl, wrote: unsure(err)}, err
+	}
+	if resp.Succeeded {
+		return turn{slot: sl, hdr: resp.Header, wrote: true, rev: resp.Header.Revision}, nil
+	}
+	// Without a key of ours, every direct child is ahead of where ours would be.
+	t := turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
+	if err := t.queued(resp, val); err != nil {
+		return t, err
+	}
+	if !t.blocked() && t.value == nil {
+		return sl.enqueue(ctx, val)
+	}
+	return t, nil
+}
+
+// withdraw deletes the key this call may have written: the one at rev, or
+// (rev 0: the create's outcome is unknown) the key with our lease created
+// after the session began that a read finds, at its create revision; never a
+// hold that a restarted process resumes (WithLease), and, however late the
+// server applies it, never a later hold. When it fails the session sweeps
+// the key (see Session.sweep). It runs under a short bounded context of its
+// own, as it cleans up after calls whose context may have ended.
+func (sl *slot) withdraw(rev int64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.s.ctx), createGrace)
+	defer cancel()
+	err := sl.deleteAt(ctx, rev)
+	if err != nil {
+		sl.s.disown(sl.key, rev) // before the key's claim is freed: the sweeper acts
+		sl.s.sweep(sl.key)
+		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.key, err)
+	}
+	return nil
+}
+
+// deleteAt deletes our key at create revision rev; with rev 0, the key with
+// our lease created after the session began, if any.
+func (sl *slot) deleteAt(ctx context.Context, rev int64) error {
+	if rev == 0 {
+		resp, err := sl.s.client.Get(ctx, sl.key)
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) == 0 || !sl.s.made(resp.Kvs[0]) {
+			return nil
+		}
+		rev = resp.Kvs[0].CreateRevision
+	}
+	return deleteAtRev(ctx, sl.s.client, sl.key, rev)
+}
+
+// deleteAtRev deletes key only while it is the incarnation created at rev, so
+// that however late the server applies it, it never deletes a later one.
+func deleteAtRev(ctx context.Context, cli *clientv3.Client, key string, rev int64) error {
+	_, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+		Then(clientv3.OpDelete(key)).Commit()
+	return err
+}
+
+// final reports whether a wait that failed with err must not retry: our key
+// is gone, or a key ahead breaks the rule (another capacity, say).
+func final(err error) bool {
+	return errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrInvalidArgument)
+}
+
+// mode says how acquire waits.
+type mode int
+
+const (
+	waitTurn mode = iota // wait in the queue (Lock, Campaign)
+	tryTurn              // never wait (TryLock)
+)
+
+// createGrace is how long an acquire's create may run on after the caller's
+// context (or the session) ended: long enough to learn, in most cases, whether
+// it committed, so that the cleanup knows what to delete.
+const createGrace = time.Second
+
+// acquire takes the slot's key for one hold: it reserves the key in the
+// session, enqueues, and (in waitTurn mode) waits for its turn. ctx bounds it
+// all; the session's end also ends it. A ctx that has ended sends nothing. On
+// error no key of this call is left behind: the cleanup runs under a short
+// bounded context of its own, and a key it cannot remove, or a create whose
+// outcome stays unknown, is swept by the session, however late the server
+// applies it. Past ctx's end it blocks at most createGrace for the create and
+// as long again for the cleanup. The reservation is freed. In tryTurn mode a held
+// name gives an error wrapping ErrLocked. A hold is returned only while the
+// session lives. Under a shared rule, a live hold of the key in the session
+// is joined (counted) without touching etcd.
+func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
+	if !sl.s.rep.on() {
+		return sl.take(ctx, val, m)
+	}
+	began := time.Now()
+	h, value, err := sl.take(ctx, val, m)
+	sl.acquired(h, err, time.Since(began))
+	return h, value, err
+}
+
+// take is acquire, unreported.
+func (sl *slot) take(ctx context.Context, val string, m mode) (*hold, []byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, sl.why(ctx, err)
+	}
+	if err := sl.s.Err(); err != nil {
+		return nil, nil, sl.s.endedErr()
+	}
+	if sl.rule.shared {
+		if h, err := sl.s.shareKey(ctx, sl.key, m == waitTurn); err != nil || h != nil {
+			return h, nil, err
+		}
+	} else if err := sl.s.claimKey(ctx, sl.key, m == waitTurn); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil { // it ended as the key was freed
+		sl.s.releaseKey(sl.key)
+		return nil, nil, sl.why(ctx, err)
+	}
+	wctx, cancel := sl.s.bound(ctx)
+	defer cancel()
+
+	// The create is not cancelled with ctx: a cancelled request may still be
+	// applied by the server after a cleanup sent behind it (the server can
+	// propose it after its context ended), which would leave a key behind.
+	// It runs on while ctx lives, and for createGrace after ctx ends.
+	ectx, ecancel := context.WithCancel(context.WithoutCancel(wctx))
+	defer ecancel()
+	stopGrace := context.AfterFunc(wctx, func() { time.AfterFunc(createGrace, ecancel) })
+	defer stopGrace()
+	var t turn
+	var err error
+	if m == tryTurn {
+		t, err = sl.tryEnqueue(ectx, val)
+	} else {
+		t, err = sl.enqueue(ectx, val)
+	}
+	unknown := err != nil && t.wrote && t.hdr == nil // the create failed, and may yet be applied
+	if err == nil && t.wrote && t.value == nil {
+		sl.s.created(sl.key, t.rev) // a sweeper of the key leaves it to us
+	}
+	hdr := t.hdr
+	switch {
+	case err != nil:
+	case wctx.Err() != nil:
+		err = wctx.Err()
+	case t.blocked() && m == tryTurn:
+		err = fmt.Errorf("%w: %s is held by %s (create revision %d)", ErrLocked, sl.name(), t.ahead[0].Key, t.ahead[0].CreateRevision)
+	case t.blocked():
+		hdr, err = t.wait(wctx)
+	}
+	var h *hold
+	if err == nil {
+		if h = newHold(sl, t.rev, hdr); !h.live() { // the session ended at this instant
+			err = sl.s.endedErr()
+		}
+	}
+	if err == nil {
+		return h, t.value, nil
+	}
+	err = sl.why(ctx, err)
+	switch {
+	case unknown: // the session removes the key if it was, or will be, created
+		sl.s.sweep(sl.key)
+	case t.wrote:
+		err = errors.Join(err, sl.withdraw(t.rev))
+	}
+	if h != nil {
+		h.finish(err)
+	} else {
+		sl.s.releaseKey(sl.key)
+	}
+	return nil, nil, err
+}
+
+// unsure reports whether a write that failed with err may have been applied,
+// or may still be: anything but the server's definite refusal.
+func unsure(err error) bool {
+	code := status.Code(err)
+	if ee := (rpctypes.EtcdError{}); errors.As(err, &ee) {
+		code = ee.Code()
+	}
+	switch code {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated,
+		codes.FailedPrecondition, codes.NotFound, codes.OutOfRange:
+		return false
+	}
+	return true
+}
+
+// why wraps err with what ended the call: the caller's context, or the session.
+func (sl *slot) why(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("etcdsync: acquire %s: %w", sl.name(), ctx.Err())
+	case sl.s.ctx.Err() != nil:
+		return sl.s.endedErr()
+	}
+	return err
+}

@@ -1,0 +1,140 @@
+package etcdsync
+
+// Run: take a hold, run a function under it with a context that ends the
+// moment the hold ends, release it after; and reentrancy, a Run inside fn
+// (given fn's context) entering the hold that is already there.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+)
+
+// run is the Run of every primitive: it takes a hold (take, bounded by ctx),
+// calls fn with a context that ends when ctx ends or, with the hold's cause
+// (context.Cause), the moment the hold ends, and releases the hold (release)
+// once fn has returned or panicked, bounded by the session's TTL whatever ctx
+// says; a panic goes on after the release. It returns take's error, or fn's
+// error joined with why the hold ended if it ended before the release, and
+// with the release's error. fn's context carries the hold (n: its permits;
+// tag: what else a Run inside must agree on, an Election's value or a
+// Semaphore's capacity): a Run whose ctx carries a live hold of the same
+// session and name enters it (see reenter), and returns fn's error joined
+// with why the hold ended if it ended meanwhile.
+func (hr *holder) run(ctx context.Context, n int64, tag string, take, release func(context.Context) error, fn func(context.Context) error) (err error) {
+	if e, err := hr.reenter(ctx, n, tag); err != nil || e != nil {
+		if err != nil {
+			return err
+		}
+		err = fn(ctx)
+		if cause := e.h.err(); cause != nil && !errors.Is(cause, ErrLockReleased) {
+			err = errors.Join(err, cause)
+		}
+		return err
+	}
+	if err := take(ctx); err != nil {
+		return err
+	}
+	h := hr.current()
+	if h == nil { // ended as it began
+		return hr.err()
+	}
+	h.done() // watch the key: a delete behind our back ends fn's context
+	hctx := h.context()
+	e := &ctxHold{h: h, n: n, tag: tag, outer: holdIn(ctx)}
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, e))
+	defer cancel(nil)
+	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
+	defer stop()
+	defer func() {
+		p := recover()
+		err = errors.Join(err, e.afterRun(ctx, release))
+		if p != nil {
+			panic(p)
+		}
+	}()
+	return fn(fctx)
+}
+
+// afterRun releases the Run's hold after its fn, if it is still held and fn
+// did not release it (its share, for a read hold) itself, bounded by the
+// TTL; it returns why the hold ended otherwise, joined with the release's
+// error.
+func (e *ctxHold) afterRun(ctx context.Context, release func(context.Context) error) error {
+	h := e.h
+	var released error
+	if h.live() && !e.left.Load() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.s.ttl)
+		defer cancel()
+		released = release(rctx)
+	}
+	cause := h.err()
+	if errors.Is(cause, ErrLockReleased) { // released: by us, or by fn itself
+		return released
+	}
+	if cause != nil && errors.Is(released, ErrLockReleased) {
+		released = nil // the release found the hold gone: the cause says why
+	}
+	return errors.Join(cause, released)
+}
+
+// ctxHold is a hold that a Run's context carries, innermost first.
+type ctxHold struct {
+	h     *hold
+	n     int64       // permits (1 but for a Semaphore)
+	tag   string      // an Election's value, a Semaphore's capacity
+	left  atomic.Bool // fn released the Run's share of a read hold itself
+	outer *ctxHold
+}
+
+type ctxHoldKey struct{}
+
+func holdIn(ctx context.Context) *ctxHold {
+	e, _ := ctx.Value(ctxHoldKey{}).(*ctxHold)
+	return e
+}
+
+// reenter returns the live hold ctx carries that a Run of this session and
+// name, for n permits and tag, enters: the same kind of hold (a Mutex in a
+// Mutex, a read or a write in a write of an RWMutex, a read in a read,
+// permits within those held, the same Election value or Semaphore
+// capacity). A hold ctx carries that such a Run could never get (a write
+// inside a read, more permits, another value or capacity, another kind of
+// primitive on the same key) is an error wrapping ErrInvalidArgument, not a
+// deadlock. With neither, it returns nil.
+func (hr *holder) reenter(ctx context.Context, n int64, tag string) (*ctxHold, error) {
+	sl := &hr.slot
+	for e := holdIn(ctx); e != nil; e = e.outer {
+		h := e.h
+		sameKey, sameName := h.key == sl.key, h.prefix == sl.prefix && h.kind == sl.kind
+		switch {
+		case h.s != sl.s || !h.live() || !sameKey && !sameName:
+			continue // another lock (an RWMutex and a Mutex on one name use other keys)
+		case !sameName: // a Mutex, an Election, a Semaphore on one name; a Mutex on NAME/write
+			return nil, fmt.Errorf("%w: %s is held by a %s Run of this context", ErrInvalidArgument, h.key, h.kind)
+		case e.tag != tag:
+			return nil, fmt.Errorf("%w: a Run of %s with %q inside one with %q", ErrInvalidArgument, sl.name(), tag, e.tag)
+		case h.rule.dir == sl.rule.dir && n <= e.n, sl.rule.shared: // same hold, or a read in a write
+			return e, nil
+		case n > e.n:
+			return nil, fmt.Errorf("%w: a Run for %d permits of %s inside one holding %d", ErrInvalidArgument, n, sl.name(), e.n)
+		default:
+			return nil, fmt.Errorf("%w: a write Run inside a read Run of %s could never be granted", ErrInvalidArgument, sl.name())
+		}
+	}
+	return nil, nil
+}
+
+// HoldFrom returns the innermost hold that ctx carries (the context a Run
+// hands to its fn, or one derived from it): its key and fencing token (the
+// key's create revision), to pass along with fn's writes to other systems.
+// ok is false when ctx carries none. It does not touch etcd; the hold may
+// have ended since (then fn's context has ended too).
+func HoldFrom(ctx context.Context) (key string, rev int64, ok bool) {
+	e := holdIn(ctx)
+	if e == nil {
+		return "", 0, false
+	}
+	return e.h.key, e.h.rev, true
+}

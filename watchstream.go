@@ -1,0 +1,161 @@
+package etcdsync
+
+// A wait's watch stream: the watches of one waiter's own key and of the keys
+// it waits for, all through the client's Watcher, on one gRPC stream of the
+// wait's own (waitContext); responses matched to keys by the channel they
+// came on, never by watch IDs; and the probe that asks, off the critical
+// path, whether the client's servers answer progress requests (caps.go).
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
+)
+
+// keyed is one response of the watch of one key, or (closed) the end of it.
+type keyed struct {
+	key    string
+	wr     clientv3.WatchResponse
+	closed bool
+}
+
+// stream is a waiter's watches: one of its own key and one of each of the
+// nearest keys that block it, all through the client's Watcher, from the
+// serving member's current revision, on one gRPC stream of the wait's own
+// (see waitContext).
+// A response is matched to its key by the channel it came on, never by a
+// watch ID. The stream's goroutines (one per watch, each forwarding its
+// channel to in) are owned by the wait and joined by close.
+type stream struct {
+	t    *turn
+	ctx  context.Context
+	in   chan keyed
+	own  context.CancelFunc
+	keys map[string]context.CancelFunc // key ahead -> ends its watch
+	wg   sync.WaitGroup
+	// ownSeen is set once the watch of our own key has shown its creation:
+	// a progress answer on it counts only from then on.
+	ownSeen bool
+	trust   bool // progress answers may confirm the turn (see caps)
+	// probe fires when the probe (see caps.probing), a progress request sent
+	// once our own key's watch was created, has gone unanswered for
+	// progressWait; nil when none is out. probeEnd is when it fires.
+	probe     <-chan time.Time
+	probeEnd  time.Time
+	stopTimer func() bool
+}
+
+// waitSeq numbers waits, so that each has a stream of its own (waitContext).
+var waitSeq atomic.Uint64
+
+// waitContext marks the watches and progress requests of one wait with
+// metadata of their own, so that the client's Watcher (which groups watches
+// on gRPC streams by their contexts' outgoing metadata) puts them on a
+// stream of their own: a progress request then concerns, and its answer
+// reaches, this waiter's watches only, at any queue length.
+func waitContext(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "etcdsync-wait", strconv.FormatUint(waitSeq.Add(1), 36))
+}
+
+// add starts the watch of key's deletes from the current revision. It
+// blocks until the watch is created (the client's Watcher creates the
+// watches of a stream one at a time, in order), or its context ends.
+func (st *stream) add(key string) context.CancelFunc {
+	ctx, cancel := context.WithCancel(st.ctx)
+	ch := st.t.s.client.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	st.wg.Add(1)
+	go func() {
+		defer st.wg.Done()
+		for wr := range ch {
+			select {
+			case st.in <- keyed{key: key, wr: wr}:
+			case <-ctx.Done():
+				return
+			}
+		}
+		select {
+		case st.in <- keyed{key: key, closed: true}:
+		case <-ctx.Done():
+		}
+	}()
+	return cancel
+}
+
+// close ends every watch and waits for their goroutines.
+func (st *stream) close() {
+	st.own()
+	for _, cancel := range st.keys {
+		cancel()
+	}
+	st.wg.Wait()
+}
+
+// recv returns the next response of a watch. A delete of our own key
+// (after our last read) is an error wrapping ErrSessionExpired; a failed
+// watch of our own key or of a key we wait for is an error.
+func (st *stream) recv(ctx context.Context) (keyed, error) {
+	for {
+		select {
+		case r := <-st.in:
+			return r, st.check(r)
+		case <-st.probe:
+			st.probe = nil
+			capsOf(st.t.s.client).unanswered()
+		case <-ctx.Done():
+			return keyed{}, ctx.Err()
+		}
+	}
+}
+
+// sendProbe sends the probe (see caps.probing), once our own key's watch
+// was created, if the client wants one. Its answer is noted by check; its
+// silence by recv, once progressWait has passed.
+func (st *stream) sendProbe() {
+	if !capsOf(st.t.s.client).probing() || st.t.s.client.RequestProgress(st.ctx) != nil {
+		return
+	}
+	timer := time.NewTimer(progressWait)
+	st.probe, st.probeEnd, st.stopTimer = timer.C, time.Now().Add(progressWait), timer.Stop
+}
+
+// stopProbe stops the probe's timer, if one is out.
+func (st *stream) stopProbe() {
+	if st.probe != nil {
+		st.stopTimer()
+		st.probe = nil
+	}
+}
+
+// check returns the error r means, if any (see recv), and notes the
+// creation of our own key's watch (then sends the probe) and the answers to
+// progress requests on it.
+func (st *stream) check(r keyed) error {
+	_, watched := st.keys[r.key]
+	mine := r.key == st.t.key
+	switch {
+	case !watched && !mine: // a watch dropped since
+		return nil
+	case r.closed:
+		return fmt.Errorf("etcdsync: watch of %s ended", r.key)
+	case r.wr.Canceled || r.wr.Err() != nil:
+		return fmt.Errorf("etcdsync: watch of %s canceled: %w", r.key, r.wr.Err())
+	case !mine:
+		return nil
+	case r.wr.Created:
+		st.ownSeen = true
+		st.sendProbe()
+	case st.ownSeen && r.wr.IsProgressNotify():
+		st.stopProbe()
+		capsOf(st.t.s.client).answer()
+	}
+	if rev := st.t.deleted(r.wr); rev > 0 {
+		return fmt.Errorf("%w (revision %d)", errOwnKeyGone, rev)
+	}
+	return nil
+}
