@@ -196,17 +196,23 @@ const createGrace = time.Second
 // session lives. Under a shared rule, a live hold of the key in the session
 // is joined (counted) without touching etcd.
 func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
-	if !sl.s.rep.on() {
-		return sl.take(ctx, val, m)
+	rep := sl.s.rep
+	if rep == nil {
+		return sl.enter(ctx, val, m)
 	}
 	began := time.Now()
-	h, value, err := sl.take(ctx, val, m)
-	sl.acquired(h, err, time.Since(began))
+	h, value, err := sl.enter(ctx, val, m)
+	if err != nil {
+		rep.acquireFailed(sl, err)
+	} else {
+		rep.holdBegan(h, time.Since(began))
+	}
 	return h, value, err
 }
 
-// take is acquire, unreported.
-func (sl *slot) take(ctx context.Context, val string, m mode) (*hold, []byte, error) {
+// enter is acquire, unreported: it enters the queue and comes out holding,
+// or with nothing left behind.
+func (sl *slot) enter(ctx context.Context, val string, m mode) (*hold, []byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, sl.why(ctx, err)
 	}

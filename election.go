@@ -90,13 +90,13 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 // elect is Campaign past its checks: it waits for this value's own term,
 // if any, to end (as a second Lock on a Mutex does), then campaigns.
 func (e *Election) elect(ctx context.Context, val string) error {
-	old, err := e.hr.take(ctx, val, waitTurn)
+	old, err := e.hr.acquire(ctx, val, waitTurn)
 	if err != nil {
 		return err
 	}
 	if old != nil && string(old) != val { // a resumed key with another value
 		if err := e.Proclaim(ctx, val); err != nil {
-			if h := e.hr.current(); h != nil && h.resumed() {
+			if h := e.hr.current(); h != nil && h.inherited() {
 				// A restarted process's leadership (WithLease) is not
 				// this call's to end: it goes on with its old value.
 				return fmt.Errorf("etcdsync: campaign on %s resumed the leadership, but proclaiming the new value failed: %w", e.hr.slot.name(), err)

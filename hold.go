@@ -157,9 +157,9 @@ func (h *hold) header() *pb.ResponseHeader {
 	return &pb.ResponseHeader{ClusterId: h.start.cluster, MemberId: h.start.member, Revision: h.start.rev, RaftTerm: h.start.term}
 }
 
-// resumed reports whether h's key was created before the session began: a
+// inherited reports whether h's key was created before the session began: a
 // hold of a restarted process that this session adopted (WithLease).
-func (h *hold) resumed() bool { return h.rev <= h.s.startRev }
+func (h *hold) inherited() bool { return h.rev <= h.s.startRev }
 
 // live reports whether h is a hold that has not ended.
 func (h *hold) live() bool { return h != nil && !h.over.Load() && h.s.ctx.Err() == nil }
@@ -179,7 +179,9 @@ func (h *hold) finish(cause error) {
 		h.over.Store(true)
 		end := h.end
 		h.mu.Unlock()
-		h.finished(cause) // reported before Done closes
+		if rep := h.s.rep; rep != nil {
+			rep.holdEnded(h, cause) // before Done closes
+		}
 		if end != nil {
 			end(cause)
 		}

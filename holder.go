@@ -37,15 +37,15 @@ func newHolder(s *Session, name, kind string) holder {
 	return holder{slot: sl, bad: err}
 }
 
-// take acquires a hold (see slot.acquire) and makes it current. It returns
+// acquire acquires a hold (see slot.acquire) and makes it current. It returns
 // the value the key already had when it existed.
-func (hr *holder) take(ctx context.Context, val string, md mode) ([]byte, error) {
-	return hr.takeAs(ctx, &hr.slot, val, md)
+func (hr *holder) acquire(ctx context.Context, val string, md mode) ([]byte, error) {
+	return hr.acquireAs(ctx, &hr.slot, val, md)
 }
 
-// takeAs is take through sl: the holder's slot under the rule of this one
+// acquireAs is acquire through sl: the holder's slot under the rule of this one
 // acquire (a Semaphore's weight).
-func (hr *holder) takeAs(ctx context.Context, sl *slot, val string, md mode) ([]byte, error) {
+func (hr *holder) acquireAs(ctx context.Context, sl *slot, val string, md mode) ([]byte, error) {
 	if hr.bad != nil {
 		return nil, hr.bad
 	}

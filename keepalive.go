@@ -29,7 +29,7 @@ import (
 // by lost contact or a lease that vanished.
 func (s *Session) keepAlive(first time.Time) {
 	defer close(s.loop)
-	defer s.ended()
+	defer s.reportEnd()
 	defer s.stopMoving()
 	defer s.finishHolds()
 	defer s.unlink()
@@ -61,10 +61,14 @@ func (s *Session) keepAlive(first time.Time) {
 				s.cancel(fmt.Errorf("%w: lease 0x%x not found (expired or revoked)", ErrSessionExpired, int64(s.id)))
 				return
 			case r.err != nil: // try again after a pause, unless a beat is due sooner
-				s.keepaliveFailed(r.err)
+				if s.rep != nil {
+					s.rep.keepaliveFailed(s, r.err)
+				}
 				next = latest(next, time.Now().Add(min(retryPause, pace)))
 			default:
-				s.keepaliveAcked(r.sent)
+				if s.rep != nil {
+					s.rep.keepaliveAcked(s, time.Since(r.sent))
+				}
 				s.extend(r.sent.Add(time.Duration(r.ttl) * time.Second))
 			}
 			continue

@@ -145,7 +145,7 @@ func (c *marginCollector) Collect(ch chan<- prometheus.Metric) {
 // Debug. Attributes: name, key, rev, lease (hex), kind, and wait, held or
 // cause. The default logs nothing and costs nothing.
 func WithLogger(l *slog.Logger) SessionOption {
-	return optionFunc(func(o *sessionOptions) { o.logger = l })
+	return optionFunc(func(o *sessionOptions) { reportIn(o, func(r *report) { r.log = l }) })
 }
 
 // WithMetrics makes the session report to m (see NewMetrics). The default
@@ -153,107 +153,105 @@ func WithLogger(l *slog.Logger) SessionOption {
 // Done closes; a session's end, and that of the holds it ends, by the time
 // Close returns (Done closes first).
 func WithMetrics(m *Metrics) SessionOption {
-	return optionFunc(func(o *sessionOptions) { o.metrics = m })
+	return optionFunc(func(o *sessionOptions) { reportIn(o, func(r *report) { r.m = m }) })
 }
 
-// reporter is where a session reports: all nil when neither option is set.
-type reporter struct {
+// report is where a session made WithLogger or WithMetrics reports: its
+// reports (report.go) go to a logger, metrics, or both.
+type report struct {
 	log *slog.Logger
 	m   *Metrics
 
 	mu    sync.Mutex
-	began map[*hold]time.Time // holds handed out and not yet finished (acquired, finished)
+	began map[*hold]time.Time // holds handed out and not yet ended (holdBegan, holdEnded)
 }
 
-// on reports whether anything listens; a report costs nothing more when not.
-func (r *reporter) on() bool { return r.log != nil || r.m != nil }
+// reportIn sets, through set, the report of the session o makes, made on
+// first use; a report with neither a logger nor metrics is none.
+func reportIn(o *sessionOptions, set func(*report)) {
+	r, ok := o.rep.(*report)
+	if !ok {
+		r = &report{began: make(map[*hold]time.Time)}
+	}
+	set(r)
+	if r.log == nil && r.m == nil {
+		o.rep = nil
+		return
+	}
+	o.rep = r
+}
 
 // logs reports whether the logger takes records at level (the arguments of
 // one it drops are never built).
-func (r *reporter) logs(level slog.Level) bool {
+func (r *report) logs(level slog.Level) bool {
 	return r.log != nil && r.log.Enabled(context.Background(), level)
 }
 
-// started reports a session that began.
-func (s *Session) started() {
-	if s.rep.m != nil {
-		s.rep.m.margin.add(s)
+func (r *report) sessionBegan(s *Session) {
+	if r.m != nil {
+		r.m.margin.add(s)
 	}
-	if s.rep.logs(slog.LevelDebug) {
-		s.rep.log.Debug("etcdsync: session started", "lease", leaseHex(s.id), "ttl", s.ttl)
+	if r.logs(slog.LevelDebug) {
+		r.log.Debug("etcdsync: session started", "lease", leaseHex(s.id), "ttl", s.ttl)
 	}
 }
 
-// ended reports a session that ended, with its cause (its holds have
-// finished, see finishHolds).
-func (s *Session) ended() {
-	if !s.rep.on() {
-		return
-	}
-	cause := context.Cause(s.ctx)
+func (r *report) sessionEnded(s *Session, cause error) {
 	own := !errors.Is(cause, ErrSessionClosed)
-	if s.rep.m != nil {
-		s.rep.m.margin.remove(s)
+	if r.m != nil {
+		r.m.margin.remove(s)
 		if own {
-			s.rep.m.sessionsExpired.WithLabelValues(lossCause(cause)).Inc()
+			r.m.sessionsExpired.WithLabelValues(lossCause(cause)).Inc()
 		}
 	}
 	level := slog.LevelDebug
 	if own {
 		level = slog.LevelWarn
 	}
-	if s.rep.logs(level) {
-		s.rep.log.Log(context.Background(), level, "etcdsync: session ended", "lease", leaseHex(s.id), "cause", cause)
+	if r.logs(level) {
+		r.log.Log(context.Background(), level, "etcdsync: session ended", "lease", leaseHex(s.id), "cause", cause)
 	}
 }
 
-// keepaliveFailed reports a keepalive stream that failed (it is re-opened).
-func (s *Session) keepaliveFailed(err error) {
-	if s.rep.logs(slog.LevelDebug) {
-		s.rep.log.Debug("etcdsync: keepalive stream failed, retrying", "lease", leaseHex(s.id), "error", err)
+func (r *report) keepaliveFailed(s *Session, err error) {
+	if r.logs(slog.LevelDebug) {
+		r.log.Debug("etcdsync: keepalive stream failed, retrying", "lease", leaseHex(s.id), "error", err)
 	}
 }
 
-// keepaliveAcked reports a keepalive's round trip.
-func (s *Session) keepaliveAcked(sent time.Time) {
-	if s.rep.m != nil {
-		s.rep.m.keepaliveRTT.Observe(time.Since(sent).Seconds())
+func (r *report) keepaliveAcked(_ *Session, rtt time.Duration) {
+	if r.m != nil {
+		r.m.keepaliveRTT.Observe(rtt.Seconds())
 	}
 }
 
-// acquired reports an acquire's outcome: h (nil on error) after wait.
-func (sl *slot) acquired(h *hold, err error, wait time.Duration) {
-	r := &sl.s.rep
-	if err != nil {
-		reason := acquireReason(err)
-		if r.m != nil {
-			r.m.acquireErrors.WithLabelValues(sl.kind, reason).Inc()
-		}
-		if r.logs(slog.LevelDebug) {
-			r.log.Debug("etcdsync: acquire failed", "kind", sl.kind, "name", sl.name(), "reason", reason, "error", err)
-		}
-		return
+func (r *report) acquireFailed(sl *slot, err error) {
+	reason := acquireReason(err)
+	if r.m != nil {
+		r.m.acquireErrors.WithLabelValues(sl.kind, reason).Inc()
 	}
+	if r.logs(slog.LevelDebug) {
+		r.log.Debug("etcdsync: acquire failed", "kind", sl.kind, "name", sl.name(), "reason", reason, "error", err)
+	}
+}
+
+func (r *report) holdBegan(h *hold, wait time.Duration) {
 	r.mu.Lock()
 	if _, ok := r.began[h]; !ok { // a joined shared hold keeps its start
 		r.began[h] = time.Now()
 	}
 	r.mu.Unlock()
 	if r.m != nil {
-		r.m.acquireWait.WithLabelValues(sl.kind).Observe(wait.Seconds())
+		r.m.acquireWait.WithLabelValues(h.kind).Observe(wait.Seconds())
 	}
 	if r.logs(slog.LevelDebug) {
-		r.log.Debug("etcdsync: hold acquired", "kind", sl.kind, "name", sl.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(sl.s.id), "wait", wait)
+		r.log.Debug("etcdsync: hold acquired", "kind", h.kind, "name", h.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(h.s.id), "wait", wait)
 	}
 }
 
-// finished reports a hold that ended with cause: released or lost. A hold
-// never handed out (acquired) is not reported.
-func (h *hold) finished(cause error) {
-	r := &h.s.rep
-	if !r.on() {
-		return
-	}
+// holdEnded reports a hold that ended: released or lost. A hold never
+// handed out (holdBegan) is not reported.
+func (r *report) holdEnded(h *hold, cause error) {
 	r.mu.Lock()
 	began, ok := r.began[h]
 	delete(r.began, h)

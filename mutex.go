@@ -31,7 +31,7 @@ func NewMutex(s *Session, name string) *Mutex {
 // the session ends (ErrSessionExpired). A waiter whose own key vanishes
 // returns ErrSessionExpired at once. On error no key is left behind.
 func (m *Mutex) Lock(ctx context.Context) error {
-	_, err := m.hr.take(ctx, "", waitTurn)
+	_, err := m.hr.acquire(ctx, "", waitTurn)
 	return err
 }
 
@@ -40,7 +40,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // RPC and writes nothing. When the name has only nested keys under it
 // (NAME/x/…), it falls back to one more RPC to enqueue. ctx bounds the call.
 func (m *Mutex) TryLock(ctx context.Context) error {
-	_, err := m.hr.take(ctx, "", tryTurn)
+	_, err := m.hr.acquire(ctx, "", tryTurn)
 	return err
 }
 

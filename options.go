@@ -3,7 +3,6 @@ package etcdsync
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -23,8 +22,7 @@ type sessionOptions struct {
 	ttlSet  bool
 	leaseID clientv3.LeaseID
 	ctx     context.Context // nil means the client's context
-	logger  *slog.Logger
-	metrics *Metrics
+	rep     reports         // WithLogger, WithMetrics (metrics.go); nil: none
 }
 
 type optionFunc func(*sessionOptions)

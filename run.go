@@ -11,18 +11,18 @@ import (
 	"sync/atomic"
 )
 
-// run is the Run of every primitive: it takes a hold (take, bounded by ctx),
+// run is the Run of every primitive: it takes a hold (acquire, bounded by ctx),
 // calls fn with a context that ends when ctx ends or, with the hold's cause
 // (context.Cause), the moment the hold ends, and releases the hold (release)
 // once fn has returned or panicked, bounded by the session's TTL whatever ctx
-// says; a panic goes on after the release. It returns take's error, or fn's
+// says; a panic goes on after the release. It returns acquire's error, or fn's
 // error joined with why the hold ended if it ended before the release, and
 // with the release's error. fn's context carries the hold (n: its permits;
 // tag: what else a Run inside must agree on, an Election's value or a
 // Semaphore's capacity): a Run whose ctx carries a live hold of the same
 // session and name enters it (see reenter), and returns fn's error joined
 // with why the hold ended if it ended meanwhile.
-func (hr *holder) run(ctx context.Context, n int64, tag string, take, release func(context.Context) error, fn func(context.Context) error) (err error) {
+func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release func(context.Context) error, fn func(context.Context) error) (err error) {
 	if e, err := hr.reenter(ctx, n, tag); err != nil || e != nil {
 		if err != nil {
 			return err
@@ -33,7 +33,7 @@ func (hr *holder) run(ctx context.Context, n int64, tag string, take, release fu
 		}
 		return err
 	}
-	if err := take(ctx); err != nil {
+	if err := acquire(ctx); err != nil {
 		return err
 	}
 	h := hr.current()

@@ -76,7 +76,7 @@ func inDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
 // already holds a read on the name, it shares that hold after one read that
 // shows its key still there. A waiter whose own key vanishes returns
 // ErrSessionExpired at once. On error no key of this call is left behind.
-func (rw *RWMutex) RLock(ctx context.Context) error { return rw.take(&rw.r, ctx, waitTurn) }
+func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, waitTurn) }
 
 // TryRLock takes a read hold if no writer holds or waits, else returns an
 // error wrapping ErrLocked. When a writer holds or waits it costs one RPC
@@ -84,7 +84,7 @@ func (rw *RWMutex) RLock(ctx context.Context) error { return rw.take(&rw.r, ctx,
 // another read acquire or the last read release of this session on the name
 // is in flight, and after such a release failed, until its hold ends or a
 // retry releases it. ctx bounds the call.
-func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.take(&rw.r, ctx, tryTurn) }
+func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, tryTurn) }
 
 // RUnlock ends one read hold of this value. The session's last read hold on
 // the name deletes the read key (at the revision it was created), in one RPC
@@ -96,11 +96,11 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error { return rw.r.release(ctx)
 
 // Lock blocks until the write hold is taken: every reader and writer
 // created before it has gone. ctx and the session bound it as RLock's.
-func (rw *RWMutex) Lock(ctx context.Context) error { return rw.take(&rw.w, ctx, waitTurn) }
+func (rw *RWMutex) Lock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, waitTurn) }
 
 // TryLock takes the write hold if nobody holds or waits, else returns an
 // error wrapping ErrLocked, in one RPC that writes nothing when held.
-func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.take(&rw.w, ctx, tryTurn) }
+func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, tryTurn) }
 
 // Unlock releases the write hold as Mutex.Unlock does.
 func (rw *RWMutex) Unlock(ctx context.Context) error { return rw.w.release(ctx) }
@@ -119,8 +119,8 @@ func (rw *RWMutex) RRun(ctx context.Context, fn func(ctx context.Context) error)
 	return rw.r.run(ctx, 1, "", rw.RLock, rw.RUnlock, fn)
 }
 
-func (rw *RWMutex) take(hr *holder, ctx context.Context, md mode) error {
-	if _, err := hr.take(ctx, "", md); err != nil {
+func (rw *RWMutex) acquire(hr *holder, ctx context.Context, md mode) error {
+	if _, err := hr.acquire(ctx, "", md); err != nil {
 		return err
 	}
 	rw.mu.Lock()

@@ -44,17 +44,17 @@ func NewSemaphore(s *Session, name string, capacity int64) *Semaphore {
 // is an error wrapping ErrInvalidArgument. On error no key of this call is
 // left behind. A value holds at most one hold: Acquire on a holding value
 // waits for Release.
-func (sm *Semaphore) Acquire(ctx context.Context, n int64) error { return sm.take(ctx, n, waitTurn) }
+func (sm *Semaphore) Acquire(ctx context.Context, n int64) error { return sm.acquire(ctx, n, waitTurn) }
 
 // TryAcquire takes n permits if they are free and nobody waits ahead, else
 // returns an error wrapping ErrLocked. When nothing is held it costs one RPC;
 // when permits are taken but enough are free, two; when not enough are free
 // it costs one RPC and writes nothing.
 func (sm *Semaphore) TryAcquire(ctx context.Context, n int64) error {
-	return sm.take(ctx, n, tryTurn)
+	return sm.acquire(ctx, n, tryTurn)
 }
 
-func (sm *Semaphore) take(ctx context.Context, n int64, md mode) error {
+func (sm *Semaphore) acquire(ctx context.Context, n int64, md mode) error {
 	if sm.hr.bad != nil {
 		return sm.hr.bad
 	}
@@ -63,7 +63,7 @@ func (sm *Semaphore) take(ctx context.Context, n int64, md mode) error {
 	}
 	sl := sm.hr.slot
 	sl.rule = permits(sm.capacity, n)
-	_, err := sm.hr.takeAs(ctx, &sl, fmt.Sprintf("%d/%d", n, sm.capacity), md)
+	_, err := sm.hr.acquireAs(ctx, &sl, fmt.Sprintf("%d/%d", n, sm.capacity), md)
 	return err
 }
 

@@ -53,7 +53,7 @@ type Session struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	rep reporter // WithLogger, WithMetrics
+	rep reports // WithLogger, WithMetrics; nil: none
 }
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts keeping
@@ -88,16 +88,16 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		keys:   make(map[string]keyUse),
 		swept:  make(map[string][]int64),
 	}
-	if o.logger != nil || o.metrics != nil {
-		s.rep = reporter{log: o.logger, m: o.metrics, began: make(map[*hold]time.Time)}
-	}
+	s.rep = o.rep
 	first, err := s.start(o)
 	if err != nil {
 		stop()
 		cancel(err)
 		return nil, err
 	}
-	s.started()
+	if s.rep != nil {
+		s.rep.sessionBegan(s)
+	}
 	go s.keepAlive(first)
 	return s, nil
 }
