@@ -35,11 +35,16 @@ var exclusive = rule{blocks: func(prefix string, kv *mvccpb.KeyValue) bool { ret
 // rev that block, oldest first. A key whose weight the rule cannot read is an
 // error wrapping ErrInvalidArgument.
 func (sl *slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
+	return sl.rule.blocking(sl.prefix, kvs, rev)
+}
+
+// blocking is slot.blocking for a key under prefix.
+func (r *rule) blocking(prefix string, kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
 	var out []*mvccpb.KeyValue
 	for _, kv := range kvs {
-		if kv.CreateRevision < rev && sl.rule.blocks(sl.prefix, kv) {
-			if sl.rule.weigh != nil {
-				if _, err := sl.rule.weigh(kv); err != nil {
+		if kv.CreateRevision < rev && r.blocks(prefix, kv) {
+			if r.weigh != nil {
+				if _, err := r.weigh(kv); err != nil {
 					return nil, err
 				}
 			}
@@ -47,6 +52,13 @@ func (sl *slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue,
 		}
 	}
 	return out, nil
+}
+
+// holds reports whether a key created at rev under prefix holds under r,
+// given the keys of kvs: the weight of those that block it leaves it room.
+func (r *rule) holds(prefix string, kvs []*mvccpb.KeyValue, rev int64) (bool, error) {
+	ahead, err := r.blocking(prefix, kvs, rev)
+	return err == nil && r.weight(ahead) <= r.room, err
 }
 
 // weight is the total weight of kvs, blocking keys that blocking accepted.

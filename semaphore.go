@@ -75,11 +75,9 @@ func permits(capacity, n int64) *rule {
 		blocks: exclusive.blocks,
 		room:   capacity - n,
 		weigh: func(kv *mvccpb.KeyValue) (int64, error) {
-			w, c, ok := strings.Cut(string(kv.Value), "/")
-			weight, err1 := strconv.ParseInt(w, 10, 64)
-			cp, err2 := strconv.ParseInt(c, 10, 64)
+			weight, cp, ok := semaphoreValue(kv.Value)
 			switch {
-			case !ok || err1 != nil || err2 != nil || weight < 1 || weight > cp:
+			case !ok:
 				return 0, fmt.Errorf("%w: key %s has value %q, not a semaphore's <permits>/<capacity>", ErrInvalidArgument, kv.Key, kv.Value)
 			case cp != capacity:
 				return 0, fmt.Errorf("%w: key %s holds or waits for %d of %d permits, and this semaphore's capacity is %d", ErrInvalidArgument, kv.Key, weight, cp, capacity)
@@ -87,6 +85,15 @@ func permits(capacity, n int64) *rule {
 			return weight, nil
 		},
 	}
+}
+
+// semaphoreValue parses a semaphore key's value, "<permits>/<capacity>",
+// with 1 <= permits <= capacity.
+func semaphoreValue(v []byte) (permits, capacity int64, ok bool) {
+	w, c, cut := strings.Cut(string(v), "/")
+	permits, err1 := strconv.ParseInt(w, 10, 64)
+	capacity, err2 := strconv.ParseInt(c, 10, 64)
+	return permits, capacity, cut && err1 == nil && err2 == nil && permits >= 1 && permits <= capacity
 }
 
 // Run acquires n permits, calls fn while they are held and releases them,

@@ -8,11 +8,10 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 
+	"github.com/etcdsync/etcdsync"
 	"github.com/spf13/cobra"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -80,12 +79,12 @@ func holders(cf *connFlags, name, output string, out io.Writer) error {
 	}
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), cf.dialTimeout)
-	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	found, err := etcdsync.Holders(ctx, cli, name)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("read %s: %w", prefix, err)
+		return err
 	}
-	entries := queues(prefix, resp.Kvs)
+	entries := rows(found)
 	ttls := map[int64]int64{0: -1}
 	for i, e := range entries {
 		lease := e.leaseID
@@ -116,94 +115,22 @@ func holders(cf *connFlags, name, output string, out io.Writer) error {
 	return tw.Flush()
 }
 
-// queues sorts kvs (in create-revision order) into the name's queues and
-// tells holders from waiters by etcdsync's rules: first the direct children
-// NAME/<id> (a semaphore's when every value is one, else exclusive), then
-// the RWMutex's NAME/read/<id> and NAME/write/<id>. Other keys are left out.
-func queues(prefix string, kvs []*mvccpb.KeyValue) []entry {
-	var direct, rw []*mvccpb.KeyValue
-	for _, kv := range kvs {
-		rest, _ := strings.CutPrefix(string(kv.Key), prefix)
-		switch {
-		case isID(rest):
-			direct = append(direct, kv)
-		case isIn(rest, "read/"), isIn(rest, "write/"):
-			rw = append(rw, kv)
+// rows are the table's rows of es (etcdsync.Holders' entries), numbered
+// from 1 in each queue: the direct children, then an RWMutex's keys.
+func rows(es []etcdsync.Entry) []entry {
+	var out []entry
+	pos := map[bool]int{} // by "in the RWMutex's queue"
+	for _, e := range es {
+		rw := e.Kind == "read" || e.Kind == "write"
+		pos[rw]++
+		r := entry{Position: pos[rw], Role: "waiter", Kind: e.Kind, Key: e.Key, CreateRevision: e.Rev, Value: string(e.Value), TTL: -1}
+		if e.Held {
+			r.Role = "holder"
 		}
-	}
-	var entries []entry
-	if weights, capacity, ok := semaphore(direct); ok {
-		used, full := int64(0), false
-		for i, kv := range direct {
-			holds := !full && used+weights[i] <= capacity
-			if holds {
-				used += weights[i]
-			} else {
-				full = true // FIFO: nobody passes a waiter
-			}
-			entries = append(entries, newEntry(i, holds, "semaphore", kv))
+		if e.Lease != clientv3.NoLease {
+			r.Lease, r.leaseID = strconv.FormatInt(int64(e.Lease), 16), int64(e.Lease)
 		}
-	} else {
-		for i, kv := range direct {
-			entries = append(entries, newEntry(i, i == 0, "exclusive", kv))
-		}
+		out = append(out, r)
 	}
-	writerAhead := false
-	for i, kv := range rw {
-		rest, _ := strings.CutPrefix(string(kv.Key), prefix)
-		if isIn(rest, "write/") {
-			entries = append(entries, newEntry(i, i == 0, "write", kv))
-			writerAhead = true
-		} else {
-			entries = append(entries, newEntry(i, !writerAhead, "read", kv))
-		}
-	}
-	return entries
-}
-
-// newEntry is the row of kv at index i of its queue.
-func newEntry(i int, holds bool, kind string, kv *mvccpb.KeyValue) entry {
-	e := entry{Position: i + 1, Role: "waiter", Kind: kind, Key: string(kv.Key), CreateRevision: kv.CreateRevision, Value: string(kv.Value), TTL: -1}
-	if holds {
-		e.Role = "holder"
-	}
-	if kv.Lease != 0 {
-		e.Lease, e.leaseID = strconv.FormatInt(kv.Lease, 16), kv.Lease
-	}
-	return e
-}
-
-// semaphore returns each key's permits and the capacity when every value
-// is a semaphore's "<permits>/<capacity>" with one capacity.
-func semaphore(kvs []*mvccpb.KeyValue) (weights []int64, capacity int64, ok bool) {
-	for _, kv := range kvs {
-		w, c, found := strings.Cut(string(kv.Value), "/")
-		weight, err1 := strconv.ParseInt(w, 10, 64)
-		cp, err2 := strconv.ParseInt(c, 10, 64)
-		if !found || err1 != nil || err2 != nil || weight < 1 || weight > cp || capacity != 0 && cp != capacity {
-			return nil, 0, false
-		}
-		weights, capacity = append(weights, weight), cp
-	}
-	return weights, capacity, len(kvs) > 0
-}
-
-// isID reports whether s is a key's last part as etcdsync and etcd write
-// it: a lease ID in hex (or a number), nothing else.
-func isID(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
-
-// isIn reports whether s is dir followed by an ID.
-func isIn(s, dir string) bool {
-	rest, ok := strings.CutPrefix(s, dir)
-	return ok && isID(rest)
+	return out
 }

@@ -198,3 +198,17 @@ func waitDeleted(ctx context.Context, cli *clientv3.Client, key string, from int
 	}
 	return 0, false
 }
+
+// isID reports whether s is a key's last part as etcdsync and etcd write
+// it: a lease ID in hex (or a number), nothing else.
+func isID(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
