@@ -1,0 +1,138 @@
+package etcdsync
+
+// The blocking rules, weights, the nearest keys a waiter watches and name
+// validation, without a server: each case is a queue of keys as etcd lists
+// them (sorted by create revision).
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+)
+
+// queue makes keys under prefix "n/", created at revisions 1, 2, ... in
+// order; "k=v" gives key n/k the value v.
+func queue(keys ...string) []*mvccpb.KeyValue {
+	var out []*mvccpb.KeyValue
+	for i, k := range keys {
+		k, v, _ := strings.Cut(k, "=")
+		out = append(out, &mvccpb.KeyValue{Key: []byte("n/" + k), Value: []byte(v), CreateRevision: int64(i + 1)})
+	}
+	return out
+}
+
+func keyNames(kvs []*mvccpb.KeyValue) []string {
+	var out []string
+	for _, kv := range kvs {
+		out = append(out, strings.TrimPrefix(string(kv.Key), "n/"))
+	}
+	return out
+}
+
+func TestRulesWhichKeysBlock(t *testing.T) {
+	kvs := queue("1a", "x/2b", "read/3c", "write/4d", "5e", "read/6f", "write/7a", "8b")
+	for _, c := range []struct {
+		name string
+		r    *rule
+		rev  int64 // our key's create revision
+		want []string
+	}{
+		{"a mutex waits for every direct child before it, not nested or other keys", &exclusive, 9, []string{"1a", "5e", "8b"}},
+		{"a mutex's first key has nothing ahead", &exclusive, 1, nil},
+		{"a reader waits for the writers before it only", &readRule, 7, []string{"write/4d"}},
+		{"a writer waits for every reader and writer before it", &writeRule, 7, []string{"read/3c", "write/4d", "read/6f"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := c.r.blocking("n/", kvs, c.rev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := keyNames(got); !slices.Equal(g, c.want) {
+				t.Fatalf("blocking = %v, want %v", g, c.want)
+			}
+		})
+	}
+}
+
+func TestRulesSemaphoreWeights(t *testing.T) {
+	kvs := queue("1a=2/4", "2b=1/4", "3c=3/4", "4d=1/4")
+	for _, c := range []struct {
+		n    int64 // our request
+		rev  int64
+		want bool // holds
+	}{
+		{2, 1, true},  // nothing ahead
+		{1, 2, true},  // 2 ahead, room 3
+		{3, 3, false}, // 3 ahead, room 1
+		{1, 4, false}, // FIFO: 6 ahead (the waiter's 3 count), room 3
+		{2, 2, true},  // 2 ahead, room 2
+	} {
+		got, err := permits(4, c.n).holds("n/", kvs, c.rev)
+		if err != nil || got != c.want {
+			t.Errorf("%d permits at rev %d: holds = %v, %v; want %v", c.n, c.rev, got, err, c.want)
+		}
+	}
+	bad := queue("1a=2/4", "2b=oops")
+	if _, err := permits(4, 1).blocking("n/", bad, 3); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a key that is not a semaphore's: %v, want ErrInvalidArgument", err)
+	}
+	other := queue("1a=2/5")
+	if _, err := permits(4, 1).blocking("n/", other, 2); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a key of another capacity: %v, want ErrInvalidArgument", err)
+	}
+}
+
+func TestRulesWeightsSaturate(t *testing.T) {
+	if got := addWeights(math.MaxInt64-1, 5); got != math.MaxInt64 {
+		t.Fatalf("addWeights saturates: %d", got)
+	}
+	if got := addWeights(2, 3); got != 5 {
+		t.Fatalf("addWeights(2, 3) = %d", got)
+	}
+}
+
+func TestRulesNearestKeysWatched(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		r     *rule
+		ahead []string
+		want  []string
+	}{
+		{"a mutex watches its predecessor and the one before it", &exclusive, []string{"1a", "2b", "3c", "4d"}, []string{"3c", "4d"}},
+		{"with one key ahead, that key", &exclusive, []string{"1a"}, []string{"1a"}},
+		{"a reader (exact) watches only the nearest writer", &readRule, []string{"write/1a", "write/2b"}, []string{"write/2b"}},
+		{"a semaphore watches the nearest keys whose weight fills the room, and the one behind", permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}},
+		{"a semaphore with room for the nearest two", permits(4, 2), []string{"1a=2/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=2/4", "2b=2/4", "3c=1/4", "4d=1/4"}},
+		{"a large request watches few", permits(4, 4), []string{"1a=1/4", "2b=1/4", "3c=1/4"}, []string{"2b=1/4", "3c=1/4"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tn := &turn{slot: &slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
+			if got, want := keyNames(tn.nearest()), keyNames(queue(c.want...)); !slices.Equal(got, want) {
+				t.Fatalf("nearest = %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+
+func TestNamesChecked(t *testing.T) {
+	for name, ok := range map[string]bool{"jobs/nightly": true, "/a/b": true, "x": true, "": false, "a\x00b": false} {
+		if err := checkName(name); (err == nil) != ok || err != nil && !errors.Is(err, ErrInvalidName) {
+			t.Errorf("checkName(%q) = %v", name, err)
+		}
+	}
+	for key, ok := range map[string]bool{"n/1a": true, "n/0": true, "n/": false, "n/x": false, "n/1a/2b": false, "m/1a": false, "n/1A": false} {
+		if got := isChild("n/", key); got != ok {
+			t.Errorf("isChild(n/, %q) = %v", key, got)
+		}
+	}
+	for v, ok := range map[string]bool{"1/4": true, "4/4": true, "0/4": false, "5/4": false, "x/4": false, "1": false, "": false} {
+		if _, _, got := semaphoreValue([]byte(v)); got != ok {
+			t.Errorf("semaphoreValue(%q) ok = %v", v, got)
+		}
+	}
+}
