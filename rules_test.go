@@ -118,7 +118,6 @@ func TestRulesNearestKeysWatched(t *testing.T) {
 	}
 }
 
-
 func TestNamesChecked(t *testing.T) {
 	for name, ok := range map[string]bool{"jobs/nightly": true, "/a/b": true, "x": true, "": false, "a\x00b": false} {
 		if err := checkName(name); (err == nil) != ok || err != nil && !errors.Is(err, ErrInvalidName) {
