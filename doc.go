@@ -21,6 +21,8 @@
 // lists the queue (1 RPC, 1 write). Only direct children NAME/<hex> of the
 // name take part (an RWMutex's are NAME/read/<hex> and NAME/write/<hex>, the
 // layout of etcd's recipes), so a lock on "/a/b" never blocks a lock on "/a".
+// "/a" and "/a/" are two names: their keys are /a/<id> and /a//<id>, as
+// etcd's clients write them.
 // The oldest key holds; which older keys block a contender is the
 // primitive's rule (every one for a Mutex or an Election; writers for a
 // reader; enough weight to fill the capacity for a Semaphore).

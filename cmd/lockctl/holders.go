@@ -45,7 +45,7 @@ waits for prints the header only (table) or [] (json).`,
 			if output != "table" && output != "json" {
 				return usage(fmt.Errorf("-o %q: want table or json", output))
 			}
-			if err := checkName(args[0]); err != nil {
+			if err := checkName(cmd, args[0]); err != nil {
 				return err
 			}
 			return holders(conn, args[0], output, cmd.OutOrStdout())

@@ -177,13 +177,16 @@ plain client's lock on tenant/jobs/x exclude each other.`,
 	return root
 }
 
-// checkName returns a usage error for a name etcdsync would refuse.
-func checkName(name string) error {
+// checkName returns a usage error for a name etcdsync would refuse, and
+// warns on cmd's stderr of a trailing slash: "job/" and "job" are two locks.
+func checkName(cmd *cobra.Command, name string) error {
 	switch {
 	case name == "":
 		return usage(errEmptyName)
 	case strings.IndexByte(name, 0) >= 0:
 		return usage(errNameNUL)
+	case strings.HasSuffix(name, "/"):
+		fmt.Fprintf(cmd.ErrOrStderr(), "lockctl: warning: %q ends in \"/\": it is a lock apart from %q (its keys are %s/<id>, as etcd's clients write them)\n", name, strings.TrimRight(name, "/"), name)
 	}
 	return nil
 }

@@ -35,7 +35,7 @@ is exit 1, and later outages are waited out.`,
 			if len(args) != 1 {
 				return usage(fmt.Errorf("want NAME, got %d argument(s) (see '%s --help')", len(args), cmd.CommandPath()))
 			}
-			if err := checkName(args[0]); err != nil {
+			if err := checkName(cmd, args[0]); err != nil {
 				return err
 			}
 			return observe(conn, args[0], cmd.OutOrStdout())

@@ -119,7 +119,7 @@ or one writer); --sem N takes --permits (default 1) of a semaphore of N.
 			if err := f.check(cmd); err != nil {
 				return err
 			}
-			if err := checkName(name[0]); err != nil {
+			if err := checkName(cmd, name[0]); err != nil {
 				return err
 			}
 			return runHeld(conn, name[0], f.holdFlags, f.try, f.newHold, argv)
@@ -384,7 +384,7 @@ leadership is exit 1, a signal before election 128+N.
 				return err
 			}
 			name, value := nv[0], nv[1]
-			if err := checkName(name); err != nil {
+			if err := checkName(cmd, name); err != nil {
 				return err
 			}
 			newHold := func(s *etcdsync.Session, name string) hold { return electionHold(s, name, value) }

@@ -25,6 +25,16 @@ func TestEndpointsFromExamplesVariable(t *testing.T) {
 	require.Equal(t, 0, p.wait(t), "stderr: %s", p.stderr.String())
 }
 
+// A name with a trailing slash is a lock apart from the name without it:
+// lockctl says so on stderr, and runs the command.
+func TestTrailingSlashWarned(t *testing.T) {
+	t.Parallel()
+	name := uniqueName(t) + "/"
+	p := start(t, "run", name, "--", "true")
+	require.Equal(t, 0, p.wait(t), "stderr: %s", p.stderr.String())
+	require.Contains(t, p.stderr.String(), "warning: \""+name+"\" ends in \"/\"")
+}
+
 // The child sees the hold's variables: the key, its create revision (the
 // fencing token, also as etcdctl's ETCD_LOCK_REV), the lease; after the run
 // the key and the lease are gone.
