@@ -64,7 +64,7 @@ func (s *Session) keepAlive(first time.Time) {
 				if s.rep != nil {
 					s.rep.keepaliveFailed(s, r.err)
 				}
-				next = latest(next, time.Now().Add(min(retryPause, pace)))
+				next = earliest(next, time.Now().Add(min(retryPause, pace)))
 			default:
 				if s.rep != nil {
 					s.rep.keepaliveAcked(s, time.Since(r.sent))
@@ -105,13 +105,6 @@ func (s *Session) beat(ctx context.Context) reply {
 
 func earliest(a, b time.Time) time.Time {
 	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
-func latest(a, b time.Time) time.Time {
-	if b.After(a) {
 		return b
 	}
 	return a

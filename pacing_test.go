@@ -1,0 +1,197 @@
+package etcdsync
+
+// Keepalive pacing without a server: the session's loop runs on a Lease that
+// answers as a test says, under testing/synctest's clock, so every instant
+// is exact. The beats go every TTL/3; the local deadline is the send time of
+// the last acknowledged beat plus the TTL; slow replies keep the session;
+// no acknowledgement ends it at the deadline; a failed beat is tried again
+// after retryPause.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// paceLease is a Lease whose KeepAliveOnce answers after delay (or never,
+// with delay < 0), fails while fail says so, and records when each beat was
+// sent. Other calls succeed at once.
+type paceLease struct {
+	clientv3.Lease // not called
+	ttl            int64
+	delay          time.Duration
+	fail           func(n int) error // the n-th beat's error (from 1), or nil
+
+	mu    sync.Mutex
+	sends []time.Time
+}
+
+func (l *paceLease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	return &clientv3.LeaseGrantResponse{ResponseHeader: &pb.ResponseHeader{Revision: 1}, ID: 0x1a, TTL: ttl}, nil
+}
+
+func (l *paceLease) Revoke(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseRevokeResponse, error) {
+	return &clientv3.LeaseRevokeResponse{Header: &pb.ResponseHeader{Revision: 1}}, nil
+}
+
+func (l *paceLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
+	l.mu.Lock()
+	l.sends = append(l.sends, time.Now())
+	n := len(l.sends)
+	l.mu.Unlock()
+	if l.fail != nil {
+		if err := l.fail(n); err != nil {
+			return nil, err
+		}
+	}
+	if l.delay < 0 {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	select {
+	case <-time.After(l.delay):
+		return &clientv3.LeaseKeepAliveResponse{ResponseHeader: &pb.ResponseHeader{Revision: 1}, ID: id, TTL: l.ttl}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *paceLease) Close() error { return nil }
+
+func (l *paceLease) sent() []time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]time.Time{}, l.sends...)
+}
+
+// paceSession starts a session of ttl on l, inside the synctest bubble.
+func paceSession(t *testing.T, l *paceLease, ttl time.Duration) *Session {
+	t.Helper()
+	cli := clientv3.NewCtxClient(context.Background())
+	cli.Lease = l
+	s, err := NewSession(cli, WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(); cli.Close() })
+	return s
+}
+
+// gaps returns the intervals between successive times.
+func gaps(ts []time.Time) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(ts); i++ {
+		out = append(out, ts[i].Sub(ts[i-1]))
+	}
+	return out
+}
+
+func TestPacingBeatsEveryThirdOfTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &paceLease{ttl: 3, delay: 10 * time.Millisecond}
+		start := time.Now()
+		s := paceSession(t, l, 3*time.Second)
+		time.Sleep(10*time.Second + 500*time.Millisecond)
+		sends := l.sent()
+		if len(sends) != 10 {
+			t.Fatalf("beats in 10.5 s at a TTL of 3 s: %d, want 10", len(sends))
+		}
+		if sends[0].Sub(start) != time.Second {
+			t.Errorf("first beat after %v, want TTL/3", sends[0].Sub(start))
+		}
+		for i, g := range gaps(sends) {
+			if g != time.Second {
+				t.Errorf("gap %d: %v, want TTL/3", i, g)
+			}
+		}
+		if want := sends[len(sends)-1].Add(3 * time.Second); !s.Deadline().Equal(want) {
+			t.Errorf("deadline %v after start, want the last beat's send time plus the TTL (%v)", s.Deadline().Sub(start), want.Sub(start))
+		}
+	})
+}
+
+func TestPacingSlowRepliesKeepTheSession(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Each reply takes TTL/2: beats overlap, and each moves the
+		// deadline to its own send time plus the TTL.
+		l := &paceLease{ttl: 3, delay: 1500 * time.Millisecond}
+		start := time.Now()
+		s := paceSession(t, l, 3*time.Second)
+		time.Sleep(12*time.Second + 250*time.Millisecond)
+		if err := s.Err(); err != nil {
+			t.Fatalf("a session whose beats are acknowledged within the TTL ended: %v", err)
+		}
+		var acked time.Time // the last beat whose reply has come
+		for _, sent := range l.sent() {
+			if !sent.Add(l.delay).After(time.Now()) {
+				acked = sent
+			}
+		}
+		if want := acked.Add(3 * time.Second); !s.Deadline().Equal(want) {
+			t.Errorf("deadline %v after start, want the last acknowledged beat's send time plus the TTL (%v)", s.Deadline().Sub(start), want.Sub(start))
+		}
+	})
+}
+
+func TestPacingNoAcknowledgementEndsAtTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &paceLease{ttl: 3, delay: -1}
+		start := time.Now()
+		s := paceSession(t, l, 3*time.Second)
+		<-s.Done()
+		if got := time.Since(start); got != 3*time.Second {
+			t.Errorf("ended after %v, want the TTL from the grant's send time", got)
+		}
+		if err := s.Err(); !errors.Is(err, ErrLostContact) || !errors.Is(err, ErrSessionExpired) {
+			t.Errorf("cause %v, want ErrLostContact and ErrSessionExpired", err)
+		}
+		sends := l.sent()
+		if len(sends) < 2 || sends[0].Sub(start) != time.Second || sends[1].Sub(start) != 2*time.Second {
+			t.Errorf("beats sent at %v, want at TTL/3 and 2TTL/3 (unanswered beats do not change the pace)", sends)
+		}
+	})
+}
+
+func TestPacingFailedBeatTriedAgainAfterRetryPause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &paceLease{ttl: 3, delay: 0, fail: func(n int) error {
+			if n == 1 || n == 2 {
+				return errors.New("unavailable")
+			}
+			return nil
+		}}
+		paceSession(t, l, 3*time.Second)
+		time.Sleep(2500 * time.Millisecond)
+		sends := l.sent()
+		if len(sends) < 3 {
+			t.Fatalf("beats: %d, want at least 3", len(sends))
+		}
+		for i, g := range gaps(sends[:3]) {
+			if g != retryPause {
+				t.Errorf("gap %d after a failed beat: %v, want retryPause (%v)", i, g, retryPause)
+			}
+		}
+	})
+}
+
+func TestPacingLeaseNotFoundEndsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &paceLease{ttl: 3, fail: func(int) error { return rpctypes.ErrLeaseNotFound }}
+		start := time.Now()
+		s := paceSession(t, l, 3*time.Second)
+		<-s.Done()
+		if got := time.Since(start); got != time.Second {
+			t.Errorf("ended after %v, want at the first beat (TTL/3)", got)
+		}
+		if err := s.Err(); !errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrLostContact) {
+			t.Errorf("cause %v, want ErrSessionExpired without ErrLostContact", err)
+		}
+	})
+}
