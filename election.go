@@ -56,14 +56,16 @@ func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Electi
 }
 
 // Campaign blocks until this candidate leads with val, ctx ends (the error
-// wraps ctx.Err()) or the session ends (ErrSessionExpired). A candidate whose
-// own key vanishes returns ErrSessionExpired at once. On error no candidate
-// key of this call is left behind; a leadership this session resumed from a
-// restarted process (WithLease) is kept, also when proclaiming val on it
-// fails (Campaign then returns that error while the value leads). On a
-// value that already leads it returns at once after proclaiming val; Campaigns on one value run one at a time, so a second one
-// started while the first waits proclaims once the first leads. Uncontended,
-// it costs one RPC. To withdraw a waiting candidacy, cancel ctx.
+// wraps ctx.Err()) or the session ends (ErrSessionExpired; ErrSessionClosed
+// once it was closed). A candidate whose own key vanishes returns
+// ErrSessionExpired at once. On error no candidate key of this call is left
+// behind; a leadership this session resumed from a restarted process
+// (WithLease) is kept, also when proclaiming val on it fails (Campaign then
+// returns that error while the value leads). On a value that already leads it
+// returns at once after proclaiming val; Campaigns on one value run one at a
+// time, so a second one started while the first waits proclaims once the first
+// leads. Uncontended, it costs one RPC. To withdraw a waiting candidacy,
+// cancel ctx.
 func (e *Election) Campaign(ctx context.Context, val string) error {
 	if e.hr.bad != nil {
 		return e.hr.bad

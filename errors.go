@@ -18,7 +18,9 @@ var (
 	// session that ended because no keepalive was acknowledged within the TTL
 	// of the last one sent: the server may expire the lease from then on.
 	ErrLostContact = errors.New("etcdsync: lost contact with etcd")
-	// ErrSessionClosed is the cause of a session that ended by Close or Orphan.
+	// ErrSessionClosed is the cause of a session that was ended on purpose
+	// (Close, Orphan, its WithContext context, its client closed); calls on
+	// it return it, and not ErrSessionExpired.
 	ErrSessionClosed = errors.New("etcdsync: session closed")
 	// ErrLockReleased is returned by Unlock when there is no hold to release.
 	// It is also the cause of a hold that ended by Unlock or Resign.

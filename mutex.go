@@ -28,8 +28,9 @@ func NewMutex(s *Session, name string) *Mutex {
 }
 
 // Lock blocks until the lock is held, ctx ends (the error wraps ctx.Err()) or
-// the session ends (ErrSessionExpired). A waiter whose own key vanishes
-// returns ErrSessionExpired at once. On error no key is left behind.
+// the session ends (ErrSessionExpired; ErrSessionClosed once it was closed). A
+// waiter whose own key vanishes returns ErrSessionExpired at once. On error no
+// key is left behind.
 func (m *Mutex) Lock(ctx context.Context) error {
 	_, err := m.hr.acquire(ctx, "", waitTurn)
 	return err

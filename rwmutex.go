@@ -72,10 +72,11 @@ func inDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
 }
 
 // RLock blocks until a read hold is taken, ctx ends (the error wraps
-// ctx.Err()) or the session ends (ErrSessionExpired). When the session
-// already holds a read on the name, it shares that hold after one read that
-// shows its key still there. A waiter whose own key vanishes returns
-// ErrSessionExpired at once. On error no key of this call is left behind.
+// ctx.Err()) or the session ends (ErrSessionExpired; ErrSessionClosed once it
+// was closed). When the session already holds a read on the name, it shares
+// that hold after one read that shows its key still there. A waiter whose own
+// key vanishes returns ErrSessionExpired at once. On error no key of this call
+// is left behind.
 func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, waitTurn) }
 
 // TryRLock takes a read hold if no writer holds or waits, else returns an

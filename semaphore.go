@@ -37,13 +37,13 @@ func NewSemaphore(s *Session, name string, capacity int64) *Semaphore {
 }
 
 // Acquire blocks until n permits are held, ctx ends (the error wraps
-// ctx.Err()) or the session ends (ErrSessionExpired): it holds once the
-// permits of every key created before its own, holding or waiting, leave
-// room for n. A waiter whose own key vanishes returns ErrSessionExpired at
-// once. n outside 1..capacity, or a participant ahead with another capacity,
-// is an error wrapping ErrInvalidArgument. On error no key of this call is
-// left behind. A value holds at most one hold: Acquire on a holding value
-// waits for Release.
+// ctx.Err()) or the session ends (ErrSessionExpired; ErrSessionClosed once it
+// was closed): it holds once the permits of every key created before its own,
+// holding or waiting, leave room for n. A waiter whose own key vanishes
+// returns ErrSessionExpired at once. n outside 1..capacity, or a participant
+// ahead with another capacity, is an error wrapping ErrInvalidArgument. On
+// error no key of this call is left behind. A value holds at most one hold:
+// Acquire on a holding value waits for Release.
 func (sm *Semaphore) Acquire(ctx context.Context, n int64) error { return sm.acquire(ctx, n, waitTurn) }
 
 // TryAcquire takes n permits if they are free and nobody waits ahead, else

@@ -245,9 +245,14 @@ func (s *Session) revoke(bound time.Duration) error {
 }
 
 // endedErr is the error for a call on a session that has ended: why it
-// ended, also matching ErrSessionExpired.
+// ended, also matching ErrSessionExpired unless it was closed (Close,
+// Orphan, its context or its client: ErrSessionClosed).
 func (s *Session) endedErr() error {
-	return tag(context.Cause(s.ctx), ErrSessionExpired)
+	cause := context.Cause(s.ctx)
+	if errors.Is(cause, ErrSessionClosed) {
+		return cause
+	}
+	return tag(cause, ErrSessionExpired)
 }
 
 // checkLease asks for a keepalive now, so that a revoked lease ends the
