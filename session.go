@@ -30,6 +30,7 @@ import (
 // no later than the server may hand the lock to someone else.
 type Session struct {
 	client *clientv3.Client
+	caps   *caps // what is learned of the client's servers (caps.go)
 	id     clientv3.LeaseID
 	ttl    time.Duration // granted TTL: sets the keepalive pace
 	// startRev is a revision no later than the session's start: every key
@@ -81,6 +82,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 	s := &Session{
 		unlink: stop,
 		client: client,
+		caps:   capsOf(client),
 		ctx:    ctx,
 		cancel: cancel,
 		loop:   make(chan struct{}),

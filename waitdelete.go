@@ -97,8 +97,8 @@ const progressWait = 500 * time.Millisecond
 // of them are watched, they all still block us (their deletes have not
 // arrived); when some are not watched, one read says which are gone.
 func (t *turn) watch(ctx context.Context) error {
-	st := &stream{t: t, ctx: waitContext(ctx), in: make(chan keyed), keys: make(map[string]context.CancelFunc)}
-	st.trust = capsOf(t.s.client).progress(ctx, t.s.client) // before the watches: a gap it leaves is read
+	st := &stream{t: t, ctx: waitContext(ctx), keys: make(map[string]watchOf)}
+	st.trust = t.s.caps.progress(ctx, t.s.client) // before the watches: a gap it leaves is read
 	st.own = st.add(t.key)
 	defer st.close()
 	defer st.stopProbe()
@@ -135,9 +135,9 @@ func (t *turn) watch(ctx context.Context) error {
 // turn.nearest), and only those.
 func (st *stream) watchNearest() {
 	near := st.t.nearest()
-	for key, cancel := range st.keys {
+	for key, w := range st.keys {
 		if !slices.ContainsFunc(near, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key }) {
-			cancel()
+			w.cancel()
 			delete(st.keys, key)
 		}
 	}
@@ -188,7 +188,7 @@ func (st *stream) next(ctx context.Context) (string, int64, error) {
 // progressWait (the client is then marked, see caps), it reads instead.
 func (st *stream) confirm(ctx context.Context, rev int64) error {
 	t := st.t
-	c := capsOf(t.s.client)
+	c := t.s.caps
 	if !st.trust || c.state.Load() != capsProgress || t.s.client.RequestProgress(st.ctx) != nil {
 		return t.settle(ctx, rev)
 	}
@@ -199,14 +199,13 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		var r keyed
-		select {
-		case r = <-st.in:
-		case <-timer.C:
+		r, fired, err := st.receive(ctx, timer.C)
+		switch {
+		case err != nil:
+			return err
+		case fired:
 			c.unanswered()
 			return t.settle(ctx, rev)
-		case <-ctx.Done():
-			return ctx.Err()
 		}
 		if err := st.check(r); err != nil {
 			return err
@@ -251,7 +250,7 @@ func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	opts := append(t.listOpts(), clientv3.WithMaxCreateRev(t.rev))
 	var resp *clientv3.GetResponse
 	var err error
-	if !capsOf(t.s.client).cached() {
+	if !t.s.caps.cached() {
 		resp, err = t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
 	}
 	if resp == nil && err == nil || err == nil && resp.Header.Revision < atLeast {

@@ -9,8 +9,8 @@ package etcdsync
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,20 +25,23 @@ type keyed struct {
 	closed bool
 }
 
+// watchOf is the watch of one key: its channel, and what ends it.
+type watchOf struct {
+	ch     clientv3.WatchChan
+	cancel context.CancelFunc
+}
+
 // stream is a waiter's watches: one of its own key and one of each of the
 // nearest keys that block it, all through the client's Watcher, from the
 // serving member's current revision, on one gRPC stream of the wait's own
-// (see waitContext).
-// A response is matched to its key by the channel it came on, never by a
-// watch ID. The stream's goroutines (one per watch, each forwarding its
-// channel to in) are owned by the wait and joined by close.
+// (see waitContext). A response is matched to its key by the channel it
+// came on, never by a watch ID; the wait reads the channels itself (no
+// goroutine of its own stands between the Watcher and the wait).
 type stream struct {
 	t    *turn
 	ctx  context.Context
-	in   chan keyed
-	own  context.CancelFunc
-	keys map[string]context.CancelFunc // key ahead -> ends its watch
-	wg   sync.WaitGroup
+	own  watchOf
+	keys map[string]watchOf // key ahead -> its watch
 	// ownSeen is set once the watch of our own key has shown its creation:
 	// a progress answer on it counts only from then on.
 	ownSeen bool
@@ -63,37 +66,47 @@ func waitContext(ctx context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "etcdsync-wait", strconv.FormatUint(waitSeq.Add(1), 36))
 }
 
-// add starts the watch of key's deletes from the current revision. It
-// blocks until the watch is created (the client's Watcher creates the
-// watches of a stream one at a time, in order), or its context ends.
-func (st *stream) add(key string) context.CancelFunc {
+// add starts the watch of key's deletes from the current revision. It does
+// not wait for the watch's creation (its Created response says so).
+func (st *stream) add(key string) watchOf {
 	ctx, cancel := context.WithCancel(st.ctx)
-	ch := st.t.s.client.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-	st.wg.Add(1)
-	go func() {
-		defer st.wg.Done()
-		for wr := range ch {
-			select {
-			case st.in <- keyed{key: key, wr: wr}:
-			case <-ctx.Done():
-				return
-			}
-		}
-		select {
-		case st.in <- keyed{key: key, closed: true}:
-		case <-ctx.Done():
-		}
-	}()
-	return cancel
+	return watchOf{ch: st.t.s.client.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify()), cancel: cancel}
 }
 
-// close ends every watch and waits for their goroutines.
+// close ends every watch.
 func (st *stream) close() {
-	st.own()
-	for _, cancel := range st.keys {
-		cancel()
+	st.own.cancel()
+	for _, w := range st.keys {
+		w.cancel()
 	}
-	st.wg.Wait()
+}
+
+// receive returns the next response of a watch, or fired when timer fires
+// first (a nil timer never does), or ctx's error when ctx ends first.
+func (st *stream) receive(ctx context.Context, timer <-chan time.Time) (r keyed, fired bool, err error) {
+	cases := make([]reflect.SelectCase, 0, 3+len(st.keys))
+	keys := make([]string, 0, 1+len(st.keys))
+	cases = append(cases,
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer)},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(st.own.ch)})
+	keys = append(keys, st.t.key)
+	for key, w := range st.keys {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.ch)})
+		keys = append(keys, key)
+	}
+	i, v, ok := reflect.Select(cases)
+	switch i {
+	case 0:
+		return keyed{}, false, ctx.Err()
+	case 1:
+		return keyed{}, true, nil
+	}
+	r = keyed{key: keys[i-2], closed: !ok}
+	if ok {
+		r.wr = v.Interface().(clientv3.WatchResponse)
+	}
+	return r, false, nil
 }
 
 // recv returns the next response of a watch. A delete of our own key
@@ -101,14 +114,15 @@ func (st *stream) close() {
 // watch of our own key or of a key we wait for is an error.
 func (st *stream) recv(ctx context.Context) (keyed, error) {
 	for {
-		select {
-		case r := <-st.in:
-			return r, st.check(r)
-		case <-st.probe:
+		r, fired, err := st.receive(ctx, st.probe)
+		switch {
+		case err != nil:
+			return keyed{}, err
+		case fired:
 			st.probe = nil
-			capsOf(st.t.s.client).unanswered()
-		case <-ctx.Done():
-			return keyed{}, ctx.Err()
+			st.t.s.caps.unanswered()
+		default:
+			return r, st.check(r)
 		}
 	}
 }
@@ -117,7 +131,7 @@ func (st *stream) recv(ctx context.Context) (keyed, error) {
 // was created, if the client wants one. Its answer is noted by check; its
 // silence by recv, once progressWait has passed.
 func (st *stream) sendProbe() {
-	if !capsOf(st.t.s.client).probing() || st.t.s.client.RequestProgress(st.ctx) != nil {
+	if !st.t.s.caps.probing() || st.t.s.client.RequestProgress(st.ctx) != nil {
 		return
 	}
 	timer := time.NewTimer(progressWait)
@@ -152,7 +166,7 @@ func (st *stream) check(r keyed) error {
 		st.sendProbe()
 	case st.ownSeen && r.wr.IsProgressNotify():
 		st.stopProbe()
-		capsOf(st.t.s.client).answer()
+		st.t.s.caps.answer()
 	}
 	if rev := st.t.deleted(r.wr); rev > 0 {
 		return fmt.Errorf("%w (revision %d)", errOwnKeyGone, rev)
