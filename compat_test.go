@@ -33,6 +33,9 @@ import (
 // cellTimeout bounds one cell: a cell that hangs fails within it.
 const cellTimeout = 15 * time.Second
 
+// blockedFor is how long a call must still wait for a cell to call it blocked.
+const blockedFor = 300 * time.Millisecond
+
 // deployment is how the library's clients reach etcd.
 type deployment struct {
 	// newClient returns a new client of the deployment, closed in t's cleanup.
@@ -192,35 +195,6 @@ func awaitKeys(t *testing.T, d *deployment, name string, n int) {
 	}
 }
 
-// async runs f in a goroutine and returns a channel that gets its error.
-func async(f func() error) <-chan error {
-	ch := make(chan error, 1)
-	go func() { ch <- f() }()
-	return ch
-}
-
-// result returns what ch delivers, failing t after cellTimeout.
-func result(t *testing.T, ch <-chan error, what string) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(cellTimeout):
-		t.Fatalf("%s: no result within %v (hung)", what, cellTimeout)
-		return nil
-	}
-}
-
-// blocked fails t if ch delivers within a moment: the call must still wait.
-func blocked(t *testing.T, ch <-chan error, what string) {
-	t.Helper()
-	select {
-	case err := <-ch:
-		t.Fatalf("%s: returned (%v), must still wait", what, err)
-	case <-time.After(300 * time.Millisecond):
-	}
-}
-
 func cellMutexContention(t *testing.T, d *deployment, name string) {
 	ctx := ctxCell(t)
 	const contenders, rounds = 3, 4
@@ -279,15 +253,15 @@ func cellRWMutex(t *testing.T, d *deployment, name string) {
 	require.NoError(t, r1.RLock(ctx))
 	require.NoError(t, r2.RLock(ctx), "readers share")
 	wl := async(func() error { return w.Lock(ctx) })
-	blocked(t, wl, "writer behind readers")
+	notYet(t, wl, blockedFor, "writer behind readers")
 	require.NoError(t, r1.RUnlock(ctx))
-	blocked(t, wl, "writer behind one reader")
+	notYet(t, wl, blockedFor, "writer behind one reader")
 	require.NoError(t, r2.RUnlock(ctx))
-	require.NoError(t, result(t, wl, "writer after the readers left"))
+	require.NoError(t, resultWithin(t, wl, cellTimeout, "writer after the readers left"))
 	rl := async(func() error { return r3.RLock(ctx) })
-	blocked(t, rl, "reader behind a writer")
+	notYet(t, rl, blockedFor, "reader behind a writer")
 	require.NoError(t, w.Unlock(ctx))
-	require.NoError(t, result(t, rl, "reader after the writer left"))
+	require.NoError(t, resultWithin(t, rl, cellTimeout, "reader after the writer left"))
 	require.NoError(t, r3.RUnlock(ctx))
 }
 
@@ -298,9 +272,9 @@ func cellSemaphore(t *testing.T, d *deployment, name string) {
 	require.NoError(t, a.Acquire(ctx, 1))
 	require.NoError(t, b.Acquire(ctx, 1))
 	ca := async(func() error { return c.Acquire(ctx, 1) })
-	blocked(t, ca, "third acquire of a capacity of two")
+	notYet(t, ca, blockedFor, "third acquire of a capacity of two")
 	require.NoError(t, a.Release(ctx))
-	require.NoError(t, result(t, ca, "acquire after a release"))
+	require.NoError(t, resultWithin(t, ca, cellTimeout, "acquire after a release"))
 	require.NoError(t, b.Release(ctx))
 	require.NoError(t, c.Release(ctx))
 }
@@ -326,11 +300,11 @@ func cellElection(t *testing.T, d *deployment, name string) {
 	}
 	require.Equal(t, "one", next("first leader"))
 	c2 := async(func() error { return e2.Campaign(ctx, "two") })
-	blocked(t, c2, "second candidate")
+	notYet(t, c2, blockedFor, "second candidate")
 	require.NoError(t, e1.Proclaim(ctx, "one again"))
 	require.Equal(t, "one again", next("proclamation"))
 	require.NoError(t, e1.Resign(ctx))
-	require.NoError(t, result(t, c2, "campaign after the leader resigned"))
+	require.NoError(t, resultWithin(t, c2, cellTimeout, "campaign after the leader resigned"))
 	require.Equal(t, "two", next("second leader"))
 	resp, err := e1.Leader(ctx)
 	require.NoError(t, err)
@@ -360,8 +334,8 @@ func cellRunLoss(t *testing.T, d *deployment, name string) {
 	awaitKeys(t, d, name, 2)
 	_, err := d.admin.Delete(ctx, d.prefix+key)
 	require.NoError(t, err)
-	require.ErrorIs(t, result(t, run, "Run after an admin deleted its key"), etcdsync.ErrNotHeld)
-	require.NoError(t, result(t, waiter, "the waiter after the holder's key was deleted"))
+	require.ErrorIs(t, resultWithin(t, run, cellTimeout, "Run after an admin deleted its key"), etcdsync.ErrNotHeld)
+	require.NoError(t, resultWithin(t, waiter, cellTimeout, "the waiter after the holder's key was deleted"))
 	require.NoError(t, ss[0].Err(), "the session of a hold whose key was deleted lives on")
 	require.NoError(t, next.Unlock(ctx))
 }
@@ -377,7 +351,7 @@ func cellLeaseGoneWaiting(t *testing.T, d *deployment, name string) {
 	awaitKeys(t, d, name, 3)
 	_, err := d.admin.Revoke(ctx, ss[1].Lease())
 	require.NoError(t, err)
-	require.ErrorIs(t, result(t, w, "a waiter whose lease was revoked"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose lease was revoked"), etcdsync.ErrSessionExpired)
 	behindWaitsForHolder(t, ctx, holder, behind, b)
 }
 
@@ -386,9 +360,9 @@ func cellLeaseGoneWaiting(t *testing.T, d *deployment, name string) {
 // waits while holder holds, and gets the lock once holder unlocks.
 func behindWaitsForHolder(t *testing.T, ctx context.Context, holder, behind *etcdsync.Mutex, b <-chan error) {
 	t.Helper()
-	blocked(t, b, "the one behind the waiter that went, while the holder holds")
+	notYet(t, b, blockedFor, "the one behind the waiter that went, while the holder holds")
 	require.NoError(t, holder.Unlock(ctx))
-	require.NoError(t, result(t, b, "the one behind, after the holder left"))
+	require.NoError(t, resultWithin(t, b, cellTimeout, "the one behind, after the holder left"))
 	require.NoError(t, behind.Unlock(ctx))
 }
 
@@ -405,7 +379,7 @@ func cellLeaseGoneHolding(t *testing.T, d *deployment, name string) {
 	within(t, done, cellTimeout, "Done of a hold whose lease was revoked")
 	within(t, ss[0].Done(), cellTimeout, "Done of a session whose lease was revoked")
 	require.ErrorIs(t, ss[0].Err(), etcdsync.ErrSessionExpired)
-	require.NoError(t, result(t, w, "the waiter after the holder's lease went"))
+	require.NoError(t, resultWithin(t, w, cellTimeout, "the waiter after the holder's lease went"))
 	require.NoError(t, waiter.Unlock(ctx))
 }
 
@@ -558,7 +532,7 @@ func cellOwnKeyDeleted(t *testing.T, d *deployment, name string) {
 	awaitKeys(t, d, name, 3)
 	_, err := d.admin.Delete(ctx, fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease())))
 	require.NoError(t, err)
-	require.ErrorIs(t, result(t, w, "a waiter whose key an admin deleted"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose key an admin deleted"), etcdsync.ErrSessionExpired)
 	behindWaitsForHolder(t, ctx, holder, behind, b)
 }
 
@@ -579,7 +553,7 @@ func cellOwnKeyWithPredecessor(t *testing.T, d *deployment, name string) {
 		own := fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease()))
 		_, err := d.admin.Txn(ctx).Then(clientv3.OpDelete(d.prefix+holder.Key()), clientv3.OpDelete(own)).Commit()
 		require.NoError(t, err)
-		require.ErrorIs(t, result(t, w, "a waiter whose key went with its predecessor's"), etcdsync.ErrSessionExpired, "round %d", round)
+		require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose key went with its predecessor's"), etcdsync.ErrSessionExpired, "round %d", round)
 		within(t, holder.Done(), cellTimeout, "Done of the hold whose key was deleted")
 	}
 }
@@ -599,8 +573,8 @@ func cellPrefixDeleted(t *testing.T, d *deployment, name string) {
 	awaitWatches(t, created2, 3) // its own key, the first waiter's and the holder's
 	_, err := d.admin.Delete(ctx, d.prefix+name+"/", clientv3.WithPrefix())
 	require.NoError(t, err)
-	require.ErrorIs(t, result(t, w1, "the first waiter"), etcdsync.ErrSessionExpired)
-	require.ErrorIs(t, result(t, w2, "the second waiter"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, w1, cellTimeout, "the first waiter"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, w2, cellTimeout, "the second waiter"), etcdsync.ErrSessionExpired)
 	within(t, holder.Done(), cellTimeout, "Done of the hold whose key was deleted")
 }
 
@@ -838,7 +812,7 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 				before := cnt.unary.Load()
 				start := time.Now()
 				require.NoError(t, holder.Unlock(ctx))
-				require.NoError(t, result(t, w, "handoff"))
+				require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
 				lat = append(lat, time.Since(start))
 				if n := cnt.unary.Load() - before; i > 0 {
 					require.EqualValues(t, tc.rpcs, n, "RPCs on the critical path of handoff %d", i)
@@ -880,7 +854,7 @@ func TestCompatLateProgressKeepsClient(t *testing.T) {
 		}
 		before := cnt.unary.Load()
 		require.NoError(t, holder.Unlock(ctx))
-		require.NoError(t, result(t, w, "handoff"))
+		require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
 		want := 0
 		if i == 0 { // the dropped request (after the first wait's probe): this handoff reads
 			want = 1
@@ -922,7 +896,7 @@ func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
 	require.Equal(t, 1, progress(), "progress requests before the turn: the probe")
 	before := cnt.unary.Load()
 	require.NoError(t, holder.Unlock(ctx))
-	require.NoError(t, result(t, w, "handoff"))
+	require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
 	require.EqualValues(t, 1, cnt.unary.Load()-before, "RPCs on the critical path: the read")
 	require.Equal(t, 1, progress(), "progress requests after the turn: none more")
 	require.NoError(t, waiter.Unlock(ctx))
