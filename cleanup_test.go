@@ -19,11 +19,12 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// R8-3: a waiter whose Lock ends (ctx cancelled) and whose cleanup delete
-// fails (one RPC error) leaves its key behind for as long as its session
-// lives: the create's outcome was known, so nothing sweeps it. When the
-// holder ahead releases, that key heads the queue and blocks the name for
-// every other contender. Invariant "Nothing left": a cancelled Lock leaves no key.
+// A waiter whose Lock ends (ctx cancelled) and whose cleanup delete fails
+// (one RPC error) must still not leave its key behind for as long as its
+// session lives: the create's outcome was known, so no sweep would find it,
+// and once the holder ahead released, that key would head the queue and block
+// the name for every other contender. Invariant "Nothing left": a cancelled
+// Lock leaves no key.
 func TestCancelledLockLeavesNoKeyAfterFailedWithdraw(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -60,16 +61,15 @@ func TestCancelledLockLeavesNoKeyAfterFailedWithdraw(t *testing.T) {
 	require.NoError(t, third.Unlock(ctx))
 }
 
-// R8-4: withdraw(0), the cleanup after a create of unknown outcome, deletes
-// "any key with this lease created after the session began": it is not
-// fenced by a create revision. A request is not withdrawn with its context:
-// when the cleanup is forwarded by a follower that is cut off from its peers
-// and applied when the partition heals, it deletes whatever key the session
-// has then, a later hold included. Here: the create commits but its reply is
-// lost (one Unavailable after the call went through); the cleanup goes to a
-// follower f cut off a moment before and is held in the network; the session
-// sweeps the created key; the same Mutex then Locks again and holds; f heals
-// and the old cleanup deletes the new hold's key.
+// A cleanup of a create of unknown outcome must never delete a later hold
+// of the session. That cleanup deletes "any key with this lease created after
+// the session began", unfenced by a create revision, and a request is not
+// withdrawn with its context: forwarded by a follower cut off from its peers,
+// it is applied when the partition heals. Here: the create commits but its
+// reply is lost (one Unavailable after the call went through); the cleanup
+// goes to a follower f cut off a moment before and is held in the network;
+// the session sweeps the created key; the same Mutex then Locks again and
+// holds; f heals, and the new hold must stay. Invariant "Fenced release".
 func TestLateWithdrawNeverDeletesLaterHold(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c, f, u := peerRig(t)
@@ -117,12 +117,11 @@ func TestLateWithdrawNeverDeletesLaterHold(t *testing.T) {
 	require.NoError(t, m.Unlock(ctx))
 }
 
-// R8-7: once a create of unknown outcome started the sweeper for a key, the
-// sweeper sees every later create of that key by the session's own holds,
-// waits for the hold to end, and then takes the key's in-process claim to
-// send a (fenced, no-op) delete. While it does, TryLock on the same session
-// and name returns ErrLocked although nobody holds the name, and Lock waits
-// for a round trip.
+// Once a create of unknown outcome has started the sweeper for a key, the
+// session's later holds of that key must not lend the sweeper the key's
+// in-process claim after they end: TryLock on the same session and name must
+// not return ErrLocked while nobody holds the name, and Lock must not wait a
+// round trip for a (fenced, no-op) sweeper delete. "unswept" is the control.
 func TestSweeperLeavesClaimAfterUnlock(t *testing.T) {
 	t.Parallel()
 	// "unswept" is the control: no create of unknown outcome, no sweeper.
@@ -171,13 +170,13 @@ func sweeperLeavesClaim(t *testing.T, swept bool) {
 	require.Zero(t, spurious, "TryLock on a free name returned ErrLocked")
 }
 
-// R8-9: a restarted process (WithLease) whose previous incarnation was
-// *waiting* (its key is in the queue, not at the head) and whose Lock is
-// cancelled while it waits must not leave that key behind: the session lives
-// on and holds nothing in-process, so once the key reaches the head it blocks
-// the name for every other contender until the session ends. (Keeping a
-// resumed *hold* is issue 8 item 5; a resumed waiting key has no hold to
-// keep.)
+// A restarted process (WithLease) whose previous incarnation was *waiting*
+// (its key is in the queue, not at the head) and whose Lock is cancelled
+// while it waits must not leave that key behind: the session lives on and
+// holds nothing in-process, so once the key reached the head it would block
+// the name for every other contender until the session ends. (A resumed
+// *hold* is kept: TestResumedHoldSurvivesFailedCreate; a resumed waiting key
+// has no hold to keep.) Invariant "Nothing left".
 func TestCancelledResumedWaiterLeavesNoKey(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -208,16 +207,14 @@ func TestCancelledResumedWaiterLeavesNoKey(t *testing.T) {
 	require.NoError(t, third.Unlock(ctx))
 }
 
-// R9-4: the fix of R8-7 covers only creates whose acquire succeeded (they are
-// recorded with Session.created and skipped). Once a create of unknown outcome
-// has started the sweeper for a key, every later acquire of that key that
-// fails after writing (a Lock whose ctx ends while it waits, the usual
-// "try for a while" loop) leaves a create the sweeper has seen and not
-// skipped: as soon as the acquire frees the key, the sweeper takes the key's
-// in-process claim and sends a fenced delete of a key the acquire already
-// deleted. Meanwhile TryLock on the same session and name returns ErrLocked
-// ("held, or waited for, by this session") although nobody holds or waits for
-// the name. "unswept" is the control.
+// As TestSweeperLeavesClaimAfterUnlock, for acquires that fail after
+// writing: once a create of unknown outcome has started the sweeper for a
+// key, a later acquire of that key that fails (a Lock whose ctx ends while it
+// waits, the usual "try for a while" loop) must not leave the sweeper a
+// create to act on: once the acquire frees the key, TryLock on the same
+// session and name must not return ErrLocked ("held, or waited for, by this
+// session") while nobody holds or waits for the name. "unswept" is the
+// control.
 func TestSweeperLeavesClaimAfterFailedLock(t *testing.T) {
 	t.Parallel()
 	for _, swept := range []bool{true, false} {
@@ -247,21 +244,20 @@ func TestSweeperLeavesClaimAfterFailedLock(t *testing.T) {
 	}
 }
 
-// R9-7: the sweeper that removes a late-applied create dies with its session,
-// so a hand-over (Orphan, then a restarted process adopts the lease with
-// WithLease) drops it. A create of unknown outcome (here forwarded by a
-// follower cut off from its peers) that the server applies after the
-// hand-over leaves a key with the adopted, live lease at the head of the
-// queue: the name is blocked for every other contender for as long as the
-// adopting process lives. Issue 8 item 3: "a create whose outcome is unknown
-// must never leave a key that outlives the call, however late it is applied".
-// (The adopting session even counts the key as its own: its create revision
-// is past the adoption's floor.)
+// A create of unknown outcome must never leave a key that outlives the call,
+// however late it is applied (Invariant "Nothing left"), also across a
+// hand-over: the sweeper that removes a late-applied create dies with its
+// session, so after Orphan and a restarted process adopting the lease
+// (WithLease), a create (here forwarded by a follower cut off from its peers)
+// that the server applies after the hand-over would leave a key with the
+// adopted, live lease at the head of the queue, blocking the name for as long
+// as the adopting process lives. (The adopting session even counts the key as
+// its own: its create revision is past the adoption's floor.)
 //
-// Not fixed yet: no process left alive knows of that create. A fix needs an
-// incarnation fence (each create compares against a per-session marker that
-// an adopting process replaces) or a hand-over of the swept names through
-// Orphan; see the closing note of issues 8 and 9.
+// Skipped, a known limitation: no process left alive knows of that create. A
+// fix needs an incarnation fence (each create compares against a per-session
+// marker that an adopting process replaces) or a hand-over of the swept names
+// through Orphan.
 func TestLateCreateAfterHandOverIsSwept(t *testing.T) {
 	t.Parallel()
 	t.Skip("known limitation: a late create of an orphaned session's call, applied after a restarted process adopted the lease, is swept by nobody")
@@ -372,11 +368,11 @@ func lateCreate(t *testing.T, wch clientv3.WatchChan) int64 {
 	}
 }
 
-// Item 3: a create sent to a follower cut off from its peers is forwarded to
-// the leader and sits in the network; the client gives up and its cleanup,
-// served by another member, finds nothing. When the partition heals the create
-// is applied. The session must remove that key although it lives on, so that
-// the name is not blocked until the session ends.
+// A create sent to a follower cut off from its peers is forwarded to the
+// leader and sits in the network; the client gives up and its cleanup, served
+// by another member, finds nothing. When the partition heals the create is
+// applied. The session must remove that key although it lives on, so that
+// the name is not blocked until the session ends. Invariant "Nothing left".
 func TestLateCreateIsSwept(t *testing.T) {
 	t.Parallel()
 	c, f, u := peerRig(t)

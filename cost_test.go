@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Item 6: Lock, TryLock and Campaign on an ended context send nothing.
+// Lock, TryLock and Campaign on an ended context send nothing.
 func TestEndedContextSendsNothing(t *testing.T) {
 	t.Parallel()
 	c := single(t)

@@ -35,9 +35,10 @@ func contenders(s *etcdsync.Session, name string) []contender {
 	}
 }
 
-// Item 2: when the holder's and a waiter's keys go in one revision (a prefix
+// When the holder's and a waiter's keys go in one revision (a prefix
 // delete), the server may send the holder's delete to the waiter first. The
-// waiter must see that its own key went too and never acquire.
+// waiter must see that its own key went too and never acquire. Invariants
+// "Exclusion" and "Own loss".
 func TestPrefixDeleteGrantsNobody(t *testing.T) {
 	t.Parallel()
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
@@ -242,18 +243,19 @@ func TestTurnWhenAheadGoBeforeEnqueueReply(t *testing.T) {
 	})
 }
 
-// R9-5: when the waiter has seen its last predecessor's delete it trims that
-// key from t.ahead *before* confirming the turn (st.confirm: progress request,
-// own key not deleted at that revision). If the stream breaks during confirm,
-// wait() retries: it sleeps, calls settle and ignores settle's error unless it
-// says the key is gone; but t.blocked() is already false, so the loop ends
-// and the turn is granted with no confirmation and no read, at the header of
-// the last read (a revision at which the predecessor still held). With the
-// holder's and the waiter's keys deleted in one revision (a prefix delete:
-// issue 8 item 2) and the predecessor's event first on the stream, Lock
-// returns nil with no key: the third contender then holds too. Here the
-// stream breaks right after the predecessor's delete and the re-read fails
-// (both injected, each a single fault: a member restart makes both).
+// A turn is granted only once confirmed, also when the watch stream breaks
+// while confirming it. When the waiter has seen its last predecessor's delete
+// it trims that key from t.ahead *before* confirming the turn (st.confirm:
+// progress request, own key not deleted at that revision); a stream that
+// breaks during confirm sends wait() round its retry (sleep, settle), and the
+// turn must not then be granted with no confirmation and no read, at the
+// header of the last read (a revision at which the predecessor still held).
+// With the holder's and the waiter's keys deleted in one revision (a prefix
+// delete: TestPrefixDeleteGrantsNobody) and the predecessor's event first on
+// the stream, Lock must not return nil with no key (the third contender then
+// holds too). Here the stream breaks right after the predecessor's delete and
+// the re-read fails (both injected, each a single fault: a member restart
+// makes both). Invariant "Exclusion".
 func TestBrokenConfirmGrantsNoTurn(t *testing.T) {
 	t.Parallel()
 	c := single(t)

@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Item 8: the guard of a value with an invalid name or no session is a
+// The guard of a value with an invalid name or no session is a
 // comparison etcd accepts and that is always false.
 func TestGuardOfBadValueIsAlwaysFalse(t *testing.T) {
 	t.Parallel()

@@ -226,18 +226,19 @@ func queuedNotYet(t *testing.T, q *queued, d time.Duration, what string) {
 	}
 }
 
-// R9-1: a waiter's stream creates the watch of a new nearest key long after
-// the stream opened (its predecessor left while an older key still holds).
-// With auth enabled, etcd checks each watch create against the token the
-// stream opened with; once that token is no longer valid (a simple token,
-// etcd's default, expires after --auth-token-ttl unused, 300 s by default;
-// an administrator changes the user's password; with JWT any change of
-// users or roles makes it "old") the create is refused with a response
-// Created+Canceled carrying WatchId -1. The waiter ignores that response (it
-// knows no watch by ID -1) and waits on a watch that does not exist: when the
-// holder releases, nothing wakes it; it waits until its ctx or session ends.
-// etcd's own client re-opens the stream on these cancel reasons
-// (shouldRetryWatch in client/v3/watch.go). "unchanged" is the control.
+// A waiter whose watch create is refused still wakes when the holder
+// releases. A waiter's stream creates the watch of a new nearest key long
+// after the stream opened (its predecessor left while an older key still
+// holds). With auth enabled, etcd checks each watch create against the token
+// the stream opened with; once that token is no longer valid (a simple token,
+// etcd's default, expires after --auth-token-ttl unused, 300 s by default; an
+// administrator changes the user's password; with JWT any change of users or
+// roles makes it "old") the create is refused with a response
+// Created+Canceled carrying WatchId -1. The waiter must not ignore that
+// response (it knows no watch by ID -1) and wait on a watch that does not
+// exist until its ctx or session ends; etcd's own client re-opens the stream
+// on these cancel reasons (shouldRetryWatch in client/v3/watch.go).
+// "unchanged" is the control.
 func TestWaiterWakesAfterRefusedWatchCreate(t *testing.T) {
 	t.Parallel()
 	t.Run("unchanged", func(t *testing.T) {

@@ -105,26 +105,25 @@ func cpuTime(t *testing.T) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// R9-2: the keepalive loop busy-loops while it cannot open its stream.
+// The keepalive loop must not busy-loop while it cannot open its stream.
 // After a stream fails, the next open is due at `next`, which is already in
-// the past when the failed stream had sent no beat (it failed while opening),
-// and `earliest(next, now+retryPause)` keeps it there. Two faces:
+// the past when the failed stream had sent no beat (it failed while opening);
+// the loop must still pause between opens. Two faces:
 //
 //   - open-fails: the open fails at once (no endpoint is up: a one-member
 //     cluster restarting, all members down; with auth, a token fetch that
-//     fails, e.g. after a password change). The loop reopens at once, again
-//     and again: thousands of streams a second and two cores here (with
+//     fails, e.g. after a password change). Reopening at once, again and
+//     again, would be thousands of streams a second and two cores here (with
 //     auth, one bcrypt Authenticate on the server after another), for up to
 //     a TTL (60 s by default), per session.
 //   - open-blocks: the open blocks (no endpoint ready and one connecting:
 //     e.g. a restarting member, whose client listener is bound before it
 //     replays its WAL, accepts TCP and answers only when ready; a proxy or
-//     load balancer in front of a dead member). The beat is due, the timer
-//     is armed at earliest(next, deadline), in the past, fires at once, and
-//     "!ka.isReady()" sends the loop round again: one core, until the
-//     stream opens or the deadline passes.
+//     load balancer in front of a dead member). The beat is due; a timer
+//     armed in the past would fire at once and send the loop round again:
+//     one core, until the stream opens or the deadline passes.
 //
-// The session (TTL 6 s) rightly lives on meanwhile; only the process burns.
+// The session (TTL 6 s) rightly lives on meanwhile; the process must not burn.
 func TestKeepaliveIdlesWhileStreamCannotOpen(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

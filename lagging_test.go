@@ -14,11 +14,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Item 1: a waiter whose acquire is served by an up-to-date member but whose
+// A waiter whose acquire is served by an up-to-date member but whose
 // watches land on a follower lagging behind its read gets replayed deletes of
 // older incarnations of the keys it watches (the same sessions unlock and
-// lock again). Neither the predecessor's old delete (two holders) nor its own
-// key's old delete (a spurious ErrSessionExpired) may count.
+// lock again). Neither the predecessor's old delete (two holders: Invariant
+// "Exclusion") nor its own key's old delete (a spurious ErrSessionExpired)
+// may count.
 func TestWaiterIgnoresLaggingFollowerReplays(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c, f, u := peerRig(t)

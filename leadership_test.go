@@ -58,14 +58,14 @@ func TestResumeElectionSharesLeadership(t *testing.T) {
 	require.NoError(t, r.Resign(ctx))
 }
 
-// R9-3: ResumeElection shares any live hold of the session on that key, a
-// Mutex's included (a Mutex and an Election on one name write the same key
-// NAME/<lease>). The Election then "leads" on the Mutex's hold: Proclaim
-// overwrites the lock key's value, and Resign deletes the Mutex's key, after
-// which the Mutex reports its hold as released by Unlock (ErrLockReleased)
-// although nobody unlocked it. The contract shares only a leadership: "when
-// a value of the session uses the key otherwise, the Election does not lead
-// and Err says why".
+// ResumeElection shares only a leadership, never another live hold of the
+// session on that key, a Mutex's included (a Mutex and an Election on one
+// name write the same key NAME/<lease>). Leading on the Mutex's hold, the
+// Election's Proclaim would overwrite the lock key's value and its Resign
+// delete the Mutex's key, after which the Mutex would report its hold as
+// released by Unlock (ErrLockReleased) although nobody unlocked it. The
+// contract: "when a value of the session uses the key otherwise, the Election
+// does not lead and Err says why".
 func TestResumeElectionDoesNotShareMutexHold(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -89,11 +89,11 @@ func TestResumeElectionDoesNotShareMutexHold(t *testing.T) {
 	require.NoError(t, m.Unlock(ctx))
 }
 
-// R9-6 (minor): two handles of one shared leadership disagree on its Header.
+// Two handles of one shared leadership agree on its Header.
 // Election.Header is "the response header of the last successful Campaign or
-// Proclaim of the current term", but each Election keeps the header of its
-// own Proclaims: after a Proclaim through r, e (same term) still returns the
-// Campaign's header, a revision at which the leader's value was the old one.
+// Proclaim of the current term": after a Proclaim through r, e (same term)
+// must not still return the Campaign's header, a revision at which the
+// leader's value was the old one.
 func TestSharedLeadershipHandlesAgreeOnHeader(t *testing.T) {
 	t.Parallel()
 	c := single(t)

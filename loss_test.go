@@ -50,12 +50,11 @@ func TestWaiterSeesOwnKeyDeletedWithThoseAhead(t *testing.T) {
 	}
 }
 
-// R8-6: the "releasing" mark is one bool shared by concurrent Unlocks on one
-// value. Unlock B's delete commits; before its reply is read, Unlock A on
-// the same value fails with an RPC error and clears the mark; a guarded Do
-// (or the Done watch) then sees the key gone and records a loss by someone
-// else (ErrNotHeld), although the value's own Unlock B released it and
-// returns nil.
+// Concurrent Unlocks of one value must not make its own release read as a
+// loss. Unlock B's delete commits; before its reply is read, Unlock A on the
+// same value fails with an RPC error; a guarded Do (or the Done watch) that
+// then sees the key gone must not record a loss by someone else (ErrNotHeld):
+// the value's own Unlock B released it and returns nil.
 func TestConcurrentUnlocksOfOneValueReportNoLoss(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -82,8 +81,8 @@ func TestConcurrentUnlocksOfOneValueReportNoLoss(t *testing.T) {
 	require.ErrorIs(t, m.Err(), etcdsync.ErrLockReleased, "the lock was released by this value's own Unlock")
 }
 
-// Item 7: after an Unlock that failed with an RPC error (and did not
-// commit), a loss by someone else's delete reads as ErrNotHeld.
+// After an Unlock that failed with an RPC error (and did not commit), a loss
+// by someone else's delete reads as ErrNotHeld. Invariant "Loss signal".
 func TestLossAfterFailedUnlockIsErrNotHeld(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -105,9 +104,9 @@ func TestLossAfterFailedUnlockIsErrNotHeld(t *testing.T) {
 	require.NotErrorIs(t, m.Err(), etcdsync.ErrLockReleased)
 }
 
-// Item 9: a Lock that completes as its session ends never hands back a hold
-// that is already over without saying so: it returns an error, or a hold
-// whose Err says why it ended; and no key stays once the session is closed.
+// A Lock that completes as its session ends never hands back a hold that is
+// already over without saying so: it returns an error, or a hold whose Err
+// says why it ended; and no key stays once the session is closed.
 func TestLockAtSessionEndNeverHidesTheEnd(t *testing.T) {
 	t.Parallel()
 	c := single(t)

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Item 5: a restarted process (WithLease) whose first create fails with an
-// RPC error keeps the hold it came to resume, and resumes it on the next try;
-// the waiter behind never gets the lock meanwhile.
+// A restarted process (WithLease) whose first create fails with an RPC error
+// keeps the hold it came to resume, and resumes it on the next try; the
+// waiter behind never gets the lock meanwhile. Invariant "Exclusion".
 func TestResumedHoldSurvivesFailedCreate(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -60,11 +60,12 @@ func restartBehind(t *testing.T, cli, admin *clientv3.Client, name string) (*etc
 	return session(t, cli, etcdsync.WithLease(s1.Lease())), rev, waiter, got
 }
 
-// R8-1: a restarted process (WithLease) whose Lock's context ends while the
-// resuming Txn is in flight deletes the hold it came to resume: the Txn
-// reports "the key exists with our lease" (a resumed hold, created before
-// this call), the acquire sees its context ended, and withdraws the key at
-// its revision. TestResumedHoldSurvivesFailedCreate covers only the RPC-error path.
+// A restarted process (WithLease) whose Lock's context ends while the
+// resuming Txn is in flight keeps the hold it came to resume: the Txn reports
+// "the key exists with our lease" (a resumed hold, created before this call),
+// and the acquire that then sees its context ended must not withdraw the key
+// at its revision. TestResumedHoldSurvivesFailedCreate covers the RPC-error
+// path.
 func TestResumedHoldSurvivesCancelledResume(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -87,10 +88,10 @@ func TestResumedHoldSurvivesCancelledResume(t *testing.T) {
 	handOver(t, ctx, m2, waiter, got)
 }
 
-// R8-2: the same through Campaign: a restarted process campaigns with a new
-// value on the leadership it resumes; the Proclaim of the new value fails
-// with an RPC error (one Unavailable, not sent), and abandon() deletes the
-// leadership created before this call, so the candidate behind leads.
+// The same through Campaign: a restarted process campaigns with a new value
+// on the leadership it resumes; the Proclaim of the new value fails with an
+// RPC error (one Unavailable, not sent), and the leadership created before
+// this call must stay: the candidate behind must not lead.
 func TestResumedLeadershipSurvivesFailedProclaim(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -133,13 +134,14 @@ func TestResumedLeadershipSurvivesFailedProclaim(t *testing.T) {
 	require.NoError(t, other.Resign(ctx))
 }
 
-// R8-5: the startRev floor ("never withdraw a key created before the session
-// started") comes from the header of the TimeToLive that adopts the lease.
-// etcd fills that header with the serving member's own revision, and a
-// follower answers TimeToLive by forwarding it to the leader: a follower
-// lagging behind the resumed key's create gives a floor below it. A resume
-// whose create then fails with an RPC error withdraws "any key with this
-// lease created after the floor": the resumed hold, as in issue 8 item 5.
+// A resumed hold survives a failed create also when the lease was adopted
+// through a lagging member. The startRev floor ("never withdraw a key created
+// before the session started") comes from the header of the TimeToLive that
+// adopts the lease; etcd fills that header with the serving member's own
+// revision, and a follower answers TimeToLive by forwarding it to the leader:
+// a follower lagging behind the resumed key's create gives a floor below it.
+// A resume whose create then fails with an RPC error must still not withdraw
+// the resumed hold (TestResumedHoldSurvivesFailedCreate).
 func TestResumedHoldSurvivesAdoptionViaLaggingMember(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	// "via-u" is the control: the same steps with TimeToLive served by an
