@@ -504,18 +504,6 @@ func (w *createdWatcher) Watch(ctx context.Context, key string, opts ...clientv3
 	return out
 }
 
-// awaitWatches blocks until n watches were created on created.
-func awaitWatches(t *testing.T, created <-chan struct{}, n int) {
-	t.Helper()
-	for range n {
-		select {
-		case <-created:
-		case <-time.After(cellTimeout):
-			t.Fatalf("%d watches not created within %v", n, cellTimeout)
-		}
-	}
-}
-
 // cellOwnKeyDeleted: an admin deletes a waiter's key straight on a member
 // (through etcd's gRPC proxy, its cache does not see it). The waiter returns
 // ErrSessionExpired while its predecessor still holds; the one behind it
@@ -527,7 +515,7 @@ func cellOwnKeyDeleted(t *testing.T, d *deployment, name string) {
 	holder, waiter, behind := etcdsync.NewMutex(hs[0], name), etcdsync.NewMutex(ws, name), etcdsync.NewMutex(hs[1], name)
 	require.NoError(t, holder.Lock(ctx))
 	w := async(func() error { return waiter.Lock(ctx) })
-	awaitWatches(t, created, 2) // its own key and the holder's
+	awaitCreated(t, created, 2, cellTimeout, "watches") // its own key and the holder's
 	b := async(func() error { return behind.Lock(ctx) })
 	awaitKeys(t, d, name, 3)
 	_, err := d.admin.Delete(ctx, fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease())))
@@ -549,7 +537,7 @@ func cellOwnKeyWithPredecessor(t *testing.T, d *deployment, name string) {
 		holder, waiter := etcdsync.NewMutex(hs, name), etcdsync.NewMutex(ws, name)
 		require.NoError(t, holder.Lock(ctx))
 		w := async(func() error { return waiter.Lock(ctx) })
-		awaitWatches(t, created, 2)
+		awaitCreated(t, created, 2, cellTimeout, "watches")
 		own := fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease()))
 		_, err := d.admin.Txn(ctx).Then(clientv3.OpDelete(d.prefix+holder.Key()), clientv3.OpDelete(own)).Commit()
 		require.NoError(t, err)
@@ -568,9 +556,9 @@ func cellPrefixDeleted(t *testing.T, d *deployment, name string) {
 	s2, created2 := watchedSession(t, d)
 	require.NoError(t, holder.Lock(ctx))
 	w1 := async(func() error { return etcdsync.NewMutex(s1, name).Lock(ctx) })
-	awaitWatches(t, created1, 2)
+	awaitCreated(t, created1, 2, cellTimeout, "watches")
 	w2 := async(func() error { return etcdsync.NewMutex(s2, name).Lock(ctx) })
-	awaitWatches(t, created2, 3) // its own key, the first waiter's and the holder's
+	awaitCreated(t, created2, 3, cellTimeout, "watches") // its own key, the first waiter's and the holder's
 	_, err := d.admin.Delete(ctx, d.prefix+name+"/", clientv3.WithPrefix())
 	require.NoError(t, err)
 	require.ErrorIs(t, resultWithin(t, w1, cellTimeout, "the first waiter"), etcdsync.ErrSessionExpired)

@@ -39,15 +39,20 @@ func (in *injector) arm(method string, n int) {
 	in.method, in.n = method, n
 }
 
+// take reports whether a call of method is one of the next n armed.
+func (in *injector) take(method string) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	hit := in.n > 0 && method == in.method
+	if hit {
+		in.n--
+	}
+	return hit
+}
+
 func (in *injector) dial() grpc.DialOption {
 	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		in.mu.Lock()
-		fail := in.n > 0 && method == in.method
-		if fail {
-			in.n--
-		}
-		in.mu.Unlock()
-		if fail {
+		if in.take(method) {
 			return status.Error(codes.Unavailable, "injected")
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
@@ -93,13 +98,7 @@ type unaryVia struct {
 
 func (u *unaryVia) dial() grpc.DialOption {
 	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		u.mu.Lock()
-		redirect := u.n > 0 && method == u.method
-		if redirect {
-			u.n--
-		}
-		u.mu.Unlock()
-		if redirect {
+		if u.take(method) {
 			return u.conn.Invoke(ctx, method, req, reply, opts...)
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)

@@ -239,11 +239,12 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// watchesCreated waits for n watch creations counted by cnt.
-func watchesCreated(t *testing.T, cnt *counter, n int, what string) {
+// awaitCreated waits for n watch creations signalled on created (a
+// counter's, a Watcher's), at most d for each.
+func awaitCreated(t *testing.T, created <-chan struct{}, n int, d time.Duration, what string) {
 	t.Helper()
 	for range n {
-		within(t, cnt.created, testTimeout, what)
+		within(t, created, d, what)
 	}
 }
 

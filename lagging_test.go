@@ -148,7 +148,7 @@ func readerBehindWithdrawnWriter(t *testing.T, ctx context.Context, c *etcdtest.
 	waitKeys(t, wcli, name+"/", 2)
 	r = etcdsync.NewRWMutex(session(t, cli, etcdsync.WithTTL(10*time.Second)), name)
 	rgot = async(func() error { return r.RLock(ctx) })
-	watchesCreated(t, &cnt, 2, "reader's watches on the follower")
+	awaitCreated(t, cnt.created, 2, testTimeout, "reader's watches on the follower")
 	require.NoError(t, c.CutPeers(f))
 	w2cancel()
 	require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2 cancelled"), context.Canceled)

@@ -15,27 +15,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// runner is one primitive's Run, with the prefix its keys live under.
-type runner struct {
-	name string
-	run  func(ctx context.Context, fn func(context.Context) error) error
-}
-
-func runners(s *etcdsync.Session, name string) []runner {
-	m := etcdsync.NewMutex(s, name+"-mutex")
-	e := etcdsync.NewElection(s, name+"-election")
-	rw := etcdsync.NewRWMutex(s, name+"-rwmutex")
-	rr := etcdsync.NewRWMutex(s, name+"-rrun")
-	sm := etcdsync.NewSemaphore(s, name+"-semaphore", 2)
-	return []runner{
-		{name + "-mutex/", m.Run},
-		{name + "-election/", func(ctx context.Context, fn func(context.Context) error) error { return e.Run(ctx, "v", fn) }},
-		{name + "-rwmutex/", rw.Run},
-		{name + "-rrun/", rr.RRun},
-		{name + "-semaphore/", func(ctx context.Context, fn func(context.Context) error) error { return sm.Run(ctx, 2, fn) }},
-	}
-}
-
 // Run holds while fn runs and releases after it, also when ctx ended in fn
 // or fn panicked; fn's error comes back.
 func TestRunReleases(t *testing.T) {
@@ -44,14 +23,14 @@ func TestRunReleases(t *testing.T) {
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	errFn := errors.New("fn failed")
-	for _, r := range runners(session(t, cli), "run") {
-		t.Run(r.name, func(t *testing.T) {
+	for _, r := range runKinds(session(t, cli), "run") {
+		t.Run(r.prefix, func(t *testing.T) {
 			err := r.run(ctx, func(fctx context.Context) error {
-				require.Len(t, keys(t, cli, r.name), 1, "the hold's key while fn runs")
+				require.Len(t, keys(t, cli, r.prefix), 1, "the hold's key while fn runs")
 				return errFn
 			})
 			require.ErrorIs(t, err, errFn)
-			require.Empty(t, keys(t, cli, r.name))
+			require.Empty(t, keys(t, cli, r.prefix))
 
 			// ctx ends while fn runs: the release still happens.
 			cctx, cancel := context.WithCancel(ctx)
@@ -61,13 +40,13 @@ func TestRunReleases(t *testing.T) {
 				return fctx.Err()
 			})
 			require.ErrorIs(t, err, context.Canceled)
-			require.Empty(t, keys(t, cli, r.name))
+			require.Empty(t, keys(t, cli, r.prefix))
 
 			// A panic releases and goes on.
 			require.PanicsWithValue(t, "boom", func() {
 				r.run(ctx, func(context.Context) error { panic("boom") })
 			})
-			require.Empty(t, keys(t, cli, r.name))
+			require.Empty(t, keys(t, cli, r.prefix))
 		})
 	}
 }
@@ -80,10 +59,10 @@ func TestRunLoss(t *testing.T) {
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
-	for _, r := range runners(session(t, cli), "runloss") {
-		t.Run(r.name, func(t *testing.T) {
+	for _, r := range runKinds(session(t, cli), "runloss") {
+		t.Run(r.prefix, func(t *testing.T) {
 			err := r.run(ctx, func(fctx context.Context) error {
-				_, err := cli.Delete(ctx, r.name, clientv3.WithPrefix())
+				_, err := cli.Delete(ctx, r.prefix, clientv3.WithPrefix())
 				require.NoError(t, err)
 				select {
 				case <-fctx.Done():
@@ -96,7 +75,7 @@ func TestRunLoss(t *testing.T) {
 			require.ErrorIs(t, err, context.Canceled)
 			require.ErrorIs(t, err, etcdsync.ErrNotHeld)
 			require.NotErrorIs(t, err, etcdsync.ErrLockReleased)
-			require.Empty(t, keys(t, cli, r.name))
+			require.Empty(t, keys(t, cli, r.prefix))
 		})
 	}
 }
@@ -291,8 +270,9 @@ func TestRunLossCancelsFirst(t *testing.T) {
 	}
 }
 
-// runKind is one primitive's Run, the release fn may call itself, and a
-// contender of another session that gets the hold once ours ends.
+// runKind is one primitive's Run, the prefix its keys live under, the
+// release fn may call itself, and a contender of another session that gets
+// the hold once ours ends.
 type runKind struct {
 	kind   string
 	prefix string

@@ -481,7 +481,7 @@ func TestExactReaderMovesToOlderWriter(t *testing.T) {
 				cnt := counter{created: make(chan struct{}, 64)}
 				r := etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), name)
 				rgot := async(func() error { return r.RLock(ctx) })
-				watchesCreated(t, &cnt, 2, "reader's watches (own key, W2)")
+				awaitCreated(t, cnt.created, 2, testTimeout, "reader's watches (own key, W2)")
 
 				if how == "cancel" {
 					w2cancel()
@@ -522,7 +522,7 @@ func TestExactReaderHoldsWhenWritersGoTogether(t *testing.T) {
 			cnt := counter{created: make(chan struct{}, 64)}
 			r = etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), name)
 			rgot = async(func() error { return r.RLock(ctx) })
-			watchesCreated(t, &cnt, 2, "reader's watches")
+			awaitCreated(t, cnt.created, 2, testTimeout, "reader's watches")
 			return
 		}
 		t.Run("prefix", func(t *testing.T) {
