@@ -24,7 +24,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
-	"google.golang.org/grpc"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
@@ -32,6 +31,9 @@ import (
 
 // cellTimeout bounds one cell: a cell that hangs fails within it.
 const cellTimeout = 15 * time.Second
+
+// blockedFor is how long a call must still wait for a cell to call it blocked.
+const blockedFor = 300 * time.Millisecond
 
 // deployment is how the library's clients reach etcd.
 type deployment struct {
@@ -192,35 +194,6 @@ func awaitKeys(t *testing.T, d *deployment, name string, n int) {
 	}
 }
 
-// async runs f in a goroutine and returns a channel that gets its error.
-func async(f func() error) <-chan error {
-	ch := make(chan error, 1)
-	go func() { ch <- f() }()
-	return ch
-}
-
-// result returns what ch delivers, failing t after cellTimeout.
-func result(t *testing.T, ch <-chan error, what string) error {
-	t.Helper()
-	select {
-	case err := <-ch:
-		return err
-	case <-time.After(cellTimeout):
-		t.Fatalf("%s: no result within %v (hung)", what, cellTimeout)
-		return nil
-	}
-}
-
-// blocked fails t if ch delivers within a moment: the call must still wait.
-func blocked(t *testing.T, ch <-chan error, what string) {
-	t.Helper()
-	select {
-	case err := <-ch:
-		t.Fatalf("%s: returned (%v), must still wait", what, err)
-	case <-time.After(300 * time.Millisecond):
-	}
-}
-
 func cellMutexContention(t *testing.T, d *deployment, name string) {
 	ctx := ctxCell(t)
 	const contenders, rounds = 3, 4
@@ -279,15 +252,15 @@ func cellRWMutex(t *testing.T, d *deployment, name string) {
 	require.NoError(t, r1.RLock(ctx))
 	require.NoError(t, r2.RLock(ctx), "readers share")
 	wl := async(func() error { return w.Lock(ctx) })
-	blocked(t, wl, "writer behind readers")
+	notYet(t, wl, blockedFor, "writer behind readers")
 	require.NoError(t, r1.RUnlock(ctx))
-	blocked(t, wl, "writer behind one reader")
+	notYet(t, wl, blockedFor, "writer behind one reader")
 	require.NoError(t, r2.RUnlock(ctx))
-	require.NoError(t, result(t, wl, "writer after the readers left"))
+	require.NoError(t, resultWithin(t, wl, cellTimeout, "writer after the readers left"))
 	rl := async(func() error { return r3.RLock(ctx) })
-	blocked(t, rl, "reader behind a writer")
+	notYet(t, rl, blockedFor, "reader behind a writer")
 	require.NoError(t, w.Unlock(ctx))
-	require.NoError(t, result(t, rl, "reader after the writer left"))
+	require.NoError(t, resultWithin(t, rl, cellTimeout, "reader after the writer left"))
 	require.NoError(t, r3.RUnlock(ctx))
 }
 
@@ -298,9 +271,9 @@ func cellSemaphore(t *testing.T, d *deployment, name string) {
 	require.NoError(t, a.Acquire(ctx, 1))
 	require.NoError(t, b.Acquire(ctx, 1))
 	ca := async(func() error { return c.Acquire(ctx, 1) })
-	blocked(t, ca, "third acquire of a capacity of two")
+	notYet(t, ca, blockedFor, "third acquire of a capacity of two")
 	require.NoError(t, a.Release(ctx))
-	require.NoError(t, result(t, ca, "acquire after a release"))
+	require.NoError(t, resultWithin(t, ca, cellTimeout, "acquire after a release"))
 	require.NoError(t, b.Release(ctx))
 	require.NoError(t, c.Release(ctx))
 }
@@ -326,11 +299,11 @@ func cellElection(t *testing.T, d *deployment, name string) {
 	}
 	require.Equal(t, "one", next("first leader"))
 	c2 := async(func() error { return e2.Campaign(ctx, "two") })
-	blocked(t, c2, "second candidate")
+	notYet(t, c2, blockedFor, "second candidate")
 	require.NoError(t, e1.Proclaim(ctx, "one again"))
 	require.Equal(t, "one again", next("proclamation"))
 	require.NoError(t, e1.Resign(ctx))
-	require.NoError(t, result(t, c2, "campaign after the leader resigned"))
+	require.NoError(t, resultWithin(t, c2, cellTimeout, "campaign after the leader resigned"))
 	require.Equal(t, "two", next("second leader"))
 	resp, err := e1.Leader(ctx)
 	require.NoError(t, err)
@@ -360,8 +333,8 @@ func cellRunLoss(t *testing.T, d *deployment, name string) {
 	awaitKeys(t, d, name, 2)
 	_, err := d.admin.Delete(ctx, d.prefix+key)
 	require.NoError(t, err)
-	require.ErrorIs(t, result(t, run, "Run after an admin deleted its key"), etcdsync.ErrNotHeld)
-	require.NoError(t, result(t, waiter, "the waiter after the holder's key was deleted"))
+	require.ErrorIs(t, resultWithin(t, run, cellTimeout, "Run after an admin deleted its key"), etcdsync.ErrNotHeld)
+	require.NoError(t, resultWithin(t, waiter, cellTimeout, "the waiter after the holder's key was deleted"))
 	require.NoError(t, ss[0].Err(), "the session of a hold whose key was deleted lives on")
 	require.NoError(t, next.Unlock(ctx))
 }
@@ -377,7 +350,7 @@ func cellLeaseGoneWaiting(t *testing.T, d *deployment, name string) {
 	awaitKeys(t, d, name, 3)
 	_, err := d.admin.Revoke(ctx, ss[1].Lease())
 	require.NoError(t, err)
-	require.ErrorIs(t, result(t, w, "a waiter whose lease was revoked"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose lease was revoked"), etcdsync.ErrSessionExpired)
 	behindWaitsForHolder(t, ctx, holder, behind, b)
 }
 
@@ -386,9 +359,9 @@ func cellLeaseGoneWaiting(t *testing.T, d *deployment, name string) {
 // waits while holder holds, and gets the lock once holder unlocks.
 func behindWaitsForHolder(t *testing.T, ctx context.Context, holder, behind *etcdsync.Mutex, b <-chan error) {
 	t.Helper()
-	blocked(t, b, "the one behind the waiter that went, while the holder holds")
+	notYet(t, b, blockedFor, "the one behind the waiter that went, while the holder holds")
 	require.NoError(t, holder.Unlock(ctx))
-	require.NoError(t, result(t, b, "the one behind, after the holder left"))
+	require.NoError(t, resultWithin(t, b, cellTimeout, "the one behind, after the holder left"))
 	require.NoError(t, behind.Unlock(ctx))
 }
 
@@ -405,7 +378,7 @@ func cellLeaseGoneHolding(t *testing.T, d *deployment, name string) {
 	within(t, done, cellTimeout, "Done of a hold whose lease was revoked")
 	within(t, ss[0].Done(), cellTimeout, "Done of a session whose lease was revoked")
 	require.ErrorIs(t, ss[0].Err(), etcdsync.ErrSessionExpired)
-	require.NoError(t, result(t, w, "the waiter after the holder's lease went"))
+	require.NoError(t, resultWithin(t, w, cellTimeout, "the waiter after the holder's lease went"))
 	require.NoError(t, waiter.Unlock(ctx))
 }
 
@@ -530,18 +503,6 @@ func (w *createdWatcher) Watch(ctx context.Context, key string, opts ...clientv3
 	return out
 }
 
-// awaitWatches blocks until n watches were created on created.
-func awaitWatches(t *testing.T, created <-chan struct{}, n int) {
-	t.Helper()
-	for range n {
-		select {
-		case <-created:
-		case <-time.After(cellTimeout):
-			t.Fatalf("%d watches not created within %v", n, cellTimeout)
-		}
-	}
-}
-
 // cellOwnKeyDeleted: an admin deletes a waiter's key straight on a member
 // (through etcd's gRPC proxy, its cache does not see it). The waiter returns
 // ErrSessionExpired while its predecessor still holds; the one behind it
@@ -553,12 +514,12 @@ func cellOwnKeyDeleted(t *testing.T, d *deployment, name string) {
 	holder, waiter, behind := etcdsync.NewMutex(hs[0], name), etcdsync.NewMutex(ws, name), etcdsync.NewMutex(hs[1], name)
 	require.NoError(t, holder.Lock(ctx))
 	w := async(func() error { return waiter.Lock(ctx) })
-	awaitWatches(t, created, 2) // its own key and the holder's
+	awaitCreated(t, created, 2, cellTimeout, "watches") // its own key and the holder's
 	b := async(func() error { return behind.Lock(ctx) })
 	awaitKeys(t, d, name, 3)
 	_, err := d.admin.Delete(ctx, fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease())))
 	require.NoError(t, err)
-	require.ErrorIs(t, result(t, w, "a waiter whose key an admin deleted"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose key an admin deleted"), etcdsync.ErrSessionExpired)
 	behindWaitsForHolder(t, ctx, holder, behind, b)
 }
 
@@ -575,11 +536,11 @@ func cellOwnKeyWithPredecessor(t *testing.T, d *deployment, name string) {
 		holder, waiter := etcdsync.NewMutex(hs, name), etcdsync.NewMutex(ws, name)
 		require.NoError(t, holder.Lock(ctx))
 		w := async(func() error { return waiter.Lock(ctx) })
-		awaitWatches(t, created, 2)
+		awaitCreated(t, created, 2, cellTimeout, "watches")
 		own := fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease()))
 		_, err := d.admin.Txn(ctx).Then(clientv3.OpDelete(d.prefix+holder.Key()), clientv3.OpDelete(own)).Commit()
 		require.NoError(t, err)
-		require.ErrorIs(t, result(t, w, "a waiter whose key went with its predecessor's"), etcdsync.ErrSessionExpired, "round %d", round)
+		require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose key went with its predecessor's"), etcdsync.ErrSessionExpired, "round %d", round)
 		within(t, holder.Done(), cellTimeout, "Done of the hold whose key was deleted")
 	}
 }
@@ -594,13 +555,13 @@ func cellPrefixDeleted(t *testing.T, d *deployment, name string) {
 	s2, created2 := watchedSession(t, d)
 	require.NoError(t, holder.Lock(ctx))
 	w1 := async(func() error { return etcdsync.NewMutex(s1, name).Lock(ctx) })
-	awaitWatches(t, created1, 2)
+	awaitCreated(t, created1, 2, cellTimeout, "watches")
 	w2 := async(func() error { return etcdsync.NewMutex(s2, name).Lock(ctx) })
-	awaitWatches(t, created2, 3) // its own key, the first waiter's and the holder's
+	awaitCreated(t, created2, 3, cellTimeout, "watches") // its own key, the first waiter's and the holder's
 	_, err := d.admin.Delete(ctx, d.prefix+name+"/", clientv3.WithPrefix())
 	require.NoError(t, err)
-	require.ErrorIs(t, result(t, w1, "the first waiter"), etcdsync.ErrSessionExpired)
-	require.ErrorIs(t, result(t, w2, "the second waiter"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, w1, cellTimeout, "the first waiter"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, w2, cellTimeout, "the second waiter"), etcdsync.ErrSessionExpired)
 	within(t, holder.Done(), cellTimeout, "Done of the hold whose key was deleted")
 }
 
@@ -659,286 +620,4 @@ func runEtcdBinary(t *testing.T, bin string) string {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// wrapCalls wraps a client's KV, Watcher, Lease and Maintenance with user
-// interceptors that mark each call's context, and checks at the gRPC layer
-// (unary and stream interceptors) that every RPC the client sends carries
-// the mark: a request the library sends around the client's interfaces
-// does not.
-type wrapCalls struct {
-	mu       sync.Mutex
-	calls    map[string]int // through the interfaces, by method
-	bypassed []string       // RPCs without the mark
-}
-
-type wrapMark struct{}
-
-func (w *wrapCalls) mark(ctx context.Context, method string) context.Context {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.calls == nil {
-		w.calls = make(map[string]int)
-	}
-	w.calls[method]++
-	return context.WithValue(ctx, wrapMark{}, true)
-}
-
-func (w *wrapCalls) seen(ctx context.Context, method string) {
-	if ctx.Value(wrapMark{}) != nil {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.bypassed = append(w.bypassed, method)
-}
-
-func (w *wrapCalls) dial() []grpc.DialOption {
-	return []grpc.DialOption{
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			w.seen(ctx, method)
-			return invoker(ctx, method, req, reply, cc, opts...)
-		}),
-		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			w.seen(ctx, method)
-			return streamer(ctx, desc, cc, method, opts...)
-		}),
-	}
-}
-
-// check fails t when an RPC went around the interfaces, and resets.
-func (w *wrapCalls) check(t *testing.T) {
-	t.Helper()
-	w.mu.Lock()
-	bypassed, calls := w.bypassed, w.calls
-	w.bypassed, w.calls = nil, nil
-	w.mu.Unlock()
-	require.Empty(t, bypassed, "RPCs that went around the client's interfaces (calls through them: %v)", calls)
-	require.NotEmpty(t, calls)
-}
-
-func (w *wrapCalls) wrap(cli *clientv3.Client) *clientv3.Client {
-	cli.KV = wrapKV{cli.KV, w}
-	cli.Watcher = wrapWatcher{cli.Watcher, w}
-	cli.Lease = wrapLease{cli.Lease, w}
-	cli.Maintenance = wrapMaintenance{cli.Maintenance, w}
-	return cli
-}
-
-type wrapKV struct {
-	clientv3.KV
-	w *wrapCalls
-}
-
-func (k wrapKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
-	return k.KV.Get(k.w.mark(ctx, "Get"), key, opts...)
-}
-
-func (k wrapKV) Put(ctx context.Context, key, val string, opts ...clientv3.OpOption) (*clientv3.PutResponse, error) {
-	return k.KV.Put(k.w.mark(ctx, "Put"), key, val, opts...)
-}
-
-func (k wrapKV) Delete(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.DeleteResponse, error) {
-	return k.KV.Delete(k.w.mark(ctx, "Delete"), key, opts...)
-}
-
-func (k wrapKV) Do(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
-	return k.KV.Do(k.w.mark(ctx, "Do"), op)
-}
-
-func (k wrapKV) Txn(ctx context.Context) clientv3.Txn { return k.KV.Txn(k.w.mark(ctx, "Txn")) }
-
-type wrapWatcher struct {
-	clientv3.Watcher
-	w *wrapCalls
-}
-
-func (ww wrapWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
-	return ww.Watcher.Watch(ww.w.mark(ctx, "Watch"), key, opts...)
-}
-
-func (ww wrapWatcher) RequestProgress(ctx context.Context) error {
-	return ww.Watcher.RequestProgress(ww.w.mark(ctx, "RequestProgress"))
-}
-
-type wrapLease struct {
-	clientv3.Lease
-	w *wrapCalls
-}
-
-func (l wrapLease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
-	return l.Lease.Grant(l.w.mark(ctx, "Grant"), ttl)
-}
-
-func (l wrapLease) Revoke(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseRevokeResponse, error) {
-	return l.Lease.Revoke(l.w.mark(ctx, "Revoke"), id)
-}
-
-func (l wrapLease) TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error) {
-	return l.Lease.TimeToLive(l.w.mark(ctx, "TimeToLive"), id, opts...)
-}
-
-func (l wrapLease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
-	return l.Lease.KeepAlive(l.w.mark(ctx, "KeepAlive"), id)
-}
-
-func (l wrapLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
-	return l.Lease.KeepAliveOnce(l.w.mark(ctx, "KeepAliveOnce"), id)
-}
-
-type wrapMaintenance struct {
-	clientv3.Maintenance
-	w *wrapCalls
-}
-
-func (m wrapMaintenance) Status(ctx context.Context, endpoint string) (*clientv3.StatusResponse, error) {
-	return m.Maintenance.Status(m.w.mark(ctx, "Status"), endpoint)
-}
-
-// Through etcd's gRPC proxy, which never answers a progress request, a
-// client's waiters learn that once: only the first wait asks (its probe,
-// sent as it watches, and its handoff's confirmation, which waits for the
-// probe's answer no longer than progressWait from the probe), the later
-// ones read at once. Against a member, every handoff is confirmed by a
-// progress request and no RPC, and only the first wait sends a probe. Each
-// handoff's latency and critical-path RPCs are logged beside the other's.
-func TestCompatProgressLearnedOnce(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("skipped in -short")
-	}
-	c := single(t)
-	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
-	admin := c.Client(t)
-	const handoffs = 5
-	for _, tc := range []struct {
-		name      string
-		endpoints []string
-		progress  int // progress requests over the handoffs
-		rpcs      int // unary RPCs between the holder's Unlock and the waiter's Lock, from the 2nd handoff on
-	}{
-		{"direct", c.Endpoints(), handoffs + 1, 0},
-		{"grpcproxy", []string{proxy}, 2, 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := ctxCell(t)
-			name := "progress-" + tc.name
-			calls := &wrapCalls{}
-			cnt := &counter{created: make(chan struct{}, 16)}
-			cli := calls.wrap(etcdtest.NewClient(t, tc.endpoints, append(calls.dial(), cnt.dial()...)...))
-			holder := etcdsync.NewMutex(session(t, admin), name)
-			waiter := etcdsync.NewMutex(session(t, cli), name)
-			var lat []time.Duration
-			for i := range handoffs {
-				require.NoError(t, holder.Lock(ctx))
-				w := async(func() error { return waiter.Lock(ctx) })
-				for range 2 { // the waiter's watches of its key and the holder's
-					within(t, cnt.created, cellTimeout, "the waiter's watches created")
-				}
-				before := cnt.unary.Load()
-				start := time.Now()
-				require.NoError(t, holder.Unlock(ctx))
-				require.NoError(t, result(t, w, "handoff"))
-				lat = append(lat, time.Since(start))
-				if n := cnt.unary.Load() - before; i > 0 {
-					require.EqualValues(t, tc.rpcs, n, "RPCs on the critical path of handoff %d", i)
-				}
-				require.NoError(t, waiter.Unlock(ctx))
-			}
-			calls.mu.Lock()
-			progress := calls.calls["RequestProgress"]
-			calls.mu.Unlock()
-			require.Equal(t, tc.progress, progress, "progress requests over %d handoffs", handoffs)
-			t.Logf("%s: handoff latencies (holder's Unlock to the waiter's Lock) %v", tc.name, lat)
-		})
-	}
-}
-
-// A progress request that goes unanswered on a client whose requests were
-// answered before (a member busy for a moment) costs that handoff a read,
-// and only that one: the client's later waiters ask again, and their
-// handoffs take no RPC.
-func TestCompatLateProgressKeepsClient(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("skipped in -short")
-	}
-	c := single(t)
-	ctx := ctxCell(t)
-	cnt := &counter{created: make(chan struct{}, 16)}
-	cli := etcdtest.NewClient(t, c.Endpoints(), cnt.dial()...)
-	drop := &dropProgress{Watcher: cli.Watcher, drop: 2}
-	cli.Watcher = drop
-	holder := etcdsync.NewMutex(session(t, c.Client(t)), "late-progress")
-	waiter := etcdsync.NewMutex(session(t, cli), "late-progress")
-	const handoffs = 4
-	for i := range handoffs {
-		require.NoError(t, holder.Lock(ctx))
-		w := async(func() error { return waiter.Lock(ctx) })
-		for range 2 { // the waiter's watches of its key and the holder's
-			within(t, cnt.created, cellTimeout, "the waiter's watches created")
-		}
-		before := cnt.unary.Load()
-		require.NoError(t, holder.Unlock(ctx))
-		require.NoError(t, result(t, w, "handoff"))
-		want := 0
-		if i == 0 { // the dropped request (after the first wait's probe): this handoff reads
-			want = 1
-		}
-		require.EqualValues(t, want, cnt.unary.Load()-before, "RPCs on the critical path of handoff %d", i)
-		require.NoError(t, waiter.Unlock(ctx))
-	}
-	require.EqualValues(t, handoffs+1, drop.n.Load(), "progress requests over %d handoffs (and one probe)", handoffs)
-}
-
-// A client learns that its progress requests go unanswered off the
-// critical path: through etcd's gRPC proxy, a first wait that lasts longer
-// than progressWait has learned it from its probe by the time its turn
-// comes, so its handoff reads at once and asks nothing more.
-func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("skipped in -short")
-	}
-	c := single(t)
-	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
-	ctx := ctxCell(t)
-	calls := &wrapCalls{}
-	cnt := &counter{created: make(chan struct{}, 16)}
-	cli := calls.wrap(etcdtest.NewClient(t, []string{proxy}, append(calls.dial(), cnt.dial()...)...))
-	holder := etcdsync.NewMutex(session(t, c.Client(t)), "progress-learned")
-	waiter := etcdsync.NewMutex(session(t, cli), "progress-learned")
-	require.NoError(t, holder.Lock(ctx))
-	w := async(func() error { return waiter.Lock(ctx) })
-	for range 2 { // the waiter's watches of its key and the holder's
-		within(t, cnt.created, cellTimeout, "the waiter's watches created")
-	}
-	time.Sleep(2 * time.Second) // the holder holds a while: longer than the probe waits for its answer
-	progress := func() int {
-		calls.mu.Lock()
-		defer calls.mu.Unlock()
-		return calls.calls["RequestProgress"]
-	}
-	require.Equal(t, 1, progress(), "progress requests before the turn: the probe")
-	before := cnt.unary.Load()
-	require.NoError(t, holder.Unlock(ctx))
-	require.NoError(t, result(t, w, "handoff"))
-	require.EqualValues(t, 1, cnt.unary.Load()-before, "RPCs on the critical path: the read")
-	require.Equal(t, 1, progress(), "progress requests after the turn: none more")
-	require.NoError(t, waiter.Unlock(ctx))
-}
-
-// dropProgress is a Watcher that drops its drop-th progress request (it
-// says it sent it).
-type dropProgress struct {
-	clientv3.Watcher
-	n    atomic.Int32
-	drop int32
-}
-
-func (d *dropProgress) RequestProgress(ctx context.Context) error {
-	if d.n.Add(1) == d.drop {
-		return nil
-	}
-	return d.Watcher.RequestProgress(ctx)
 }

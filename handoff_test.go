@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -14,6 +16,9 @@ import (
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // queued is one waiter of a test queue, on a client of its own so that its
@@ -197,4 +202,198 @@ func TestQueueChangesAtEveryPosition(t *testing.T) {
 			})
 		}
 	}
+}
+
+// queuedResult returns the first result of q within d, or fails.
+func queuedResult(t *testing.T, q *queued, d time.Duration, what string) error {
+	t.Helper()
+	select {
+	case err := <-q.err:
+		return err
+	case <-time.After(d):
+		t.Fatalf("%s: waiter %d did not return within %v", what, q.i, d)
+		return nil
+	}
+}
+
+// queuedNotYet fails if q returns within d.
+func queuedNotYet(t *testing.T, q *queued, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case err := <-q.err:
+		t.Fatalf("%s: waiter %d returned (%v), must still wait", what, q.i, err)
+	case <-time.After(d):
+	}
+}
+
+// A waiter whose watch create is refused still wakes when the holder
+// releases. A waiter's stream creates the watch of a new nearest key long
+// after the stream opened (its predecessor left while an older key still
+// holds). With auth enabled, etcd checks each watch create against the token
+// the stream opened with; once that token is no longer valid (a simple token,
+// etcd's default, expires after --auth-token-ttl unused, 300 s by default; an
+// administrator changes the user's password; with JWT any change of users or
+// roles makes it "old") the create is refused with a response
+// Created+Canceled carrying WatchId -1. The waiter must not ignore that
+// response (it knows no watch by ID -1) and wait on a watch that does not
+// exist until its ctx or session ends; etcd's own client re-opens the stream
+// on these cancel reasons (shouldRetryWatch in client/v3/watch.go).
+// "unchanged" is the control.
+func TestWaiterWakesAfterRefusedWatchCreate(t *testing.T) {
+	t.Parallel()
+	t.Run("unchanged", func(t *testing.T) {
+		connect := secureCluster(t)
+		refusedWatch(t, connect, func() {})
+	})
+	t.Run("password-changed", func(t *testing.T) {
+		connect := secureCluster(t)
+		root := connect("root")
+		refusedWatch(t, connect, func() {
+			// To the same password, so that the waiter's client can
+			// authenticate again.
+			_, err := root.UserChangePassword(ctxT(t), "rw", "rw-password")
+			require.NoError(t, err)
+		})
+	})
+	t.Run("token-expired", func(t *testing.T) {
+		// A member whose simple tokens expire after 1 s unused; the
+		// waiter waits 3 s before its predecessor leaves.
+		connect := authMember(t, 1)
+		refusedWatch(t, connect, func() { time.Sleep(3 * time.Second) })
+	})
+}
+
+// refusedWatch queues b behind a holder and c behind b, runs invalidate
+// while c waits, makes b give up (so that c's stream must create a watch of
+// the holder), releases the holder and expects c to acquire.
+func refusedWatch(t *testing.T, connect func(user string, dial ...grpc.DialOption) *clientv3.Client, invalidate func()) {
+	ctx := ctxT(t)
+	root := connect("root")
+	holder := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
+	require.NoError(t, holder.Lock(ctx))
+
+	// b queues behind the holder; c behind b, watching b.
+	b := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
+	bctx, bcancel := context.WithCancel(ctx)
+	defer bcancel()
+	berr := make(chan error, 1)
+	go func() { berr <- b.Lock(bctx) }()
+	waitKeys(t, root, "locks/r9-auth/", 2)
+	cnt := counter{created: make(chan struct{}, 16)}
+	c := etcdsync.NewMutex(session(t, connect("rw", cnt.dial()...)), "locks/r9-auth")
+	cgot := make(chan error, 1)
+	go func() { cgot <- c.Lock(ctx) }()
+	for range 2 { // c's own key and b's
+		within(t, cnt.created, testTimeout, "c's watch created")
+	}
+
+	invalidate()
+
+	// b gives up: c now watches the holder, on its old stream.
+	bcancel()
+	require.ErrorIs(t, <-berr, context.Canceled)
+	within(t, cnt.created, testTimeout, "c asked for a watch of the holder")
+	require.NoError(t, holder.Unlock(ctx))
+	select {
+	case err := <-cgot:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatalf("c did not acquire within 5s of the release; keys %v", keys(t, root, "locks/r9-auth/"))
+	}
+	require.NoError(t, c.Unlock(ctx))
+}
+
+// authMember starts one member with auth enabled (users root and rw, as
+// secureCluster, without TLS) whose simple tokens expire after tokenTTL
+// seconds unused, and returns a client factory.
+func authMember(t *testing.T, tokenTTL uint) func(user string, dial ...grpc.DialOption) *clientv3.Client {
+	port := func() url.URL {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		return url.URL{Scheme: "http", Host: ln.Addr().String()}
+	}
+	cfg := embed.NewConfig()
+	cfg.Name, cfg.Dir = "r9", t.TempDir()
+	client, peer := port(), port()
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.AuthTokenTTL = tokenTTL
+	cfg.UnsafeNoFsync = true
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.LogLevel = "fatal"
+	cfg.ListenMetricsUrls = nil
+	e, err := embed.StartEtcd(cfg)
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(testTimeout):
+		t.Fatal("member not ready")
+	}
+	connect := func(user string, dial ...grpc.DialOption) *clientv3.Client {
+		cfg := etcdtest.ClientConfig([]string{client.String()}, dial...)
+		if user != "" {
+			cfg.Username, cfg.Password = user, user+"-password"
+		}
+		cli, err := clientv3.New(cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	ctx := ctxT(t)
+	admin := connect("")
+	for _, user := range []string{"root", "rw"} {
+		_, err := admin.UserAdd(ctx, user, user+"-password")
+		require.NoError(t, err)
+	}
+	_, err = admin.RoleAdd(ctx, "locks-rw")
+	require.NoError(t, err)
+	_, err = admin.RoleGrantPermission(ctx, "locks-rw", "locks/", clientv3.GetPrefixRangeEnd("locks/"), clientv3.PermissionType(clientv3.PermReadWrite))
+	require.NoError(t, err)
+	_, err = admin.RoleAdd(ctx, "root")
+	require.NoError(t, err)
+	for user, role := range map[string]string{"root": "root", "rw": "locks-rw"} {
+		_, err := admin.UserGrantRole(ctx, user, role)
+		require.NoError(t, err)
+	}
+	_, err = admin.AuthEnable(ctx)
+	require.NoError(t, err)
+	return connect
+}
+
+// A same-session waiter that started waiting while the first value was still
+// acquiring (reserved, no hold) wakes when that value, once holding, unlocks.
+func TestSameSessionWaiterWakesAfterNewHoldUnlocks(t *testing.T) {
+	t.Parallel()
+	c := kitSingle(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	name := "rh-claim"
+	other := session(t, cli)
+	om := etcdsync.NewMutex(other, name)
+	require.NoError(t, om.Lock(ctx))
+	s := session(t, cli)
+	m1, m2 := etcdsync.NewMutex(s, name), etcdsync.NewMutex(s, name)
+	e1 := make(chan error, 1)
+	go func() { e1 <- m1.Lock(ctx) }()
+	waitKeys(t, cli, name+"/", 2)
+	e2 := make(chan error, 1)
+	go func() { e2 <- m2.Lock(ctx) }()
+	select { // m2 waits on the session's reservation of the key
+	case err := <-e2:
+		t.Fatalf("m2 returned (%v) while m1 waits", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, om.Unlock(ctx))
+	require.NoError(t, resultWithin(t, e1, testTimeout, "m1 holds"))
+	select {
+	case err := <-e2:
+		t.Fatalf("m2 returned (%v) while m1 holds", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, m1.Unlock(ctx))
+	require.NoError(t, resultWithin(t, e2, 5*time.Second, "m2 wakes after m1 Unlock"))
+	require.NoError(t, m2.Unlock(ctx))
 }

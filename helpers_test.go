@@ -2,6 +2,7 @@ package etcdsync_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,4 +184,95 @@ func (s *countingStream) RecvMsg(m any) error {
 		}
 	}
 	return err
+}
+
+// async runs f in a goroutine and returns a channel that gets its error.
+func async(f func() error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	return ch
+}
+
+// resultWithin waits at most d for a result on ch.
+func resultWithin(t *testing.T, ch <-chan error, d time.Duration, what string) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(d):
+		t.Fatalf("%s: no result within %v", what, d)
+		return nil
+	}
+}
+
+// notYet fails if ch yields within d.
+func notYet(t *testing.T, ch <-chan error, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case err := <-ch:
+		t.Fatalf("%s: returned (%v), must still wait", what, err)
+	case <-time.After(d):
+	}
+}
+
+// keyOf is the key of session s on name.
+func keyOf(name string, s *etcdsync.Session) string {
+	return fmt.Sprintf("%s/%x", name, int64(s.Lease()))
+}
+
+// waitNoKeys waits until nothing is under prefix.
+func waitNoKeys(t *testing.T, cli *clientv3.Client, prefix string) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for len(keys(t, cli, prefix)) > 0 {
+		require.True(t, time.Now().Before(deadline), "keys under %s stay: %v", prefix, keys(t, cli, prefix))
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// awaitCreated waits for n watch creations signalled on created (a
+// counter's, a Watcher's), at most d for each.
+func awaitCreated(t *testing.T, created <-chan struct{}, n int, d time.Duration, what string) {
+	t.Helper()
+	for range n {
+		within(t, created, d, what)
+	}
+}
+
+// waitKeys waits until prefix has n keys (watching, not polling).
+func waitKeys(t testing.TB, cli *clientv3.Client, prefix string, n int) {
+	t.Helper()
+	waitCount(t, cli, prefix, testTimeout, func(have int) bool { return have >= n })
+}
+
+// waitCount waits, at most d, until the number of keys under prefix
+// satisfies done.
+func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duration, done func(have int) bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	have := int(resp.Count)
+	wch := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	for !done(have) {
+		wr, ok := <-wch
+		require.True(t, ok, "waiting for the keys under %s, have %d", prefix, have)
+		for _, ev := range wr.Events {
+			if ev.IsCreate() {
+				have++
+			} else if ev.Type == clientv3.EventTypeDelete {
+				have--
+			}
+		}
+	}
 }

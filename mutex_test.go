@@ -233,35 +233,6 @@ func TestFIFOAndHerdFree(t *testing.T) {
 	})
 }
 
-// waitKeys waits until prefix has n keys (watching, not polling).
-func waitKeys(t testing.TB, cli *clientv3.Client, prefix string, n int) {
-	t.Helper()
-	waitCount(t, cli, prefix, testTimeout, func(have int) bool { return have >= n })
-}
-
-// waitCount waits, at most d, until the number of keys under prefix
-// satisfies done.
-func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duration, done func(have int) bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-	require.NoError(t, err)
-	have := int(resp.Count)
-	wch := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	for !done(have) {
-		wr, ok := <-wch
-		require.True(t, ok, "waiting for the keys under %s, have %d", prefix, have)
-		for _, ev := range wr.Events {
-			if ev.IsCreate() {
-				have++
-			} else if ev.Type == clientv3.EventTypeDelete {
-				have--
-			}
-		}
-	}
-}
-
 // Invariant "Nothing left": a cancelled Lock, a Lock whose cancel races the create, and a
 // closed Session leave no key.
 func TestNothingLeftBehind(t *testing.T) {

@@ -3,35 +3,17 @@ package etcdsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// runner is one primitive's Run, with the prefix its keys live under.
-type runner struct {
-	name string
-	run  func(ctx context.Context, fn func(context.Context) error) error
-}
-
-func runners(s *etcdsync.Session, name string) []runner {
-	m := etcdsync.NewMutex(s, name+"-mutex")
-	e := etcdsync.NewElection(s, name+"-election")
-	rw := etcdsync.NewRWMutex(s, name+"-rwmutex")
-	rr := etcdsync.NewRWMutex(s, name+"-rrun")
-	sm := etcdsync.NewSemaphore(s, name+"-semaphore", 2)
-	return []runner{
-		{name + "-mutex/", m.Run},
-		{name + "-election/", func(ctx context.Context, fn func(context.Context) error) error { return e.Run(ctx, "v", fn) }},
-		{name + "-rwmutex/", rw.Run},
-		{name + "-rrun/", rr.RRun},
-		{name + "-semaphore/", func(ctx context.Context, fn func(context.Context) error) error { return sm.Run(ctx, 2, fn) }},
-	}
-}
 
 // Run holds while fn runs and releases after it, also when ctx ended in fn
 // or fn panicked; fn's error comes back.
@@ -41,14 +23,14 @@ func TestRunReleases(t *testing.T) {
 	cli := c.Client(t)
 	ctx := ctxT(t)
 	errFn := errors.New("fn failed")
-	for _, r := range runners(session(t, cli), "run") {
-		t.Run(r.name, func(t *testing.T) {
+	for _, r := range runKinds(session(t, cli), "run") {
+		t.Run(r.prefix, func(t *testing.T) {
 			err := r.run(ctx, func(fctx context.Context) error {
-				require.Len(t, keys(t, cli, r.name), 1, "the hold's key while fn runs")
+				require.Len(t, keys(t, cli, r.prefix), 1, "the hold's key while fn runs")
 				return errFn
 			})
 			require.ErrorIs(t, err, errFn)
-			require.Empty(t, keys(t, cli, r.name))
+			require.Empty(t, keys(t, cli, r.prefix))
 
 			// ctx ends while fn runs: the release still happens.
 			cctx, cancel := context.WithCancel(ctx)
@@ -58,13 +40,13 @@ func TestRunReleases(t *testing.T) {
 				return fctx.Err()
 			})
 			require.ErrorIs(t, err, context.Canceled)
-			require.Empty(t, keys(t, cli, r.name))
+			require.Empty(t, keys(t, cli, r.prefix))
 
 			// A panic releases and goes on.
 			require.PanicsWithValue(t, "boom", func() {
 				r.run(ctx, func(context.Context) error { panic("boom") })
 			})
-			require.Empty(t, keys(t, cli, r.name))
+			require.Empty(t, keys(t, cli, r.prefix))
 		})
 	}
 }
@@ -77,10 +59,10 @@ func TestRunLoss(t *testing.T) {
 	c := kitSingle(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)
-	for _, r := range runners(session(t, cli), "runloss") {
-		t.Run(r.name, func(t *testing.T) {
+	for _, r := range runKinds(session(t, cli), "runloss") {
+		t.Run(r.prefix, func(t *testing.T) {
 			err := r.run(ctx, func(fctx context.Context) error {
-				_, err := cli.Delete(ctx, r.name, clientv3.WithPrefix())
+				_, err := cli.Delete(ctx, r.prefix, clientv3.WithPrefix())
 				require.NoError(t, err)
 				select {
 				case <-fctx.Done():
@@ -93,7 +75,7 @@ func TestRunLoss(t *testing.T) {
 			require.ErrorIs(t, err, context.Canceled)
 			require.ErrorIs(t, err, etcdsync.ErrNotHeld)
 			require.NotErrorIs(t, err, etcdsync.ErrLockReleased)
-			require.Empty(t, keys(t, cli, r.name))
+			require.Empty(t, keys(t, cli, r.prefix))
 		})
 	}
 }
@@ -284,6 +266,214 @@ func TestRunLossCancelsFirst(t *testing.T) {
 				return nil
 			})
 			require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+		})
+	}
+}
+
+// runKind is one primitive's Run, the prefix its keys live under, the
+// release fn may call itself, and a contender of another session that gets
+// the hold once ours ends.
+type runKind struct {
+	kind   string
+	prefix string
+	run    func(ctx context.Context, fn func(context.Context) error) error
+	self   func(ctx context.Context) error
+	next   func(s *etcdsync.Session) (take, release func(ctx context.Context) error)
+}
+
+func runKinds(s *etcdsync.Session, name string) []runKind {
+	m := etcdsync.NewMutex(s, name+"-mutex")
+	e := etcdsync.NewElection(s, name+"-election")
+	rw := etcdsync.NewRWMutex(s, name+"-rwmutex")
+	rr := etcdsync.NewRWMutex(s, name+"-rrun")
+	sm := etcdsync.NewSemaphore(s, name+"-semaphore", 2)
+	return []runKind{
+		{"mutex", name + "-mutex/", m.Run, m.Unlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
+			n := etcdsync.NewMutex(s, name+"-mutex")
+			return n.Lock, n.Unlock
+		}},
+		{"election", name + "-election/", func(ctx context.Context, fn func(context.Context) error) error { return e.Run(ctx, "v", fn) }, e.Resign,
+			func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
+				n := etcdsync.NewElection(s, name+"-election")
+				return func(ctx context.Context) error { return n.Campaign(ctx, "next") }, n.Resign
+			}},
+		{"rwmutex", name + "-rwmutex/", rw.Run, rw.Unlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
+			n := etcdsync.NewRWMutex(s, name+"-rwmutex")
+			return n.RLock, n.RUnlock
+		}},
+		{"rrun", name + "-rrun/", rr.RRun, rr.RUnlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
+			n := etcdsync.NewRWMutex(s, name+"-rrun")
+			return n.Lock, n.Unlock
+		}},
+		{"semaphore", name + "-semaphore/", func(ctx context.Context, fn func(context.Context) error) error { return sm.Run(ctx, 2, fn) }, sm.Release,
+			func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
+				n := etcdsync.NewSemaphore(s, name+"-semaphore", 2)
+				return func(ctx context.Context) error { return n.Acquire(ctx, 1) }, n.Release
+			}},
+	}
+}
+
+// runKindOf is the kind named kind of runKinds(s, name).
+func runKindOf(s *etcdsync.Session, name, kind string) runKind {
+	for _, k := range runKinds(s, name) {
+		if k.kind == kind {
+			return k
+		}
+	}
+	panic(kind)
+}
+
+// fn that releases the hold itself: Run returns fn's error only, fn's
+// context ends (ErrLockReleased), no key is left, and the value can Run again.
+func TestRunFnMayReleaseItsHold(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, admin)
+	for _, k := range runKinds(s, "r13self") {
+		t.Run(k.kind, func(t *testing.T) {
+			err := k.run(ctx, func(fctx context.Context) error {
+				require.NoError(t, k.self(ctx))
+				within(t, fctx.Done(), 5*time.Second, "fn's context after its own release")
+				require.ErrorIs(t, context.Cause(fctx), etcdsync.ErrLockReleased)
+				return nil
+			})
+			require.NoError(t, err)
+			require.Empty(t, keys(t, admin, k.prefix))
+			require.NoError(t, k.run(ctx, func(context.Context) error { return nil }))
+			require.Empty(t, keys(t, admin, k.prefix))
+		})
+	}
+}
+
+// Two RRuns of one RWMutex value from two goroutines share the read hold.
+// When one fn ends its own share itself (RUnlock with fn's context, as
+// RRun's doc asks), its Run must not end the other's share: the other fn
+// still holds (the read key is there, its context has not ended).
+func TestRRunSelfUnlockKeepsOtherShare(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	rw := etcdsync.NewRWMutex(session(t, admin), "r13share")
+	bIn, aDone := make(chan struct{}), make(chan struct{})
+	a := async(func() error {
+		defer close(aDone)
+		return rw.RRun(ctx, func(fctx context.Context) error {
+			<-bIn
+			return rw.RUnlock(fctx) // this fn's share
+		})
+	})
+	b := async(func() error {
+		return rw.RRun(ctx, func(fctx context.Context) error {
+			close(bIn)
+			<-aDone
+			if len(keys(t, admin, "r13share/")) != 1 || fctx.Err() != nil {
+				return fmt.Errorf("B's read hold ended while B's fn runs (cause %v)", context.Cause(fctx))
+			}
+			return nil
+		})
+	})
+	require.NoError(t, resultWithin(t, a, 10*time.Second, "A"))
+	require.NoError(t, resultWithin(t, b, 10*time.Second, "B"))
+	require.Empty(t, keys(t, admin, "r13share/"))
+}
+
+// A second Run of the same value from another goroutine with an unrelated
+// ctx excludes (waits for the first), for every exclusive kind.
+func TestRunsOfOneValueExcludeAcrossGoroutines(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, admin)
+	for _, k := range runKinds(s, "r13second") {
+		if k.kind == "rrun" {
+			continue // reads share
+		}
+		t.Run(k.kind, func(t *testing.T) {
+			aIn, aGo := make(chan struct{}), make(chan struct{})
+			var inside atomic.Int32
+			a := async(func() error {
+				return k.run(ctx, func(context.Context) error {
+					inside.Add(1)
+					close(aIn)
+					<-aGo
+					inside.Add(-1)
+					return nil
+				})
+			})
+			within(t, aIn, 5*time.Second, "first Run")
+			bRan := make(chan struct{})
+			b := async(func() error {
+				return k.run(context.Background(), func(context.Context) error {
+					if inside.Load() != 0 {
+						close(bRan)
+						return errors.New("second Run's fn ran while the first's runs")
+					}
+					close(bRan)
+					return nil
+				})
+			})
+			select {
+			case <-bRan:
+				t.Errorf("%s: a second Run of the same value (unrelated ctx) ran fn while the first holds", k.kind)
+			case <-time.After(time.Second):
+			}
+			close(aGo)
+			assert.NoError(t, resultWithin(t, a, 10*time.Second, "first Run"))
+			assert.NoError(t, resultWithin(t, b, 10*time.Second, "second Run"))
+			require.Empty(t, keys(t, admin, k.prefix))
+		})
+	}
+}
+
+// fn releases its hold itself, then another goroutine's Run of the same
+// value (unrelated ctx) takes a new hold: the first Run's end must not
+// release that new hold.
+func TestRunEndKeepsNewHoldAfterSelfRelease(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, admin)
+	for _, k := range runKinds(s, "r13relother") {
+		if k.kind == "rrun" {
+			continue // reads share: see TestRRunSelfUnlockKeepsOtherShare
+		}
+		t.Run(k.kind, func(t *testing.T) {
+			bIn, aDone := make(chan struct{}), make(chan struct{})
+			var b <-chan error
+			a := async(func() error {
+				defer close(aDone)
+				return k.run(ctx, func(context.Context) error {
+					if err := k.self(ctx); err != nil {
+						return err
+					}
+					b = async(func() error {
+						return k.run(context.Background(), func(fctx context.Context) error {
+							close(bIn)
+							<-aDone
+							// No t here: this may run on after a failed test.
+							resp, err := admin.Get(ctx, k.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+							if err != nil || resp.Count != 1 || fctx.Err() != nil {
+								return fmt.Errorf("B's hold ended when A's Run returned (err %v, cause %v)", err, context.Cause(fctx))
+							}
+							return nil
+						})
+					})
+					select {
+					case <-bIn:
+					case <-time.After(5 * time.Second):
+						return errors.New("B did not get the hold")
+					}
+					return nil
+				})
+			})
+			require.NoError(t, resultWithin(t, a, 10*time.Second, "A"))
+			require.NotNil(t, b)
+			require.NoError(t, resultWithin(t, b, 10*time.Second, "B"))
 		})
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/etcdsynctest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -401,4 +402,177 @@ func TestRWMutexErrorsAndLeftovers(t *testing.T) {
 	}
 	require.NoError(t, w.Unlock(ctx))
 	require.Empty(t, keys(t, cli, "rwleft/"))
+}
+
+// A writer's release wakes exactly the readers that may now hold (design,
+// "Herd-free in the queue length"): the readers behind the next writer get
+// no event from it. (They used to watch the first writer too, the "one
+// more" key, so each writer's release reached every reader behind the next
+// one; readers now watch only their nearest writer.)
+func TestReadersWakeOnlyForNearestWriter(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	const name = "r12herd"
+	w1 := etcdsync.NewRWMutex(session(t, admin), name)
+	require.NoError(t, w1.Lock(ctx))
+	w2 := etcdsync.NewRWMutex(session(t, admin), name)
+	w2got := async(func() error { return w2.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 2)
+	cnt := counter{created: make(chan struct{}, 256)}
+	cli := c.Client(t, cnt.dial()...)
+	const k = 12
+	got := make(chan *etcdsync.RWMutex, k)
+	for i := 0; i < k; i++ {
+		rw := etcdsync.NewRWMutex(session(t, cli), name)
+		go func() {
+			if err := rw.RLock(ctx); err != nil {
+				t.Errorf("RLock: %v", err)
+				return
+			}
+			got <- rw
+		}()
+		waitKeys(t, admin, name+"/", 3+i)
+	}
+	for range 2 * k { // own key, W2
+		within(t, cnt.created, testTimeout, "reader's watch created")
+	}
+	require.NoError(t, w1.Unlock(ctx))
+	require.NoError(t, resultWithin(t, w2got, testTimeout, "second writer"))
+	require.NoError(t, w2.Unlock(ctx))
+	for range k {
+		select {
+		case rw := <-got:
+			defer rw.RUnlock(ctx)
+		case <-time.After(testTimeout):
+			t.Fatal("readers did not hold")
+		}
+	}
+	ev := cnt.events.Load()
+	t.Logf("events delivered to %d readers behind the second writer over two writer releases: %d", k, ev)
+	require.LessOrEqual(t, ev, int64(k+2), "the first writer's release reached the readers behind the second")
+}
+
+// An exact reader watches only its nearest writer W2. When W2 withdraws
+// (cancelled Lock) or is deleted by an admin while the older writer W1
+// still holds, the reader must keep waiting (no early hold), move to W1,
+// and hold once W1 goes (no stuck reader).
+func TestExactReaderMovesToOlderWriter(t *testing.T) {
+	t.Parallel()
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		for _, how := range []string{"cancel", "admin-delete"} {
+			t.Run(how, func(t *testing.T) {
+				admin := c.Client(t)
+				ctx := ctxT(t)
+				name := "r12bwd-" + how
+				w1 := etcdsync.NewRWMutex(session(t, admin), name)
+				require.NoError(t, w1.Lock(ctx))
+				w2 := etcdsync.NewRWMutex(session(t, admin), name)
+				w2ctx, w2cancel := context.WithCancel(ctx)
+				defer w2cancel()
+				w2got := async(func() error { return w2.Lock(w2ctx) })
+				waitKeys(t, admin, name+"/", 2)
+				resp, err := admin.Get(ctx, name+"/write/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+				require.NoError(t, err)
+				require.Len(t, resp.Kvs, 2)
+				w2key := string(resp.Kvs[1].Key)
+
+				cnt := counter{created: make(chan struct{}, 64)}
+				r := etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), name)
+				rgot := async(func() error { return r.RLock(ctx) })
+				awaitCreated(t, cnt.created, 2, testTimeout, "reader's watches (own key, W2)")
+
+				if how == "cancel" {
+					w2cancel()
+					require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2's cancelled Lock"), context.Canceled)
+				} else {
+					_, err := admin.Delete(ctx, w2key)
+					require.NoError(t, err)
+					require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2's deleted Lock"), etcdsync.ErrSessionExpired)
+				}
+				// The reader reads once and watches W1.
+				within(t, cnt.created, testTimeout, "reader's watch of W1 after W2 went")
+				notYet(t, rgot, 500*time.Millisecond, "reader while W1 holds")
+				require.NoError(t, w1.Unlock(ctx))
+				require.NoError(t, resultWithin(t, rgot, testTimeout, "reader after W1"))
+				require.NoError(t, r.RUnlock(ctx))
+				require.Empty(t, keys(t, admin, name+"/"))
+			})
+		}
+	})
+}
+
+// Writers ahead of a waiting reader removed in one revision (a prefix
+// delete of NAME/write/, or a transaction deleting both): the reader holds
+// and a writer behind it waits for it. And the older writer deleted alone
+// (the reader does not watch it): the reader keeps waiting for W2, which now
+// holds, then holds after W2.
+func TestExactReaderHoldsWhenWritersGoTogether(t *testing.T) {
+	t.Parallel()
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		admin := c.Client(t)
+		setup := func(t *testing.T, name string) (w1, w2 *etcdsync.RWMutex, w2got <-chan error, r *etcdsync.RWMutex, rgot <-chan error) {
+			ctx := ctxT(t)
+			w1 = etcdsync.NewRWMutex(session(t, admin), name)
+			require.NoError(t, w1.Lock(ctx))
+			w2 = etcdsync.NewRWMutex(session(t, admin), name)
+			w2got = async(func() error { return w2.Lock(ctx) })
+			waitKeys(t, admin, name+"/", 2)
+			cnt := counter{created: make(chan struct{}, 64)}
+			r = etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), name)
+			rgot = async(func() error { return r.RLock(ctx) })
+			awaitCreated(t, cnt.created, 2, testTimeout, "reader's watches")
+			return
+		}
+		t.Run("prefix", func(t *testing.T) {
+			ctx := ctxT(t)
+			name := "r12bpfx"
+			_, _, w2got, r, rgot := setup(t, name)
+			w3 := etcdsync.NewRWMutex(session(t, admin), name)
+			w3got := async(func() error { return w3.Lock(ctx) })
+			waitKeys(t, admin, name+"/", 4)
+			// W1, W2 and W3 in one revision: the reader holds.
+			_, err := admin.Delete(ctx, name+"/write/", clientv3.WithPrefix())
+			require.NoError(t, err)
+			require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2"), etcdsync.ErrSessionExpired)
+			require.ErrorIs(t, resultWithin(t, w3got, testTimeout, "W3"), etcdsync.ErrSessionExpired)
+			require.NoError(t, resultWithin(t, rgot, testTimeout, "reader after its writers went in one revision"))
+			require.NoError(t, r.RUnlock(ctx))
+		})
+		t.Run("txn-both-and-writer-behind", func(t *testing.T) {
+			ctx := ctxT(t)
+			name := "r12btxn"
+			w1, _, w2got, r, rgot := setup(t, name)
+			w3 := etcdsync.NewRWMutex(session(t, admin), name)
+			w3got := async(func() error { return w3.Lock(ctx) })
+			waitKeys(t, admin, name+"/", 4)
+			// delete W1 and W2 only (the writers before the reader)
+			resp, err := admin.Get(ctx, name+"/write/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+			require.NoError(t, err)
+			_, err = admin.Txn(ctx).Then(clientv3.OpDelete(string(resp.Kvs[0].Key)), clientv3.OpDelete(string(resp.Kvs[1].Key))).Commit()
+			require.NoError(t, err)
+			require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2"), etcdsync.ErrSessionExpired)
+			require.NoError(t, resultWithin(t, rgot, testTimeout, "reader after W1 and W2 went in one revision"))
+			notYet(t, w3got, 300*time.Millisecond, "W3 while the reader holds")
+			require.NoError(t, r.RUnlock(ctx))
+			require.NoError(t, resultWithin(t, w3got, testTimeout, "W3 after the reader"))
+			require.NoError(t, w3.Unlock(ctx))
+			within(t, w1.Done(), testTimeout, "W1's Done after its key's delete")
+			require.ErrorIs(t, w1.Err(), etcdsync.ErrNotHeld)
+		})
+		t.Run("older-writer-deleted", func(t *testing.T) {
+			ctx := ctxT(t)
+			name := "r12bold"
+			w1, w2, w2got, r, rgot := setup(t, name)
+			_, err := admin.Delete(ctx, w1.Key())
+			require.NoError(t, err)
+			require.NoError(t, resultWithin(t, w2got, testTimeout, "W2 after W1's key went"))
+			notYet(t, rgot, 500*time.Millisecond, "reader while W2 holds")
+			require.NoError(t, w2.Unlock(ctx))
+			require.NoError(t, resultWithin(t, rgot, testTimeout, "reader after W2"))
+			require.NoError(t, r.RUnlock(ctx))
+			require.Empty(t, keys(t, admin, name+"/"))
+		})
+	})
 }

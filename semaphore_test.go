@@ -3,6 +3,7 @@ package etcdsync_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -267,4 +268,114 @@ func TestSemaphoreLeftovers(t *testing.T) {
 	}
 	require.NoError(t, holder.Release(ctx))
 	require.Empty(t, keys(t, cli, "semleft/"))
+}
+
+// Weights summed in int64: with a capacity near MaxInt64 the sum of the
+// keys ahead overflows and a waiter holds with a full hold ahead of it.
+func TestSemaphoreWeightsSaturate(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const capacity = math.MaxInt64
+	const name = "r12overflow"
+	a := etcdsync.NewSemaphore(session(t, cli), name, capacity)
+	require.NoError(t, a.Acquire(ctx, capacity))
+	b := etcdsync.NewSemaphore(session(t, cli), name, capacity)
+	bgot := async(func() error { return b.Acquire(ctx, capacity) })
+	waitKeys(t, cli, name+"/", 2)
+	d := etcdsync.NewSemaphore(session(t, cli), name, capacity)
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	dgot := async(func() error { return d.Acquire(dctx, capacity) })
+	waitKeys(t, cli, name+"/", 3)
+	select {
+	case err := <-dgot:
+		if err == nil {
+			t.Errorf("a third full hold (%s) while the first (%s) holds", d.Key(), a.Key())
+			_ = d.Release(ctx)
+		}
+	case <-time.After(time.Second):
+	}
+	cancel()
+	require.NoError(t, a.Release(ctx))
+	require.NoError(t, resultWithin(t, bgot, testTimeout, "second full hold"))
+	require.NoError(t, b.Release(ctx))
+}
+
+// One Semaphore value, Acquire from two goroutines: one holds, the other
+// waits for its Release, then holds at a later revision.
+func TestSemaphoreValueExcludesItsGoroutines(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	sm := etcdsync.NewSemaphore(session(t, c.Client(t)), "r12two", 3)
+	g1 := async(func() error { return sm.Acquire(ctx, 1) })
+	g2 := async(func() error { return sm.Acquire(ctx, 2) })
+	var first error
+	select {
+	case first = <-g1:
+	case first = <-g2:
+	case <-time.After(testTimeout):
+		t.Fatal("neither Acquire returned")
+	}
+	require.NoError(t, first)
+	rev := sm.Rev()
+	require.Len(t, keys(t, admin, "r12two/"), 1)
+	select {
+	case err := <-g2:
+		require.NoError(t, err)
+		t.Fatal("both Acquires of one value hold")
+	case err := <-g1:
+		require.NoError(t, err)
+		t.Fatal("both Acquires of one value hold")
+	case <-time.After(300 * time.Millisecond):
+	}
+	// whichever is left
+	both := make(chan error, 2)
+	go func() {
+		select {
+		case err := <-g1:
+			both <- err
+		case err := <-g2:
+			both <- err
+		}
+	}()
+	require.NoError(t, sm.Release(ctx))
+	require.NoError(t, resultWithin(t, both, testTimeout, "second Acquire"))
+	require.Greater(t, sm.Rev(), rev)
+	require.NoError(t, sm.Release(ctx))
+	require.Empty(t, keys(t, admin, "r12two/"))
+}
+
+// Weights saturate on the try path too: with capacity MaxInt64 and two
+// keys of MaxInt64/2+1 ahead, TryAcquire(1) is ErrLocked, and Acquire(1)
+// waits until both are gone.
+func TestSemaphoreTryWeightsSaturate(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	const capacity = math.MaxInt64
+	const half = math.MaxInt64/2 + 1
+	name := "r12bsat"
+	a := etcdsync.NewSemaphore(session(t, admin), name, capacity)
+	require.NoError(t, a.Acquire(ctx, half))
+	b := etcdsync.NewSemaphore(session(t, admin), name, capacity)
+	bgot := async(func() error { return b.Acquire(ctx, half) })
+	waitKeys(t, admin, name+"/", 2)
+	d := etcdsync.NewSemaphore(session(t, admin), name, capacity)
+	err := d.TryAcquire(ctx, 1)
+	if err == nil {
+		_ = d.Release(ctx)
+	}
+	require.ErrorIs(t, err, etcdsync.ErrLocked)
+	dgot := async(func() error { return d.Acquire(ctx, capacity-half) })
+	notYet(t, dgot, 300*time.Millisecond, "third while the first two (over capacity) are ahead")
+	require.NoError(t, a.Release(ctx))
+	require.NoError(t, resultWithin(t, bgot, testTimeout, "b"))
+	require.NoError(t, b.Release(ctx))
+	require.NoError(t, resultWithin(t, dgot, testTimeout, "d"))
+	require.NoError(t, d.Release(ctx))
 }

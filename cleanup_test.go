@@ -1,0 +1,408 @@
+package etcdsync_test
+
+// Nothing left behind: cancelled and failed acquires, late creates and
+// cleanups, and the sweeper leave no key and no claim — Invariant
+// "Nothing left".
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// A waiter whose Lock ends (ctx cancelled) and whose cleanup delete fails
+// (one RPC error) must still not leave its key behind for as long as its
+// session lives: the create's outcome was known, so no sweep would find it,
+// and once the holder ahead released, that key would head the queue and block
+// the name for every other contender. Invariant "Nothing left": a cancelled
+// Lock leaves no key.
+func TestCancelledLockLeavesNoKeyAfterFailedWithdraw(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	admin := c.Client(t)
+	holder := etcdsync.NewMutex(session(t, admin), "r8-withdraw")
+	require.NoError(t, holder.Lock(ctx))
+
+	var inj injector
+	cnt := counter{created: make(chan struct{}, 4)}
+	s := session(t, c.Client(t, append(cnt.dial(), inj.dial())...), etcdsync.WithTTL(30*time.Second))
+	w := etcdsync.NewMutex(s, "r8-withdraw")
+	lctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- w.Lock(lctx) }()
+	for range 2 {
+		within(t, cnt.created, testTimeout, "waiter's watch created")
+	}
+	inj.arm(txnMethod, 1) // the cleanup delete fails, unsent
+	cancel()
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(testTimeout):
+		t.Fatal("the cancelled Lock did not return")
+	}
+	require.NoError(t, s.Err(), "the session lives on")
+	require.NoError(t, holder.Unlock(ctx))
+
+	third := etcdsync.NewMutex(session(t, admin), "r8-withdraw")
+	tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer tcancel()
+	require.NoError(t, third.Lock(tctx), "the name is blocked by the cancelled waiter's key %v", keys(t, admin, "r8-withdraw/"))
+	require.NoError(t, third.Unlock(ctx))
+}
+
+// A cleanup of a create of unknown outcome must never delete a later hold
+// of the session. That cleanup deletes "any key with this lease created after
+// the session began", unfenced by a create revision, and a request is not
+// withdrawn with its context: forwarded by a follower cut off from its peers,
+// it is applied when the partition heals. Here: the create commits but its
+// reply is lost (one Unavailable after the call went through); the cleanup
+// goes to a follower f cut off a moment before and is held in the network;
+// the session sweeps the created key; the same Mutex then Locks again and
+// holds; f heals, and the new hold must stay. Invariant "Fenced release".
+func TestLateWithdrawNeverDeletesLaterHold(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
+	c, f, u := peerRig(t)
+	ctx := ctxT(t)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
+	var sc script
+	s := session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, sc.dial()), etcdsync.WithTTL(30*time.Second))
+	m := etcdsync.NewMutex(s, "r8-late")
+
+	require.NoError(t, c.CutPeers(f))
+	healed := false
+	defer func() {
+		if !healed {
+			c.HealPeers(f)
+		}
+	}()
+	lost := func(c call) error { // the create commits on u, its reply is lost
+		if err := c.invoke(); err != nil {
+			return err
+		}
+		return status.Error(codes.Unavailable, "injected: reply lost")
+	}
+	toF := func(c call) error { return c.on(viaF.ActiveConnection()) } // the cleanup goes to f
+	sc.arm(txnMethod, lost, toF)
+	start := time.Now()
+	err := m.Lock(ctx)
+	require.Error(t, err)
+	t.Logf("Lock: %v (after %v)", err, time.Since(start))
+
+	// The session sweeps the committed key, then the Mutex holds again.
+	waitNoKeys(t, admin, "r8-late/")
+	require.NoError(t, m.Lock(ctx))
+	held := m.Rev()
+	done := m.Done()
+	notWithin(t, done, time.Second, "the hold ended before f healed")
+
+	require.NoError(t, c.HealPeers(f))
+	healed = true
+	select {
+	case <-done:
+		t.Fatalf("the hold at %d ended after f healed: %v; keys now %v", held, m.Err(), keys(t, admin, "r8-late/"))
+	case <-time.After(2 * time.Second):
+	}
+	require.NoError(t, m.Unlock(ctx))
+}
+
+// Once a create of unknown outcome has started the sweeper for a key, the
+// session's later holds of that key must not lend the sweeper the key's
+// in-process claim after they end: TryLock on the same session and name must
+// not return ErrLocked while nobody holds the name, and Lock must not wait a
+// round trip for a (fenced, no-op) sweeper delete. "unswept" is the control.
+func TestSweeperLeavesClaimAfterUnlock(t *testing.T) {
+	t.Parallel()
+	// "unswept" is the control: no create of unknown outcome, no sweeper.
+	for _, swept := range []bool{true, false} {
+		t.Run(map[bool]string{true: "swept", false: "unswept"}[swept], func(t *testing.T) { sweeperLeavesClaim(t, swept) })
+	}
+}
+
+// sweptMutex returns a Mutex on name of a session whose writes take 30 ms
+// more; with swept, after one Lock of unknown outcome, so that the session
+// sweeps the key from then on.
+func sweptMutex(t *testing.T, c *etcdtest.Cluster, name string, swept bool) *etcdsync.Mutex {
+	var inj injector
+	slow := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == txnMethod {
+			time.Sleep(30 * time.Millisecond)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	m := etcdsync.NewMutex(session(t, c.Client(t, inj.dial(), slow)), name)
+	if swept {
+		inj.arm(txnMethod, 1)
+		require.Error(t, m.Lock(ctxT(t)))
+	}
+	return m
+}
+
+func sweeperLeavesClaim(t *testing.T, swept bool) {
+	c := single(t)
+	ctx := ctxT(t)
+	m := sweptMutex(t, c, "r8-steal", swept)
+	spurious := 0
+	for i := 0; i < 10; i++ {
+		require.NoError(t, m.Lock(ctx))
+		require.NoError(t, m.Unlock(ctx))
+		time.Sleep(5 * time.Millisecond) // the caller tries again a moment later
+		if err := m.TryLock(ctx); err != nil {
+			require.ErrorIs(t, err, etcdsync.ErrLocked)
+			spurious++
+			t.Logf("trial %d: %v", i, err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		require.NoError(t, m.Unlock(ctx))
+	}
+	require.Zero(t, spurious, "TryLock on a free name returned ErrLocked")
+}
+
+// A restarted process (WithLease) whose previous incarnation was *waiting*
+// (its key is in the queue, not at the head) and whose Lock is cancelled
+// while it waits must not leave that key behind: the session lives on and
+// holds nothing in-process, so once the key reached the head it would block
+// the name for every other contender until the session ends. (A resumed
+// *hold* is kept: TestResumedHoldSurvivesFailedCreate; a resumed waiting key
+// has no hold to keep.) Invariant "Nothing left".
+func TestCancelledResumedWaiterLeavesNoKey(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	admin := c.Client(t)
+	holder := etcdsync.NewMutex(session(t, admin), "r8-rwait")
+	require.NoError(t, holder.Lock(ctx))
+
+	// The previous process queued behind the holder, then died.
+	lease, err := admin.Grant(ctx, 30)
+	require.NoError(t, err)
+	key := fmt.Sprintf("r8-rwait/%x", int64(lease.ID))
+	_, err = admin.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, "", clientv3.WithLease(lease.ID))).Commit()
+	require.NoError(t, err)
+
+	s2 := session(t, admin, etcdsync.WithLease(lease.ID))
+	m2 := etcdsync.NewMutex(s2, "r8-rwait")
+	lctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, m2.Lock(lctx), context.DeadlineExceeded)
+	require.NoError(t, holder.Unlock(ctx))
+
+	third := etcdsync.NewMutex(session(t, admin), "r8-rwait")
+	tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer tcancel()
+	require.NoError(t, third.Lock(tctx), "the name is blocked by the cancelled resumed waiter's key: %v", keys(t, admin, "r8-rwait/"))
+	require.NoError(t, third.Unlock(ctx))
+}
+
+// As TestSweeperLeavesClaimAfterUnlock, for acquires that fail after
+// writing: once a create of unknown outcome has started the sweeper for a
+// key, a later acquire of that key that fails (a Lock whose ctx ends while it
+// waits, the usual "try for a while" loop) must not leave the sweeper a
+// create to act on: once the acquire frees the key, TryLock on the same
+// session and name must not return ErrLocked ("held, or waited for, by this
+// session") while nobody holds or waits for the name. "unswept" is the
+// control.
+func TestSweeperLeavesClaimAfterFailedLock(t *testing.T) {
+	t.Parallel()
+	for _, swept := range []bool{true, false} {
+		t.Run(map[bool]string{true: "swept", false: "unswept"}[swept], func(t *testing.T) {
+			c := single(t)
+			ctx := ctxT(t)
+			m := sweptMutex(t, c, "r9-steal", swept)
+			holder := etcdsync.NewMutex(session(t, c.Client(t)), "r9-steal")
+			spurious := 0
+			for i := 0; i < 5; i++ {
+				require.NoError(t, holder.Lock(ctx))
+				lctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				require.ErrorIs(t, m.Lock(lctx), context.DeadlineExceeded) // it waited, and withdrew its key
+				cancel()
+				require.NoError(t, holder.Unlock(ctx))
+				if err := m.TryLock(ctx); err != nil {
+					require.ErrorIs(t, err, etcdsync.ErrLocked)
+					spurious++
+					t.Logf("trial %d: %v", i, err)
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				require.NoError(t, m.Unlock(ctx))
+			}
+			require.Zero(t, spurious, "TryLock on a free name returned ErrLocked")
+		})
+	}
+}
+
+// A create of unknown outcome must never leave a key that outlives the call,
+// however late it is applied (Invariant "Nothing left"), also across a
+// hand-over: the sweeper that removes a late-applied create dies with its
+// session, so after Orphan and a restarted process adopting the lease
+// (WithLease), a create (here forwarded by a follower cut off from its peers)
+// that the server applies after the hand-over would leave a key with the
+// adopted, live lease at the head of the queue, blocking the name for as long
+// as the adopting process lives. (The adopting session even counts the key as
+// its own: its create revision is past the adoption's floor.)
+//
+// Skipped, a known limitation: no process left alive knows of that create. A
+// fix needs an incarnation fence (each create compares against a per-session
+// marker that an adopting process replaces) or a hand-over of the swept names
+// through Orphan.
+func TestLateCreateAfterHandOverIsSwept(t *testing.T) {
+	t.Parallel()
+	t.Skip("known limitation: a late create of an orphaned session's call, applied after a restarted process adopted the lease, is swept by nobody")
+	c, f, u := peerRig(t)
+	ctx := ctxT(t)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
+	red := &unaryVia{conn: viaF.ActiveConnection()}
+	cli := etcdtest.NewClient(t, []string{u.Endpoint()}, red.dial())
+	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
+	require.NoError(t, err)
+	m := etcdsync.NewMutex(s1, "r9-handover")
+	from, err := admin.Get(ctx, "r9-handover/")
+	require.NoError(t, err)
+
+	require.NoError(t, c.CutPeers(f))
+	healed := false
+	defer func() {
+		if !healed {
+			c.HealPeers(f)
+		}
+	}()
+	red.arm(txnMethod, 1) // the create goes to f, which forwards it to the leader
+	lctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	require.Error(t, m.Lock(lctx))
+	cancel()
+	require.Empty(t, keys(t, admin, "r9-handover/"))
+
+	// The process restarts: it hands its lease over to its next incarnation.
+	s1.Orphan()
+	s2 := session(t, cli, etcdsync.WithLease(s1.Lease()))
+	require.NoError(t, c.HealPeers(f))
+	healed = true
+
+	wch := admin.Watch(ctx, "r9-handover/", clientv3.WithPrefix(), clientv3.WithRev(from.Header.Revision+1))
+	created := lateCreate(t, wch)
+	other := etcdsync.NewMutex(session(t, admin), "r9-handover")
+	octx, ocancel := context.WithTimeout(ctx, 5*time.Second)
+	defer ocancel()
+	require.NoError(t, other.Lock(octx), "the late create (revision %d) of the handed-over lease blocks the name: keys %v", created, keys(t, admin, "r9-handover/"))
+	require.NoError(t, other.Unlock(ctx))
+	require.NoError(t, s2.Err())
+}
+
+// Cancels at every moment of Acquire, TryAcquire, RLock and TryRLock,
+// waiting or not, leave no key.
+func TestCancelledAcquiresLeaveNoKey(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	holder := etcdsync.NewSemaphore(session(t, cli), "r12cancel", 3)
+	require.NoError(t, holder.Acquire(ctx, 2))
+	w := etcdsync.NewRWMutex(session(t, cli), "r12cancelrw")
+	s := session(t, cli)
+	sm := etcdsync.NewSemaphore(s, "r12cancel", 3)
+	rw := etcdsync.NewRWMutex(s, "r12cancelrw")
+	for i := 0; i < 48; i++ {
+		if i == 24 {
+			require.NoError(t, w.Lock(ctx)) // now readers wait too
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Duration(i%12)*250*time.Microsecond)
+		var err error
+		switch i % 4 {
+		case 0:
+			err = sm.Acquire(cctx, 2)
+		case 1:
+			err = sm.TryAcquire(cctx, 2)
+		case 2:
+			err = rw.RLock(cctx)
+		case 3:
+			err = rw.TryRLock(cctx)
+		}
+		cancel()
+		if err == nil {
+			if i%4 < 2 {
+				t.Fatalf("trial %d: %d+2 of 3 permits", i, 2)
+			}
+			require.Less(t, i, 24, "trial %d: a read hold beside the writer", i)
+			require.NoError(t, rw.RUnlock(ctx))
+		}
+		require.Equal(t, []string{holder.Key()}, keys(t, cli, "r12cancel/"), "trial %d", i)
+		if i >= 24 {
+			require.Equal(t, []string{w.Key()}, keys(t, cli, "r12cancelrw/"), "trial %d", i)
+		}
+	}
+	require.NoError(t, w.Unlock(ctx))
+	require.NoError(t, holder.Release(ctx))
+	waitCount(t, cli, "r12cancel", 5*time.Second, func(n int) bool { return n == 0 })
+}
+
+// lateCreate waits for the create that a follower cut off from its peers
+// forwarded to be applied, and returns its revision.
+func lateCreate(t *testing.T, wch clientv3.WatchChan) int64 {
+	t.Helper()
+	for {
+		select {
+		case wr := <-wch:
+			require.NoError(t, wr.Err())
+			for _, ev := range wr.Events {
+				if ev.IsCreate() {
+					return ev.Kv.CreateRevision
+				}
+			}
+		case <-time.After(testTimeout):
+			t.Fatal("the forwarded create was never applied: the rig no longer reproduces a late create")
+		}
+	}
+}
+
+// A create sent to a follower cut off from its peers is forwarded to the
+// leader and sits in the network; the client gives up and its cleanup, served
+// by another member, finds nothing. When the partition heals the create is
+// applied. The session must remove that key although it lives on, so that
+// the name is not blocked until the session ends. Invariant "Nothing left".
+func TestLateCreateIsSwept(t *testing.T) {
+	t.Parallel()
+	c, f, u := peerRig(t)
+	ctx := ctxT(t)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
+	red := &unaryVia{conn: viaF.ActiveConnection()}
+	s := session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, red.dial()))
+	m := etcdsync.NewMutex(s, "late")
+	from, err := admin.Get(ctx, "late/")
+	require.NoError(t, err)
+
+	require.NoError(t, c.CutPeers(f))
+	red.arm(txnMethod, 1) // the create goes to f
+	lctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err = m.Lock(lctx)
+	cancel()
+	require.Error(t, err)
+	require.Empty(t, keys(t, admin, "late/"), "the create was applied before the heal")
+	require.NoError(t, c.HealPeers(f))
+
+	// The forwarded create is applied late, and the session sweeps it.
+	wch := admin.Watch(ctx, "late/", clientv3.WithPrefix(), clientv3.WithRev(from.Header.Revision+1))
+	created := lateCreate(t, wch)
+	other := etcdsync.NewMutex(session(t, admin), "late")
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, other.Lock(octx), "the late-applied key of a live session blocks the name")
+	require.Greater(t, other.Rev(), created)
+	require.NoError(t, other.Unlock(ctx))
+	require.Empty(t, keys(t, admin, "late/"))
+	require.NoError(t, s.Err(), "the session lives on")
+}

@@ -1,0 +1,165 @@
+package etcdsync_test
+
+// Progress answers: a client learns off the critical path whether its
+// progress requests are answered (etcd's gRPC proxy never answers them), and
+// a wait is not held up by the answer.
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Through etcd's gRPC proxy, which never answers a progress request, a
+// client's waiters learn that once: only the first wait asks (its probe,
+// sent as it watches, and its handoff's confirmation, which waits for the
+// probe's answer no longer than progressWait from the probe), the later
+// ones read at once. Against a member, every handoff is confirmed by a
+// progress request and no RPC, and only the first wait sends a probe. Each
+// handoff's latency and critical-path RPCs are logged beside the other's.
+func TestCompatProgressLearnedOnce(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	c := single(t)
+	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
+	admin := c.Client(t)
+	const handoffs = 5
+	for _, tc := range []struct {
+		name      string
+		endpoints []string
+		progress  int // progress requests over the handoffs
+		rpcs      int // unary RPCs between the holder's Unlock and the waiter's Lock, from the 2nd handoff on
+	}{
+		{"direct", c.Endpoints(), handoffs + 1, 0},
+		{"grpcproxy", []string{proxy}, 2, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxCell(t)
+			name := "progress-" + tc.name
+			calls := &wrapCalls{}
+			cnt := &counter{created: make(chan struct{}, 16)}
+			cli := calls.wrap(etcdtest.NewClient(t, tc.endpoints, append(calls.dial(), cnt.dial()...)...))
+			holder := etcdsync.NewMutex(session(t, admin), name)
+			waiter := etcdsync.NewMutex(session(t, cli), name)
+			var lat []time.Duration
+			for i := range handoffs {
+				require.NoError(t, holder.Lock(ctx))
+				w := async(func() error { return waiter.Lock(ctx) })
+				for range 2 { // the waiter's watches of its key and the holder's
+					within(t, cnt.created, cellTimeout, "the waiter's watches created")
+				}
+				before := cnt.unary.Load()
+				start := time.Now()
+				require.NoError(t, holder.Unlock(ctx))
+				require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
+				lat = append(lat, time.Since(start))
+				if n := cnt.unary.Load() - before; i > 0 {
+					require.EqualValues(t, tc.rpcs, n, "RPCs on the critical path of handoff %d", i)
+				}
+				require.NoError(t, waiter.Unlock(ctx))
+			}
+			calls.mu.Lock()
+			progress := calls.calls["RequestProgress"]
+			calls.mu.Unlock()
+			require.Equal(t, tc.progress, progress, "progress requests over %d handoffs", handoffs)
+			t.Logf("%s: handoff latencies (holder's Unlock to the waiter's Lock) %v", tc.name, lat)
+		})
+	}
+}
+
+// A progress request that goes unanswered on a client whose requests were
+// answered before (a member busy for a moment) costs that handoff a read,
+// and only that one: the client's later waiters ask again, and their
+// handoffs take no RPC.
+func TestCompatLateProgressKeepsClient(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	c := single(t)
+	ctx := ctxCell(t)
+	cnt := &counter{created: make(chan struct{}, 16)}
+	cli := etcdtest.NewClient(t, c.Endpoints(), cnt.dial()...)
+	drop := &dropProgress{Watcher: cli.Watcher, drop: 2}
+	cli.Watcher = drop
+	holder := etcdsync.NewMutex(session(t, c.Client(t)), "late-progress")
+	waiter := etcdsync.NewMutex(session(t, cli), "late-progress")
+	const handoffs = 4
+	for i := range handoffs {
+		require.NoError(t, holder.Lock(ctx))
+		w := async(func() error { return waiter.Lock(ctx) })
+		for range 2 { // the waiter's watches of its key and the holder's
+			within(t, cnt.created, cellTimeout, "the waiter's watches created")
+		}
+		before := cnt.unary.Load()
+		require.NoError(t, holder.Unlock(ctx))
+		require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
+		want := 0
+		if i == 0 { // the dropped request (after the first wait's probe): this handoff reads
+			want = 1
+		}
+		require.EqualValues(t, want, cnt.unary.Load()-before, "RPCs on the critical path of handoff %d", i)
+		require.NoError(t, waiter.Unlock(ctx))
+	}
+	require.EqualValues(t, handoffs+1, drop.n.Load(), "progress requests over %d handoffs (and one probe)", handoffs)
+}
+
+// A client learns that its progress requests go unanswered off the
+// critical path: through etcd's gRPC proxy, a first wait that lasts longer
+// than progressWait has learned it from its probe by the time its turn
+// comes, so its handoff reads at once and asks nothing more.
+func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	c := single(t)
+	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
+	ctx := ctxCell(t)
+	calls := &wrapCalls{}
+	cnt := &counter{created: make(chan struct{}, 16)}
+	cli := calls.wrap(etcdtest.NewClient(t, []string{proxy}, append(calls.dial(), cnt.dial()...)...))
+	holder := etcdsync.NewMutex(session(t, c.Client(t)), "progress-learned")
+	waiter := etcdsync.NewMutex(session(t, cli), "progress-learned")
+	require.NoError(t, holder.Lock(ctx))
+	w := async(func() error { return waiter.Lock(ctx) })
+	for range 2 { // the waiter's watches of its key and the holder's
+		within(t, cnt.created, cellTimeout, "the waiter's watches created")
+	}
+	time.Sleep(2 * time.Second) // the holder holds a while: longer than the probe waits for its answer
+	progress := func() int {
+		calls.mu.Lock()
+		defer calls.mu.Unlock()
+		return calls.calls["RequestProgress"]
+	}
+	require.Equal(t, 1, progress(), "progress requests before the turn: the probe")
+	before := cnt.unary.Load()
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
+	require.EqualValues(t, 1, cnt.unary.Load()-before, "RPCs on the critical path: the read")
+	require.Equal(t, 1, progress(), "progress requests after the turn: none more")
+	require.NoError(t, waiter.Unlock(ctx))
+}
+
+// dropProgress is a Watcher that drops its drop-th progress request (it
+// says it sent it).
+type dropProgress struct {
+	clientv3.Watcher
+	n    atomic.Int32
+	drop int32
+}
+
+func (d *dropProgress) RequestProgress(ctx context.Context) error {
+	if d.n.Add(1) == d.drop {
+		return nil
+	}
+	return d.Watcher.RequestProgress(ctx)
+}

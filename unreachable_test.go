@@ -1,0 +1,111 @@
+package etcdsync_test
+
+// Calls while etcd is unreachable: how long they keep their caller, and a
+// Lock that waits through a long partition.
+
+import (
+	"context"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+)
+
+// A Lock whose context has no deadline waits through a partition longer
+// than the library's cleanup bound (5 s) and then acquires.
+func TestLockWaitsThroughLongPartition(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("7 s partition skipped in -short")
+	}
+	c := single(t)
+	u, err := url.Parse(c.Members()[0].Endpoint())
+	require.NoError(t, err)
+	p := etcdtest.NewProxy(t, u.Host)
+	s := session(t, etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(30*time.Second))
+	m := etcdsync.NewMutex(s, "nodeadline")
+	p.Blackhole(true)
+	errc := make(chan error, 1)
+	go func() { errc <- m.Lock(context.Background()) }()
+	select {
+	case err := <-errc:
+		t.Fatalf("Lock(Background) returned during the partition: %v", err)
+	case <-time.After(7 * time.Second):
+	}
+	p.Blackhole(false)
+	select {
+	case err := <-errc:
+		require.NoError(t, err)
+	case <-time.After(testTimeout):
+		t.Fatal("Lock did not return after the partition healed")
+	}
+	require.NoError(t, m.Unlock(ctxT(t)))
+}
+
+// With etcd unreachable, Unlock and Resign of a live hold return by the
+// session's local deadline whatever their context says, and a release of a
+// hold that has ended returns at once.
+func TestReleaseBoundedWhileEtcdUnreachable(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	u, err := url.Parse(c.Members()[0].Endpoint())
+	require.NoError(t, err)
+	p := etcdtest.NewProxy(t, u.Host)
+	s := session(t, etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(2*time.Second))
+	m := etcdsync.NewMutex(s, "down-m")
+	e := etcdsync.NewElection(s, "down-e")
+	require.NoError(t, m.Lock(ctx))
+	require.NoError(t, e.Campaign(ctx, "v"))
+	p.Blackhole(true)
+	defer p.Blackhole(false)
+	cut := time.Now()
+	unlocked, resigned := make(chan error, 1), make(chan error, 1)
+	go func() { unlocked <- m.Unlock(context.Background()) }()
+	go func() { resigned <- e.Resign(context.Background()) }()
+	bound := s.TTL() + 1500*time.Millisecond
+	select {
+	case err := <-unlocked:
+		require.ErrorIs(t, err, etcdsync.ErrLockReleased)
+	case <-time.After(bound):
+		t.Fatalf("Unlock(Background) still blocked %v after etcd became unreachable", bound)
+	}
+	select {
+	case err := <-resigned:
+		require.NoError(t, err, "Resign of a leadership that ended is nil, as when not leading")
+	case <-time.After(bound - time.Since(cut) + 100*time.Millisecond):
+		t.Fatalf("Resign(Background) still blocked %v after etcd became unreachable", bound)
+	}
+	require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
+	start := time.Now()
+	require.ErrorIs(t, m.Unlock(context.Background()), etcdsync.ErrLockReleased)
+	require.NoError(t, e.Resign(context.Background()))
+	require.Less(t, time.Since(start), 100*time.Millisecond, "a release of an ended hold returns at once")
+}
+
+// A Lock whose ctx ends while etcd is unreachable keeps its caller past the
+// deadline by a bounded time (createGrace for the create, then the cleanup's
+// own bound, in the caller's goroutine): less than 2 s past a 300 ms
+// deadline.
+func TestLockOverrunBoundedWhileUnreachable(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	u, err := url.Parse(c.Members()[0].Endpoint())
+	require.NoError(t, err)
+	p := etcdtest.NewProxy(t, u.Host)
+	s := session(t, etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(30*time.Second))
+	m := etcdsync.NewMutex(s, "r8-overrun")
+	p.Blackhole(true)
+	defer p.Blackhole(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = m.Lock(ctx)
+	took := time.Since(start)
+	t.Logf("Lock(300ms) returned after %v: %v", took, err)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, took, 300*time.Millisecond+2*time.Second, "the caller waits past its deadline")
+}
