@@ -57,7 +57,7 @@ func TestErrorTextsSayWhatWhichAndWhyOnce(t *testing.T) {
 		{own, etcdsync.ErrLocked, []string{"held, or waited for, by this session"}},
 		{other, etcdsync.ErrLocked, []string{m.Key(), fmt.Sprintf("create revision %d", m.Rev())}},
 		{etcdsync.NewMutex(s, "texts2").Lock(cancelled), context.Canceled, []string{"acquire texts2:"}},
-		{etcdsync.NewMutex(closed, "texts").Lock(ctx), etcdsync.ErrSessionExpired, []string{"session closed"}},
+		{etcdsync.NewMutex(closed, "texts").Lock(ctx), etcdsync.ErrSessionClosed, []string{"session closed"}},
 		{missing, etcdsync.ErrSessionExpired, []string{"lease 0x3039", "not found"}},
 	} {
 		require.ErrorIs(t, tc.err, tc.is)

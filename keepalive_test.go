@@ -124,8 +124,8 @@ func cpuTime(t *testing.T) time.Duration {
 //     one core, until the stream opens or the deadline passes.
 //
 // The session (TTL 6 s) rightly lives on meanwhile; the process must not burn.
+// It measures the process's CPU time, so it does not run in parallel.
 func TestKeepaliveIdlesWhileStreamCannotOpen(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		fault func(p *etcdtest.Proxy)

@@ -128,7 +128,7 @@ func TestLockAtSessionEndNeverHidesTheEnd(t *testing.T) {
 		wg.Wait()
 		err = <-errc
 		if err != nil {
-			require.True(t, errors.Is(err, etcdsync.ErrSessionExpired) || errors.Is(err, context.Canceled), "trial %d: %v", i, err)
+			require.True(t, errors.Is(err, etcdsync.ErrSessionClosed) || errors.Is(err, context.Canceled), "trial %d: %v", i, err)
 		} else {
 			within(t, m.Done(), testTimeout, "Done of a hold whose session closed")
 			require.ErrorIs(t, m.Err(), etcdsync.ErrSessionClosed, "trial %d", i)
@@ -310,5 +310,5 @@ func TestClosedClientEndsSessionAndHolds(t *testing.T) {
 	start := time.Now()
 	require.ErrorContains(t, s.Close(), "client closed")
 	require.Less(t, time.Since(start), 500*time.Millisecond, "Close with a closed client")
-	require.ErrorIs(t, m.Lock(ctx), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, m.Lock(ctx), etcdsync.ErrSessionClosed)
 }

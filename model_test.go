@@ -27,6 +27,7 @@ type modelPart struct {
 	got    <-chan error
 	held   bool
 	gone   bool // its key was deleted by someone else, or its session closed
+	closed bool // its session closed
 	result bool // got has yielded
 }
 
@@ -99,8 +100,8 @@ func runModel(t *testing.T, c *etcdtest.Cluster, name string, rw bool, capacity 
 				p.result = true
 				if err == nil {
 					t.Errorf("%s: participant %d holds after its key went", step, p.i)
-				} else if !errors.Is(err, etcdsync.ErrSessionExpired) {
-					t.Errorf("%s: participant %d: %v, want ErrSessionExpired", step, p.i, err)
+				} else if want := p.wantGone(); !errors.Is(err, want) {
+					t.Errorf("%s: participant %d: %v, want %v", step, p.i, err, want)
 				}
 			case exp[p.i]:
 				err := resultWithin(t, p.got, testTimeout, fmt.Sprintf("%s: participant %d (w %d) may hold", step, p.i, p.w))
@@ -154,7 +155,7 @@ func runModel(t *testing.T, c *etcdtest.Cluster, name string, rw bool, capacity 
 		case op == 3: // revoke a lease
 			p := live[rnd.intn(len(live))]
 			require.NoError(t, p.s.Close())
-			p.gone = true
+			p.gone, p.closed = true, true
 			p.result = p.result || p.held
 			what = fmt.Sprintf("step %d: participant %d's session closed (held %v)", step, p.i, p.held)
 		default: // one transaction deletes up to three keys
@@ -247,4 +248,13 @@ func TestModelsOnThreeMembers(t *testing.T) {
 	t.Run("rwmutex", func(t *testing.T) {
 		runModel(t, c, "r12rw3", true, 0, []int64{1, 0, 0, 1, 0, 1, 0, 0}, 7)
 	})
+}
+
+// wantGone is the error a participant whose key went gets: ErrSessionClosed
+// when its own session was closed, else ErrSessionExpired.
+func (p *modelPart) wantGone() error {
+	if p.closed {
+		return etcdsync.ErrSessionClosed
+	}
+	return etcdsync.ErrSessionExpired
 }

@@ -167,7 +167,7 @@ func TestSessionEndEndsEveryReadShare(t *testing.T) {
 	require.ErrorIs(t, b.Err(), etcdsync.ErrSessionClosed)
 	require.ErrorIs(t, a.RUnlock(ctx), etcdsync.ErrLockReleased)
 	require.ErrorIs(t, b.RUnlock(ctx), etcdsync.ErrLockReleased)
-	require.ErrorIs(t, b.RLock(ctx), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, b.RLock(ctx), etcdsync.ErrSessionClosed)
 	require.Empty(t, keys(t, admin, "r12end/"))
 }
 
@@ -413,7 +413,7 @@ func TestRLockJoinEndsWithSession(t *testing.T) {
 			orphaned := make(chan struct{})
 			go func() { s.Orphan(); close(orphaned) }()
 			within(t, orphaned, testTimeout, "Orphan")
-			require.ErrorIs(t, resultWithin(t, bgot, 3*time.Second, "b's RLock after the session ended"), etcdsync.ErrSessionExpired)
+			require.ErrorIs(t, resultWithin(t, bgot, 3*time.Second, "b's RLock after the session ended"), etcdsync.ErrSessionClosed)
 			p.Blackhole(false)
 			p.SetLatency(0)
 			_, err = admin.Revoke(ctx, s.Lease())
