@@ -53,9 +53,7 @@ type fault struct {
 
 func TestFaults(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("fault suite skipped in -short")
-	}
+	long(t)
 	cut := func(_ *testing.T, _ *faultRun, v *faultWorker) { v.blackhole(true) }
 	mend := func(_ *testing.T, _ *faultRun, v *faultWorker) { v.blackhole(false) }
 	restart := func(t *testing.T, r *faultRun, _ *faultWorker) { require.NoError(t, r.c.Restart(r.stopped)) }

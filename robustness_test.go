@@ -40,6 +40,7 @@ var (
 const (
 	robustShort   = 12 * time.Second // the round go test runs
 	robustRound   = 30 * time.Second // each round of a long run
+	robustLong    = time.Minute      // how long the rounds of go test -tags long run
 	robustWorkers = 4
 	robustName    = "robust/lock"
 	robustReg     = "robust/register"
@@ -54,8 +55,12 @@ func TestRobustness(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
+	runFor := *robustnessFor
+	if runFor == 0 && longRuns {
+		runFor = robustLong
+	}
 	length := robustShort
-	if *robustnessFor > 0 {
+	if runFor > 0 {
 		length = robustRound
 	}
 	start := time.Now()
@@ -67,7 +72,7 @@ func TestRobustness(t *testing.T) {
 			ops += robustRun(t, s, length)
 			histories += 2
 		})
-		if !ok || time.Since(start)+length > *robustnessFor {
+		if !ok || time.Since(start)+length > runFor {
 			break
 		}
 	}

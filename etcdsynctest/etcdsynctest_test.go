@@ -74,6 +74,7 @@ func get(t *testing.T, cli *clientv3.Client, key string) string {
 // Start serves on 127.0.0.1; when the test ends its client is closed and
 // nothing listens there any more.
 func TestStart(t *testing.T) {
+	t.Parallel()
 	var cli *clientv3.Client
 	t.Run("test", func(t *testing.T) {
 		cli = etcdsynctest.Start(t)
@@ -89,6 +90,7 @@ func TestStart(t *testing.T) {
 // Every member, client and link proxy StartCluster and ClientThrough made is
 // closed when the test ends.
 func TestEverythingStoppedAtTheEnd(t *testing.T) {
+	t.Parallel()
 	var members, links []string
 	var clis []*clientv3.Client
 	t.Run("test", func(t *testing.T) {
@@ -123,6 +125,7 @@ func (f *fatalTB) Fatalf(format string, args ...any) {
 }
 
 func TestStartClusterBadInput(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{0, -1} {
 		tb := &fatalTB{TB: t}
 		done := make(chan struct{})
@@ -141,6 +144,7 @@ func TestStartClusterBadInput(t *testing.T) {
 
 // A stopped member refuses, a restarted one serves its data again.
 func TestMemberStopRestart(t *testing.T) {
+	t.Parallel()
 	c := etcdsynctest.StartCluster(t, 1)
 	cli := c.Client(t)
 	m := c.Member(0)
@@ -161,6 +165,7 @@ func TestMemberStopRestart(t *testing.T) {
 
 // With the leader of three stopped the others go on; restarted, it catches up.
 func TestClusterLeaderStopRestart(t *testing.T) {
+	t.Parallel()
 	c := etcdsynctest.StartCluster(t, 3)
 	eps := c.Endpoints()
 	require.Len(t, eps, 3)
@@ -185,6 +190,7 @@ func TestClusterLeaderStopRestart(t *testing.T) {
 // A cut link holds requests (the cluster's other clients go on); healed, it
 // delivers them; slowed, replies come no sooner than the latency.
 func TestLink(t *testing.T) {
+	t.Parallel()
 	for _, members := range []int{1, 3} {
 		t.Run(fmt.Sprintf("members=%d", members), func(t *testing.T) {
 			c := etcdsynctest.StartCluster(t, members)

@@ -37,6 +37,10 @@ const testTimeout = 20 * time.Second
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 func testMain(m *testing.M) int {
+	if err := etcdtest.DefaultParallel(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
 	dir, err := os.MkdirTemp("", "lockctl-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

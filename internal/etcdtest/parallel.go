@@ -1,0 +1,28 @@
+package etcdtest
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+)
+
+// Parallel is how many tests of a package run at once (t.Parallel) unless
+// -parallel says otherwise: tests against etcd wait on leases, watches and
+// faults far more than they compute, so more of them than the machine has
+// cores run side by side.
+const Parallel = 8
+
+// DefaultParallel sets -test.parallel to Parallel unless the command line
+// set it. A TestMain calls it before m.Run; it parses the flags.
+func DefaultParallel() error {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if set {
+		return nil
+	}
+	if err := flag.Set("test.parallel", strconv.Itoa(Parallel)); err != nil {
+		return fmt.Errorf("etcdtest: set -test.parallel: %w", err)
+	}
+	return nil
+}
