@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // held is what every etcdsync primitive tells about its current hold.
@@ -29,24 +30,40 @@ type hold struct {
 	take    func(ctx context.Context) error
 	try     func(ctx context.Context) error // nil: the kind has none
 	release func(ctx context.Context) error
+	// label writes v as the held key's value, guarded by the hold (one
+	// RPC); nil where the value means something (a Semaphore's permits, a
+	// leader's value).
+	label func(ctx context.Context, v string) error
+}
+
+// labelOf returns a label function for the primitive that holds through d
+// and key (see hold.label).
+func labelOf(d interface {
+	Do(context.Context, ...clientv3.Op) (*clientv3.TxnResponse, error)
+	Key() string
+}) func(ctx context.Context, v string) error {
+	return func(ctx context.Context, v string) error {
+		_, err := d.Do(ctx, clientv3.OpPut(d.Key(), v, clientv3.WithIgnoreLease()))
+		return err
+	}
 }
 
 // mutexHold is a Mutex on name (key NAME/<lease-hex>). It does not touch etcd.
 func mutexHold(s *etcdsync.Session, name string) hold {
 	m := etcdsync.NewMutex(s, name)
-	return hold{held: m, what: "lock", take: m.Lock, try: m.TryLock, release: m.Unlock}
+	return hold{held: m, what: "lock", take: m.Lock, try: m.TryLock, release: m.Unlock, label: labelOf(m)}
 }
 
 // readHold is a read hold of an RWMutex on name. It does not touch etcd.
 func readHold(s *etcdsync.Session, name string) hold {
 	rw := etcdsync.NewRWMutex(s, name)
-	return hold{held: rw, what: "read lock", take: rw.RLock, try: rw.TryRLock, release: rw.RUnlock}
+	return hold{held: rw, what: "read lock", take: rw.RLock, try: rw.TryRLock, release: rw.RUnlock, label: labelOf(rw)}
 }
 
 // writeHold is the write hold of an RWMutex on name. It does not touch etcd.
 func writeHold(s *etcdsync.Session, name string) hold {
 	rw := etcdsync.NewRWMutex(s, name)
-	return hold{held: rw, what: "write lock", take: rw.Lock, try: rw.TryLock, release: rw.Unlock}
+	return hold{held: rw, what: "write lock", take: rw.Lock, try: rw.TryLock, release: rw.Unlock, label: labelOf(rw)}
 }
 
 // semaphoreHold is permits of a Semaphore of capacity on name. It does not

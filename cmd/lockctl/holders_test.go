@@ -5,6 +5,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,6 +31,9 @@ func holdersOf(t *testing.T, name string) []entry {
 // keys in etcd.
 type want struct{ role, kind, value string }
 
+// labelled is the value of a lock that lockctl run holds: who holds it.
+const labelled = "lockctl host=<host> pid=<pid>"
+
 // checkHolders checks rows against the keys kvs (in queue order) and want.
 func checkHolders(t *testing.T, got []entry, kvs []*mvccpb.KeyValue, positions []int, wants []want) {
 	t.Helper()
@@ -38,7 +43,11 @@ func checkHolders(t *testing.T, got []entry, kvs []*mvccpb.KeyValue, positions [
 		require.Equal(t, positions[i], e.Position, "row %d", i)
 		require.Equal(t, wants[i].role, e.Role, "row %d: %+v", i, e)
 		require.Equal(t, wants[i].kind, e.Kind, "row %d", i)
-		require.Equal(t, wants[i].value, e.Value, "row %d", i)
+		if wants[i].value == labelled {
+			require.Regexp(t, `^lockctl host=\S+ pid=[0-9]+$`, e.Value, "row %d", i)
+		} else {
+			require.Equal(t, wants[i].value, e.Value, "row %d", i)
+		}
 		require.Equal(t, string(kv.Key), e.Key, "row %d", i)
 		require.Equal(t, kv.CreateRevision, e.CreateRevision, "row %d", i)
 		require.Equal(t, strconv.FormatInt(kv.Lease, 16), e.Lease, "row %d", i)
@@ -76,7 +85,7 @@ func TestHolders(t *testing.T) {
 			defer admin.Delete(context.Background(), k)
 		}
 		got := holdersOf(t, name)
-		checkHolders(t, got, kvs, []int{1, 2, 3}, []want{{"holder", "exclusive", ""}, {"waiter", "exclusive", ""}, {"waiter", "exclusive", ""}})
+		checkHolders(t, got, kvs, []int{1, 2, 3}, []want{{"holder", "exclusive", labelled}, {"waiter", "exclusive", ""}, {"waiter", "exclusive", ""}})
 
 		code, p := run(t, "holders", name)
 		require.Equal(t, 0, code)
@@ -86,7 +95,7 @@ func TestHolders(t *testing.T) {
 		for i, line := range lines[1:] {
 			f := strings.Fields(line)
 			require.Equal(t, []string{strconv.Itoa(i + 1), got[i].Role, "exclusive", got[i].Key, strconv.FormatInt(got[i].CreateRevision, 10), got[i].Lease}, f[:6])
-			require.Equal(t, `""`, f[7])
+			require.True(t, strings.HasSuffix(line, strconv.Quote(got[i].Value)), "row %d: %s", i, line)
 		}
 		touch(t, release)
 	})
@@ -96,7 +105,7 @@ func TestHolders(t *testing.T) {
 		release := filepath.Join(dir, "release")
 		startHolding(t, name, release, []string{"--read"}, []string{"--read"}, []string{"--write"}, []string{"--read"})
 		kvs := keys(t, name+"/")
-		checkHolders(t, holdersOf(t, name), kvs, []int{1, 2, 3, 4}, []want{{"holder", "read", ""}, {"holder", "read", ""}, {"waiter", "write", ""}, {"waiter", "read", ""}})
+		checkHolders(t, holdersOf(t, name), kvs, []int{1, 2, 3, 4}, []want{{"holder", "read", labelled}, {"holder", "read", labelled}, {"waiter", "write", ""}, {"waiter", "read", ""}})
 		touch(t, release)
 	})
 	t.Run("semaphore", func(t *testing.T) {
@@ -201,4 +210,22 @@ func TestBadInput(t *testing.T) {
 			noKeys(t, name)
 		})
 	}
+}
+
+// The lock of a running "lockctl run" says who holds it: lockctl's host and
+// pid, as its key's value, which holders shows.
+func TestRunWritesWhoHolds(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
+	p := start(t, "run", name, "--", "sh", "-c", "echo up > "+started+"; "+waitFor(release))
+	readFile(t, started)
+	got := holdersOf(t, name)
+	require.Len(t, got, 1)
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("lockctl host=%s pid=%d", host, p.cmd.Process.Pid), got[0].Value)
+	require.Equal(t, "holder", got[0].Role)
+	touch(t, release)
+	require.Equal(t, 0, p.wait(t), "stderr: %s", p.stderr.String())
 }

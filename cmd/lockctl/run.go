@@ -311,6 +311,9 @@ func runHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*et
 	if err != nil {
 		return err
 	}
+	if err := labelHold(h, name, cf.dialTimeout); err != nil {
+		return withClose(err, c, &h)
+	}
 	key, rev, lost := h.Key(), h.Rev(), h.Done()
 	becomeSubreaper() // best effort: should the guard die, lockctl reaps the group
 	ch, err := startChild(path, argv, childEnv(name, key, rev, c.s.Lease()), f.grace, c.s.Deadline())
@@ -416,4 +419,24 @@ func lead(cf *connFlags, name, value string, f holdFlags, newHold func(*etcdsync
 	case <-lost:
 		return withClose(fail(exitFailure, fmt.Errorf("lost the leadership on %s: %v", name, h.Err())), c, &h)
 	}
+}
+
+// labelHold writes who holds (host and pid) as the held key's value, where
+// the hold's value means nothing else, so that lockctl holders shows it. It
+// blocks for one RPC bounded by timeout; a failure is exit 1 (the hold is
+// then released).
+func labelHold(h hold, name string, timeout time.Duration) error {
+	if h.label == nil {
+		return nil
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		host = "?"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := h.label(ctx, fmt.Sprintf("lockctl host=%s pid=%d", host, os.Getpid())); err != nil {
+		return fail(exitFailure, fmt.Errorf("write who holds the %s on %s: %w", h.what, name, err))
+	}
+	return nil
 }
