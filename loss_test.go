@@ -201,7 +201,7 @@ func TestHoldSeesSessionEnd(t *testing.T) {
 		if early {
 			within(t, d, 5*time.Second, "early Done after Close")
 		}
-		within(t, m.Done(), time.Second, "Done after Close")
+		within(t, m.Done(), 5*time.Second, "Done after Close")
 		require.ErrorIs(t, m.Err(), etcdsync.ErrSessionClosed)
 		require.Equal(t, "", m.Key())
 		require.ErrorIs(t, m.Unlock(ctx), etcdsync.ErrLockReleased)
@@ -220,7 +220,7 @@ func TestHoldKeepsFirstCause(t *testing.T) {
 	m := etcdsync.NewMutex(s, "rh-cause")
 	require.NoError(t, m.Lock(ctx))
 	require.NoError(t, m.Unlock(ctx))
-	within(t, m.Done(), time.Second, "Done after Unlock")
+	within(t, m.Done(), 5*time.Second, "Done after Unlock")
 	require.ErrorIs(t, m.Err(), etcdsync.ErrLockReleased)
 	require.NoError(t, s.Close())
 	require.ErrorIs(t, m.Err(), etcdsync.ErrLockReleased)
@@ -279,8 +279,8 @@ func TestHoldAccessorsRaceFree(t *testing.T) {
 		}()
 		wg.Wait()
 		require.NoError(t, s.Close())
-		within(t, m.Done(), time.Second, "m done")
-		within(t, e.Done(), time.Second, "e done")
+		within(t, m.Done(), 5*time.Second, "m done")
+		within(t, e.Done(), 5*time.Second, "e done")
 		require.Error(t, m.Err())
 		require.Error(t, e.Err())
 		if err := e.Err(); !errors.Is(err, etcdsync.ErrLockReleased) && !errors.Is(err, etcdsync.ErrSessionClosed) {
@@ -309,6 +309,6 @@ func TestClosedClientEndsSessionAndHolds(t *testing.T) {
 	require.ErrorIs(t, m.Err(), etcdsync.ErrSessionClosed)
 	start := time.Now()
 	require.ErrorContains(t, s.Close(), "client closed")
-	require.Less(t, time.Since(start), 500*time.Millisecond, "Close with a closed client")
+	require.Less(t, time.Since(start), 10*time.Second, "Close with a closed client returns at once, not after the TTL (60 s)")
 	require.ErrorIs(t, m.Lock(ctx), etcdsync.ErrSessionClosed)
 }
