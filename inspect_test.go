@@ -11,7 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"fmt"
+
 	"github.com/etcdsync/etcdsync"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
+	"go.etcd.io/etcd/client/v3/namespace"
 )
 
 // seen is what a test compares of an Entry.
@@ -114,4 +119,134 @@ func withValue(e etcdsync.Entry) etcdsync.Entry {
 		e.Value = []byte{}
 	}
 	return e
+}
+
+// Holders on keys the library did not write: etcd's concurrency Mutex
+// (NAME/<lease hex>, as etcdctl lock writes), a namespaced client, and a
+// semaphore queue with a bad value mixed in.
+func TestHoldersOfKeysOtherClientsWrote(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	admin := c.Client(t)
+
+	t.Run("concurrency", func(t *testing.T) {
+		var ss []*concurrency.Session
+		for range 3 {
+			s, err := concurrency.NewSession(admin)
+			require.NoError(t, err)
+			t.Cleanup(func() { s.Close() })
+			ss = append(ss, s)
+		}
+		m0 := concurrency.NewMutex(ss[0], "insp-conc")
+		require.NoError(t, m0.Lock(ctx))
+		var wait []<-chan error
+		for _, s := range ss[1:] {
+			m := concurrency.NewMutex(s, "insp-conc")
+			wait = append(wait, async(func() error { return m.Lock(ctx) }))
+			waitKeys(t, admin, "insp-conc/", len(wait)+1)
+		}
+		es, err := etcdsync.Holders(ctx, admin, "insp-conc")
+		require.NoError(t, err)
+		require.Len(t, es, 3)
+		require.Equal(t, m0.Key(), es[0].Key)
+		require.True(t, es[0].Held)
+		require.Equal(t, "exclusive", es[0].Kind)
+		require.False(t, es[1].Held)
+		require.False(t, es[2].Held)
+		require.Equal(t, clientv3.LeaseID(ss[0].Lease()), es[0].Lease)
+		// And the library's own Mutex behind them waits for them all.
+		lm := etcdsync.NewMutex(session(t, admin), "insp-conc")
+		l := async(func() error { return lm.Lock(ctx) })
+		require.NoError(t, m0.Unlock(ctx))
+		require.NoError(t, resultWithin(t, wait[0], testTimeout, "second"))
+		es, err = etcdsync.Holders(ctx, admin, "insp-conc")
+		require.NoError(t, err)
+		require.Len(t, es, 3)
+		require.True(t, es[0].Held)
+		require.False(t, es[1].Held)
+		require.False(t, es[2].Held)
+		notYet(t, l, 200*time.Millisecond, "the library's Mutex behind etcd's")
+		for _, s := range ss[1:] {
+			s.Close()
+		}
+		require.NoError(t, resultWithin(t, l, testTimeout, "the library's Mutex"))
+		require.NoError(t, lm.Unlock(ctx))
+		<-wait[1]
+	})
+
+	t.Run("recipe-rwmutex", func(t *testing.T) {
+		const name = "insp-rw"
+		rs, err := concurrency.NewSession(admin)
+		require.NoError(t, err)
+		t.Cleanup(func() { rs.Close() })
+		w := recipe.NewRWMutex(rs, name)
+		require.NoError(t, w.Lock()) // name/write/<decimal>
+		lib := etcdsync.NewRWMutex(session(t, admin), name)
+		r := async(func() error { return lib.RLock(ctx) })
+		waitKeys(t, admin, name+"/", 2)
+		lw := etcdsync.NewRWMutex(session(t, admin), name)
+		wl := async(func() error { return lw.Lock(ctx) })
+		waitKeys(t, admin, name+"/", 3)
+		es, err := etcdsync.Holders(ctx, admin, name)
+		require.NoError(t, err)
+		t.Logf("%+v", es)
+		require.Len(t, es, 3)
+		require.Equal(t, []bool{true, false, false}, []bool{es[0].Held, es[1].Held, es[2].Held})
+		require.Equal(t, []string{"write", "read", "write"}, []string{es[0].Kind, es[1].Kind, es[2].Kind})
+		notYet(t, r, 200*time.Millisecond, "the library's reader behind the recipe's writer")
+		require.NoError(t, w.Unlock())
+		require.NoError(t, resultWithin(t, r, testTimeout, "reader"))
+		es, err = etcdsync.Holders(ctx, admin, name)
+		require.NoError(t, err)
+		require.Len(t, es, 2)
+		require.True(t, es[0].Held)
+		require.False(t, es[1].Held)
+		require.NoError(t, lib.RUnlock(ctx))
+		require.NoError(t, resultWithin(t, wl, testTimeout, "writer"))
+		require.NoError(t, lw.Unlock(ctx))
+	})
+
+	t.Run("namespace", func(t *testing.T) {
+		cli := c.Client(t)
+		cli.KV = namespace.NewKV(cli.KV, "tenant25/")
+		cli.Watcher = namespace.NewWatcher(cli.Watcher, "tenant25/")
+		cli.Lease = namespace.NewLease(cli.Lease, "tenant25/")
+		m1 := etcdsync.NewMutex(session(t, cli), "ns")
+		m2 := etcdsync.NewMutex(session(t, cli), "ns")
+		require.NoError(t, m1.Lock(ctx))
+		w := async(func() error { return m2.Lock(ctx) })
+		waitKeys(t, admin, "tenant25/ns/", 2)
+		es, err := etcdsync.Holders(ctx, cli, "ns")
+		require.NoError(t, err)
+		require.Len(t, es, 2)
+		require.Equal(t, m1.Key(), es[0].Key)
+		require.True(t, es[0].Held)
+		require.False(t, es[1].Held)
+		require.NoError(t, m1.Unlock(ctx))
+		require.NoError(t, resultWithin(t, w, testTimeout, "m2"))
+		require.NoError(t, m2.Unlock(ctx))
+	})
+
+	t.Run("semaphore-bad-value", func(t *testing.T) {
+		const name = "insp-badsem"
+		s1 := etcdsync.NewSemaphore(session(t, admin), name, 3)
+		require.NoError(t, s1.Acquire(ctx, 2))
+		lease, err := admin.Grant(ctx, 30)
+		require.NoError(t, err)
+		_, err = admin.Put(ctx, fmt.Sprintf("%s/%x", name, int64(lease.ID)), "garbage", clientv3.WithLease(lease.ID))
+		require.NoError(t, err)
+		es, err := etcdsync.Holders(ctx, admin, name)
+		require.NoError(t, err)
+		require.Len(t, es, 2)
+		t.Logf("with a bad value: %+v", es)
+		// A Semaphore waiter on the name fails with ErrInvalidArgument.
+		s2 := etcdsync.NewSemaphore(session(t, admin), name, 3)
+		err = s2.Acquire(ctx, 1)
+		require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+		_, err = admin.Revoke(ctx, lease.ID)
+		require.NoError(t, err)
+		require.NoError(t, s1.Release(ctx))
+		waitNoKeys(t, admin, name+"/")
+	})
 }

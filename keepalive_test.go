@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"context"
+
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
@@ -155,4 +157,80 @@ func TestKeepaliveIdlesWhileStreamCannotOpen(t *testing.T) {
 			require.Less(t, used, wall/4, "the process spins while its keepalive stream cannot open")
 		})
 	}
+}
+
+// Deadline never passes the server's expiry: TTL remaining on the server,
+// read after the local deadline is read, is never shorter than the local
+// deadline (minus a second: TimeToLive rounds down to whole seconds).
+func deadlineWithinServer(t *testing.T, admin *clientv3.Client, s *etcdsync.Session) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	local := s.Deadline()
+	resp, err := admin.TimeToLive(ctx, s.Lease())
+	if err != nil {
+		return // no leader now: nothing to compare
+	}
+	server := time.Now().Add(time.Duration(resp.TTL+1) * time.Second)
+	require.False(t, local.After(server), "local deadline %v past the server's expiry (TTL %d s left at %v)", local, resp.TTL, time.Now())
+}
+
+// Quorum lost for 4 s (two of three members stopped, then restarted) under
+// a session whose client reaches only the surviving member: its keepalive
+// beats fail at once (no leader) and are retried every retryPause, not in a
+// loop; the session (TTL 10 s) survives; its local deadline never passes the
+// server's expiry. A waiter on that client, whose watches the member ends
+// (no leader for three election timeouts, WithRequireLeader), waits on and
+// gets the lock once the holder releases it after the failover.
+func TestQuorumLossShorterThanTTLKeepsSessionAndWaiter(t *testing.T) {
+	t.Parallel()
+	c := three(t)
+	ctx := ctxT(t)
+	f := c.Follower()
+	require.NotNil(t, f)
+	cnt := &counter{}
+	cli := etcdtest.NewClient(t, []string{f.Endpoint()}, cnt.dial()...)
+	admin := c.Client(t)
+	const ttl = 10 * time.Second
+	s := session(t, cli, etcdsync.WithTTL(ttl))
+	hs := session(t, admin, etcdsync.WithTTL(ttl))
+	const name = "ka-quorum"
+	holder, waiter := etcdsync.NewMutex(hs, name), etcdsync.NewMutex(s, name)
+	require.NoError(t, holder.Lock(ctx))
+	w := async(func() error { return waiter.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 2)
+	time.Sleep(300 * time.Millisecond)
+	deadlineWithinServer(t, admin, s)
+
+	var stopped []*etcdtest.Member
+	for _, m := range c.Members() {
+		if m != f {
+			c.Stop(m)
+			stopped = append(stopped, m)
+		}
+	}
+	k0 := cnt.keepalives.Load()
+	time.Sleep(4 * time.Second)
+	during := cnt.keepalives.Load() - k0
+	for _, m := range stopped {
+		require.NoError(t, c.Restart(m))
+	}
+	t.Logf("keepalive requests during the 4 s without quorum: %d", during)
+	require.Less(t, during, int64(16), "keepalive beats retried without a pause")
+	require.NoError(t, s.Err(), "the session, within its TTL")
+	notYet(t, w, 100*time.Millisecond, "the waiter, while the holder holds")
+	// Wait for the cluster to take a keepalive again, then compare deadlines.
+	dl := s.Deadline()
+	for end := time.Now().Add(testTimeout); !s.Deadline().After(dl); {
+		require.True(t, time.Now().Before(end), "no keepalive acknowledged after the failover")
+		require.NoError(t, s.Err())
+		time.Sleep(50 * time.Millisecond)
+	}
+	deadlineWithinServer(t, admin, s)
+	require.NoError(t, hs.Err())
+	require.False(t, isClosed(holder.Done()), "the holder's Done")
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, resultWithin(t, w, testTimeout, "the waiter after the failover"))
+	require.NoError(t, waiter.Unlock(ctx))
+	waitNoKeys(t, admin, name+"/")
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"math/rand/v2"
+
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
@@ -164,4 +166,75 @@ func (d *dropProgress) RequestProgress(ctx context.Context) error {
 		return nil
 	}
 	return d.Watcher.RequestProgress(ctx)
+}
+
+// The probe racing the own key's delete: on a fresh client each round (its
+// caps unknown, so the wait checks versions and sends a probe as its own
+// key's watch is created), the waiter's key and its predecessor's go in one
+// transaction (the turn's revision is the own key's delete), or the own key
+// goes first, or just after; at a random moment from 0 to 700 ms after the
+// watches' creation (before, around and after the probe's answer or its
+// 500 ms end). A Lock that returns nil is a turn taken while the key lived:
+// only the "after" order may give one, and then its Done must close. Direct
+// and through etcd's gRPC proxy.
+func TestProbeNeverConfirmsATurnWhoseKeyWent(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	c := single(t)
+	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
+	admin := c.Client(t)
+	hs := session(t, admin)
+	for _, tc := range []struct {
+		name string
+		eps  []string
+	}{{"direct", c.Endpoints()}, {"grpcproxy", []string{proxy}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			name := "ws-probe-" + tc.name
+			rng := rand.New(rand.NewPCG(25, 1))
+			got := map[string]int{}
+			for round := range 12 {
+				cnt := &counter{created: make(chan struct{}, 16)}
+				cli := etcdtest.NewClient(t, tc.eps, cnt.dial()...)
+				ws := session(t, cli)
+				holder, waiter := etcdsync.NewMutex(hs, name), etcdsync.NewMutex(ws, name)
+				require.NoError(t, holder.Lock(ctx))
+				w := async(func() error { return waiter.Lock(ctx) })
+				awaitCreated(t, cnt.created, 2, testTimeout, "the waiter's watches")
+				time.Sleep(time.Duration(rng.IntN(700)) * time.Millisecond)
+				own := keyOf(name, ws)
+				order := []string{"same", "own-first", "own-after"}[round%3]
+				switch order {
+				case "same":
+					_, err := admin.Txn(ctx).Then(clientv3.OpDelete(holder.Key()), clientv3.OpDelete(own)).Commit()
+					require.NoError(t, err)
+				case "own-first":
+					_, err := admin.Delete(ctx, own)
+					require.NoError(t, err)
+					_, err = admin.Delete(ctx, holder.Key())
+					require.NoError(t, err)
+				case "own-after":
+					_, err := admin.Delete(ctx, holder.Key())
+					require.NoError(t, err)
+					_, err = admin.Delete(ctx, own)
+					require.NoError(t, err)
+				}
+				err := resultWithin(t, w, testTimeout, "the waiter")
+				switch {
+				case err == nil:
+					require.Equal(t, "own-after", order, "round %d: a turn taken with the own key gone by the turn's revision", round)
+					within(t, waiter.Done(), testTimeout, "Done of a hold whose key was deleted")
+					got[order+":lock"]++
+				default:
+					require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "round %d (%s)", round, order)
+					got[order+":expired"]++
+				}
+				within(t, holder.Done(), testTimeout, "the holder's Done")
+				_ = ws.Close()
+			}
+			t.Logf("outcomes: %v", got)
+		})
+	}
 }

@@ -67,9 +67,14 @@ func waitContext(ctx context.Context) context.Context {
 }
 
 // add starts the watch of key's deletes from the current revision. It does
-// not wait for the watch's creation (its Created response says so).
+// not wait for the watch's creation (its Created response says so). The
+// watch ends when the wait cancels it (close), not with the caller's
+// context: the client's Watcher opens the wait's gRPC stream before it
+// hands the request over, and closes the stream only when its last watch
+// ends, so a watch whose context ended before the handover would leave an
+// empty stream open for the client's life.
 func (st *stream) add(key string) watchOf {
-	ctx, cancel := context.WithCancel(st.ctx)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(st.ctx))
 	return watchOf{ch: st.t.s.client.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify()), cancel: cancel}
 }
 
