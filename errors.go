@@ -37,7 +37,8 @@ var (
 	// a NUL byte.
 	ErrInvalidName = errors.New("etcdsync: invalid name")
 	// ErrInvalidArgument is wrapped by every call given another bad argument:
-	// a nil client or session, a TTL below one second, conflicting options.
+	// a nil client or session, a TTL below one second, conflicting options,
+	// an Observer's closed client.
 	ErrInvalidArgument = errors.New("etcdsync: invalid argument")
 
 	// errOwnKeyGone means a waiter's own key vanished.

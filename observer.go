@@ -42,8 +42,8 @@ func NewObserver(cli *clientv3.Client, name string) *Observer {
 // error wrapping ErrElectionNoLeader. It blocks for one RPC bounded by ctx.
 // Only direct children NAME/<hex> are candidates.
 func (o *Observer) Leader(ctx context.Context) (*clientv3.GetResponse, error) {
-	if o.bad != nil {
-		return nil, o.bad
+	if err := o.usable(); err != nil {
+		return nil, err
 	}
 	resp, err := o.read(ctx, 0)
 	if err != nil {
@@ -56,8 +56,20 @@ func (o *Observer) Leader(ctx context.Context) (*clientv3.GetResponse, error) {
 	return nil, fmt.Errorf("%w: %s", ErrElectionNoLeader, o.name)
 }
 
+// usable returns why the observer cannot be used (a bad name or client, or
+// a closed client: ErrInvalidArgument), else nil.
+func (o *Observer) usable() error {
+	switch {
+	case o.bad != nil:
+		return o.bad
+	case o.cli.Ctx().Err() != nil:
+		return fmt.Errorf("%w: client closed", ErrInvalidArgument)
+	}
+	return nil
+}
+
 // Err returns why an Observe channel closed before its context ended (an
-// invalid name or client, a closed client), else nil.
+// invalid name or client, a closed client: ErrInvalidArgument), else nil.
 func (o *Observer) Err() error {
 	if o.bad != nil {
 		return o.bad
@@ -78,7 +90,10 @@ func (o *Observer) Err() error {
 // when the client closes (Err says why).
 func (o *Observer) Observe(ctx context.Context) <-chan *clientv3.GetResponse {
 	ch := make(chan *clientv3.GetResponse)
-	if o.bad != nil {
+	if err := o.usable(); err != nil {
+		o.mu.Lock()
+		o.err = err
+		o.mu.Unlock()
 		close(ch)
 		return ch
 	}
@@ -121,8 +136,8 @@ func (o *Observer) observe(ctx context.Context, ch chan<- *clientv3.GetResponse)
 			continue
 		}
 		if err != nil {
-			if o.cli.Ctx().Err() != nil {
-				return fmt.Errorf("etcdsync: observe %s: client closed", o.name)
+			if err := o.usable(); err != nil {
+				return fmt.Errorf("etcdsync: observe %s: %w", o.name, err)
 			}
 			if sleep(ctx, retryPause) != nil {
 				return nil

@@ -91,4 +91,10 @@ func TestObserverErrorsCloseChannel(t *testing.T) {
 		t.Fatal("Observe's channel did not close after the client closed")
 	}
 	require.ErrorContains(t, o.Err(), "client closed")
+	require.ErrorIs(t, o.Err(), etcdsync.ErrInvalidArgument)
+	_, err = o.Leader(ctx)
+	require.ErrorIs(t, err, etcdsync.ErrInvalidArgument, "Leader on a closed client")
+	_, ok := <-o.Observe(ctx)
+	require.False(t, ok, "Observe on a closed client closes its channel at once")
+	require.ErrorIs(t, o.Err(), etcdsync.ErrInvalidArgument)
 }
