@@ -126,6 +126,11 @@ type counter struct {
 	keepalives             atomic.Int64  // LeaseKeepAlive requests sent
 	created                chan struct{} // one send per watch created, if non-nil
 	returned               chan struct{} // one send per unary RPC returned, if non-nil
+	// ownApart leaves out of events those on the key of a stream's first
+	// watch: a wait's own key, on the stream of its own (a delete of it
+	// that reaches its former waiter, whose watch's cancel the release
+	// overtook, is not a release reaching a waiter).
+	ownApart bool
 	mu                     sync.Mutex
 	methods                []string
 }
@@ -165,12 +170,19 @@ func (c *counter) take() (int64, []string) {
 
 type countingStream struct {
 	grpc.ClientStream
-	c *counter
+	c   *counter
+	own atomic.Pointer[string] // the key of the stream's first watch
 }
 
 func (s *countingStream) SendMsg(m any) error {
-	if _, ok := m.(*pb.LeaseKeepAliveRequest); ok {
+	switch m := m.(type) {
+	case *pb.LeaseKeepAliveRequest:
 		s.c.keepalives.Add(1)
+	case *pb.WatchRequest:
+		if cr := m.GetCreateRequest(); cr != nil && s.own.Load() == nil {
+			key := string(cr.Key)
+			s.own.Store(&key)
+		}
 	}
 	return s.ClientStream.SendMsg(m)
 }
@@ -178,7 +190,11 @@ func (s *countingStream) SendMsg(m any) error {
 func (s *countingStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	if wr, ok := m.(*pb.WatchResponse); ok && err == nil {
-		s.c.events.Add(int64(len(wr.Events)))
+		for _, ev := range wr.Events {
+			if own := s.own.Load(); !s.c.ownApart || own == nil || string(ev.Kv.Key) != *own {
+				s.c.events.Add(1)
+			}
+		}
 		if wr.Created && s.c.created != nil {
 			s.c.created <- struct{}{}
 		}

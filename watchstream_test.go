@@ -164,10 +164,10 @@ func TestLockCancelledAtEveryStepLeavesNoWatchStream(t *testing.T) {
 	}
 	require.NoError(t, holders[0].Lock(ctx))
 	q := make([]<-chan error, 0, 2)
-	for _, h := range holders[1:] { // two queued ahead: the waiter watches the two nearest
+	for i, h := range holders[1:] { // two queued ahead, in order: the waiter watches the two nearest
 		q = append(q, async(func() error { return h.Lock(ctx) }))
+		waitKeys(t, admin, name+"/", i+2)
 	}
-	waitKeys(t, admin, name+"/", 3)
 	waiter := etcdsync.NewMutex(session(t, cli), name)
 	for d := time.Duration(0); d < 60*time.Millisecond; d += 2 * time.Millisecond {
 		cctx, cancel := context.WithTimeout(ctx, d)
