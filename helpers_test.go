@@ -131,8 +131,8 @@ type counter struct {
 	// that reaches its former waiter, whose watch's cancel the release
 	// overtook, is not a release reaching a waiter).
 	ownApart bool
-	mu                     sync.Mutex
-	methods                []string
+	mu       sync.Mutex
+	methods  []string
 }
 
 func (c *counter) dial() []grpc.DialOption {
