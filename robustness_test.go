@@ -5,10 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,8 +25,13 @@ import (
 
 // The robustness driver: on a 3-member cluster, workers lock, try-lock and
 // campaign on one name (a Mutex and an Election on one name exclude each
-// other) and, while they hold, read and write a register through their
-// guard, while a seeded random schedule of faults strikes. Every operation
+// other), read- and write-lock an RWMutex on another, take permits of a
+// Semaphore on a third, and, while they hold, read and write a register
+// through their guard (writers only, on the RWMutex's; none on the
+// Semaphore's, whose holders share it), while a seeded random schedule of
+// faults strikes. Each name's history is checked against a model of how
+// much may hold at once: a mutex, readers sharing and a writer alone,
+// permits within the capacity. Every operation
 // is recorded with its invocation and response times, and the histories are
 // checked with porcupine: the lock's (a mutex: no two holds at once, as the
 // library reported them) and the register's (each hold's read-then-write
@@ -44,6 +51,9 @@ const (
 	robustWorkers = 4
 	robustName    = "robust/lock"
 	robustReg     = "robust/register"
+	robustRW      = "robust/rw"
+	robustRWReg   = "robust/rw-register"
+	robustSem     = "robust/sem"
 )
 
 func TestRobustness(t *testing.T) {
@@ -86,11 +96,19 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 	ctx, cancel := context.WithTimeout(context.Background(), length+3*time.Minute)
 	defer cancel()
 	admin := c.Client(t)
-	put, err := admin.Put(ctx, robustReg, "init")
+	_, err := admin.Put(ctx, robustReg, "init")
 	require.NoError(t, err)
-	log := watchDeletes(ctx, admin, robustName+"/", put.Header.Revision+1)
-
-	h := &history{base: time.Now(), admin: make(map[int64]bool)}
+	put, err := admin.Put(ctx, robustRWReg, "init")
+	require.NoError(t, err)
+	h := &history{base: time.Now(), admin: make(map[int64]bool), fams: []*family{
+		{name: robustName, reg: robustReg, capacity: 1},
+		{name: robustRW, reg: robustRWReg, capacity: robustWorkers},
+		{name: robustSem, capacity: faultPermits},
+	}}
+	for _, f := range h.fams {
+		f.log = watchDeletes(ctx, admin, f.name+"/", put.Header.Revision+1)
+	}
+	log := h.fams[0].log
 	workers := make([]*faultWorker, robustWorkers)
 	for i := range workers {
 		workers[i] = newFaultWorker(t, c, i)
@@ -113,11 +131,13 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 
 	// Every key goes with its session (a session that lost contact leaves
 	// its lease to expire), and every delete is seen before the checks.
-	waitCount(t, admin, robustName+"/", faultTTL+testTimeout, func(have int) bool { return have == 0 })
-	resp, err := admin.Get(ctx, robustName+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-	require.NoError(t, err)
-	require.Zero(t, resp.Count, "keys left")
-	log.stop(t, resp.Header.Revision)
+	for _, f := range h.fams {
+		waitCount(t, admin, f.name+"/", faultTTL+testTimeout, func(have int) bool { return have == 0 })
+		resp, err := admin.Get(ctx, f.name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		require.NoError(t, err)
+		require.Zero(t, resp.Count, "keys left under %s", f.name)
+		f.log.stop(t, resp.Header.Revision)
+	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -142,32 +162,47 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 		require.NoError(t, porcupine.VisualizePath(model, info, path))
 		t.Errorf("%s history (%d operations): %s; see %s", what, len(ops), res, path)
 	}
-	check("lock", mutexModel, append(h.lock, h.releaseOps(log)...))
-	check("register", registerModel, h.reg)
-
-	slices.SortFunc(h.writes, func(a, b incRec) int { return int(a.commit - b.commit) })
-	for i := 1; i < len(h.writes); i++ {
-		if h.writes[i].token < h.writes[i-1].token {
-			t.Errorf("fencing token went back: %d after %d", h.writes[i].token, h.writes[i-1].token)
+	ops := 0
+	for _, f := range h.fams {
+		what := strings.ReplaceAll(f.name, "/", "-")
+		check(what, holdsModel(f.capacity), append(f.acquires, h.releaseOps(f)...))
+		if f.reg != "" {
+			check(what+"-register", registerModel, f.regOps)
+			slices.SortFunc(f.writes, func(a, b incRec) int { return int(a.commit - b.commit) })
+			for i := 1; i < len(f.writes); i++ {
+				if f.writes[i].token < f.writes[i-1].token {
+					t.Errorf("%s: fencing token went back: %d after %d", f.name, f.writes[i].token, f.writes[i-1].token)
+				}
+			}
 		}
+		problems, leads := checkHolds(f.holds, f.log, faultTTL, f.capacity)
+		for _, p := range problems {
+			t.Errorf("%s: %s", f.name, p)
+		}
+		t.Logf("%s: %d holds (%d lost), %d guarded writes, %d lock and %d register operations", f.name, len(f.holds), len(leads), len(f.writes), len(f.acquires)+len(f.releases), len(f.regOps))
+		ops += len(f.acquires) + len(f.releases) + len(f.regOps)
 	}
-	problems, leads := checkHolds(h.holds, log, faultTTL, 1)
-	for _, p := range problems {
-		t.Error(p)
-	}
-	t.Logf("%d holds (%d lost), %d guarded writes, %d lock and %d register operations", len(h.holds), len(leads), len(h.writes), len(h.lock)+len(h.releases), len(h.reg))
-	require.NotEmpty(t, h.writes, "no guarded write succeeded")
-	return len(h.lock) + len(h.releases) + len(h.reg)
+	require.NotEmpty(t, h.fams[0].writes, "no guarded write succeeded")
+	return ops
 }
 
 // history is what the workers did, with times in nanoseconds since base.
 type history struct {
-	base     time.Time
-	mu       sync.Mutex
-	lock     []porcupine.Operation // input lockOp: the acquires
+	base  time.Time
+	mu    sync.Mutex
+	admin map[int64]bool // revisions of the admin's deletes and revokes
+	fams  []*family      // the lock's, the RWMutex's, the Semaphore's
+}
+
+// family is one name the workers contend on, and its history (h.mu).
+type family struct {
+	name     string
+	reg      string // the register its holds write through their guard, or ""
+	capacity int64  // weight that may hold at once (holdsModel)
+	log      *deleteLog
+	acquires []porcupine.Operation // input lockOp
 	releases []releaseRec
-	admin    map[int64]bool        // revisions of the admin's deletes and revokes
-	reg      []porcupine.Operation // input regOp
+	regOps   []porcupine.Operation // input regOp
 	writes   []incRec              // guarded writes that committed: fencing token, revision
 	holds    []holdRec
 }
@@ -176,7 +211,7 @@ type history struct {
 // call to ret), or lost.
 type releaseRec struct {
 	worker             int
-	rev                int64
+	rev, weight        int64
 	lost               bool
 	acquire, call, ret int64 // acquire: when its Lock or Campaign was called
 }
@@ -187,11 +222,11 @@ type releaseRec struct {
 // ended on the server at some time after its acquire began (perhaps before
 // the acquire returned: a hold can be lost at any moment); whether that was
 // in time is checkHolds' part, against the server's revisions.
-func (h *history) releaseOps(log *deleteLog) []porcupine.Operation {
+func (h *history) releaseOps(f *family) []porcupine.Operation {
 	var ops []porcupine.Operation
-	for _, r := range h.releases {
-		op := porcupine.Operation{ClientId: r.worker, Input: lockOp{rev: r.rev}, Call: r.call, Return: r.ret}
-		if del, ok := log.get(r.rev); r.lost || ok && h.admin[del.rev] {
+	for _, r := range f.releases {
+		op := porcupine.Operation{ClientId: r.worker, Input: lockOp{rev: r.rev, weight: r.weight}, Call: r.call, Return: r.ret}
+		if del, ok := f.log.get(r.rev); r.lost || ok && h.admin[del.rev] {
 			op.Call, op.Return = r.acquire, -1
 		}
 		ops = append(ops, op)
@@ -214,30 +249,65 @@ func (h *history) add(ops *[]porcupine.Operation, op porcupine.Operation) {
 	*ops = append(*ops, op)
 }
 
-// lockOp takes (acquire) or gives up the hold whose key has create revision rev.
+// lockOp takes (acquire) or gives up the hold whose key has create revision
+// rev and weight weight.
 type lockOp struct {
-	acquire bool
-	rev     int64
+	acquire     bool
+	rev, weight int64
 }
 
-// mutexModel: the state is the revision of the current hold, 0 when free.
-var mutexModel = porcupine.Model{
-	Init: func() any { return int64(0) },
-	Step: func(state, input, _ any) (bool, any) {
-		s, op := state.(int64), input.(lockOp)
-		if op.acquire {
-			return s == 0, op.rev
+// holdsModel: the state is the holds in place, as "rev:weight" sorted by
+// rev, joined by spaces; an acquire fits when the weights in place and its
+// own are within capacity (1 and weights of 1: a mutex; readers 1 and a
+// writer the capacity: a read/write lock; a Semaphore's permits).
+func holdsModel(capacity int64) porcupine.Model {
+	parse := func(state string) map[int64]int64 {
+		held := map[int64]int64{}
+		for _, f := range strings.Fields(state) {
+			var rev, w int64
+			fmt.Sscanf(f, "%d:%d", &rev, &w)
+			held[rev] = w
 		}
-		return s == op.rev, int64(0)
-	},
-	DescribeOperation: func(input, _ any) string {
-		if op := input.(lockOp); op.acquire {
-			return fmt.Sprintf("acquire %d", op.rev)
-		} else {
-			return fmt.Sprintf("release %d", op.rev)
+		return held
+	}
+	format := func(held map[int64]int64) string {
+		revs := slices.Sorted(maps.Keys(held))
+		var out []string
+		for _, rev := range revs {
+			out = append(out, fmt.Sprintf("%d:%d", rev, held[rev]))
 		}
-	},
-	DescribeState: func(state any) string { return fmt.Sprintf("held by %d", state) },
+		return strings.Join(out, " ")
+	}
+	return porcupine.Model{
+		Init: func() any { return "" },
+		Step: func(state, input, _ any) (bool, any) {
+			held, op := parse(state.(string)), input.(lockOp)
+			if op.acquire {
+				sum := op.weight
+				for _, w := range held {
+					sum += w
+				}
+				if _, in := held[op.rev]; in || sum > capacity {
+					return false, state
+				}
+				held[op.rev] = op.weight
+				return true, format(held)
+			}
+			if _, in := held[op.rev]; !in {
+				return false, state
+			}
+			delete(held, op.rev)
+			return true, format(held)
+		},
+		DescribeOperation: func(input, _ any) string {
+			if op := input.(lockOp); op.acquire {
+				return fmt.Sprintf("acquire %d (weight %d)", op.rev, op.weight)
+			} else {
+				return fmt.Sprintf("release %d", op.rev)
+			}
+		},
+		DescribeState: func(state any) string { return fmt.Sprintf("held: %q of %d", state, capacity) },
+	}
 }
 
 // regOp is a guarded read of the register (wrote == "") or a guarded read
@@ -290,15 +360,7 @@ func robustWork(t *testing.T, ctx, work context.Context, w *faultWorker, rng *ra
 		if err != nil {
 			continue
 		}
-		kind := rng.IntN(10)
-		pk := kindMutex
-		if kind >= 7 {
-			pk = kindElection
-		}
-		p := newPrimitive(pk, s, robustName, 0)
-		if kind < 3 {
-			p.acquire = p.held.(*etcdsync.Mutex).TryLock
-		}
+		f, p := robustPrimitive(rng, s, h)
 		patience := 5 * time.Second
 		if rng.IntN(4) == 0 {
 			patience = time.Duration(1+rng.IntN(300)) * time.Millisecond
@@ -312,10 +374,16 @@ func robustWork(t *testing.T, ctx, work context.Context, w *faultWorker, rng *ra
 		}
 		granted := h.now()
 		rec, ended := recordHold(w.id, p)
-		h.add(&h.lock, porcupine.Operation{ClientId: w.id, Input: lockOp{acquire: true, rev: rec.rev}, Call: call, Return: granted})
+		h.add(&f.acquires, porcupine.Operation{ClientId: w.id, Input: lockOp{acquire: true, rev: rec.rev, weight: p.weight}, Call: call, Return: granted})
 		for range 1 + rng.IntN(3) {
 			seq++
-			robustGuarded(w, p, rec.rev, rng.IntN(3) > 0, fmt.Sprintf("w%d-%d", w.id, seq), h)
+			if f.reg == "" { // the hold's work: a guarded read of its own key
+				gctx, gcancel := context.WithTimeout(ctx, 2*faultTTL)
+				_, _ = p.Do(gctx, clientv3.OpGet(f.name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()))
+				gcancel()
+				continue
+			}
+			robustGuarded(w, p, f, rec.rev, p.role != readRole && rng.IntN(3) > 0, fmt.Sprintf("w%d-%d", w.id, seq), h)
 		}
 		release := h.now()
 		w.unlock(ctx, p)
@@ -324,31 +392,56 @@ func robustWork(t *testing.T, ctx, work context.Context, w *faultWorker, rng *ra
 			return
 		}
 		h.mu.Lock()
-		h.holds = append(h.holds, rec)
-		h.releases = append(h.releases, releaseRec{worker: w.id, rev: rec.rev, lost: rec.lost, acquire: call, call: release, ret: h.now()})
+		f.holds = append(f.holds, rec)
+		f.releases = append(f.releases, releaseRec{worker: w.id, rev: rec.rev, weight: p.weight, lost: rec.lost, acquire: call, call: release, ret: h.now()})
 		h.mu.Unlock()
+	}
+}
+
+// robustPrimitive chooses what a worker takes next, and on which name: a
+// Mutex (by Lock or TryLock) or an Election on the lock's name, most of the
+// time; a reader or a writer of the RWMutex; permits (1 or 2) of the
+// Semaphore.
+func robustPrimitive(rng *rand.Rand, s *etcdsync.Session, h *history) (*family, primitive) {
+	switch kind := rng.IntN(14); {
+	case kind >= 12:
+		return h.fams[2], newPrimitive(kindSemaphore, s, robustSem, rng.IntN(2))
+	case kind >= 10:
+		p := newPrimitive(kindRWMutex, s, robustRW, rng.IntN(2))
+		if p.role == writeRole {
+			p.weight = robustWorkers // alone: the capacity is the workers' count
+		}
+		return h.fams[1], p
+	case kind >= 7:
+		return h.fams[0], newPrimitive(kindElection, s, robustName, 0)
+	case kind >= 3:
+		return h.fams[0], newPrimitive(kindMutex, s, robustName, 0)
+	default:
+		p := newPrimitive(kindMutex, s, robustName, 0)
+		p.acquire = p.held.(*etcdsync.Mutex).TryLock
+		return h.fams[0], p
 	}
 }
 
 // robustGuarded reads the register through p's guard and, if write, writes
 // val through it in the same hold (whose fencing token is token), and
 // records what it saw.
-func robustGuarded(w *faultWorker, p primitive, token int64, write bool, val string, h *history) {
+func robustGuarded(w *faultWorker, p primitive, f *family, token int64, write bool, val string, h *history) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*faultTTL)
 	defer cancel()
 	call := h.now()
-	resp, err := p.Do(ctx, clientv3.OpGet(robustReg))
+	resp, err := p.Do(ctx, clientv3.OpGet(f.reg))
 	if err != nil {
 		return
 	}
 	op := regOp{read: string(resp.Responses[0].GetResponseRange().Kvs[0].Value)}
 	if write {
-		tr, err := p.Do(ctx, clientv3.OpPut(robustReg, val))
+		tr, err := p.Do(ctx, clientv3.OpPut(f.reg, val))
 		switch {
 		case err == nil:
 			op.wrote = val
 			h.mu.Lock()
-			h.writes = append(h.writes, incRec{token: token, commit: tr.Header.Revision})
+			f.writes = append(f.writes, incRec{token: token, commit: tr.Header.Revision})
 			h.mu.Unlock()
 		case errors.Is(err, etcdsync.ErrNotHeld):
 			// The guard failed (on the server or before sending): no write.
@@ -360,7 +453,7 @@ func robustGuarded(w *faultWorker, p primitive, token int64, write bool, val str
 	if op.unknown {
 		ret = -1
 	}
-	h.add(&h.reg, porcupine.Operation{ClientId: w.id, Input: op, Call: call, Return: ret})
+	h.add(&f.regOps, porcupine.Operation{ClientId: w.id, Input: op, Call: call, Return: ret})
 }
 
 // driveFaults strikes one fault at a time, chosen by rng, until length has
@@ -459,8 +552,11 @@ func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *
 				h.adminDid(resp.Header)
 			}
 			cancel()
-		case 9: // compaction, no further than the admin's watch has read
+		case 9: // compaction, no further than every admin's watch has read
 			rev := log.rev.Load()
+			for _, f := range h.fams {
+				rev = min(rev, f.log.rev.Load())
+			}
 			t.Logf("%v: compaction at %d", at, rev)
 			actx, cancel := adminCtx()
 			if rev > 0 {
@@ -471,15 +567,19 @@ func driveFaults(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *
 	}
 }
 
-// The models reject what they must: two holds at once, a lost update, a
-// stale read; and accept a write whose outcome is unknown either way.
+// The models reject what they must: two holds of a mutex at once, a writer
+// beside a reader, permits past the capacity, a lost update, a stale read;
+// and accept readers together, permits within the capacity, and a write
+// whose outcome is unknown either way.
 func TestRobustnessModels(t *testing.T) {
 	t.Parallel()
 	op := func(in any, call, ret int64) porcupine.Operation {
 		return porcupine.Operation{Input: in, Call: call, Return: ret}
 	}
-	acq := func(rev int64) lockOp { return lockOp{acquire: true, rev: rev} }
+	acq := func(rev int64) lockOp { return lockOp{acquire: true, rev: rev, weight: 1} }
+	acqW := func(rev, w int64) lockOp { return lockOp{acquire: true, rev: rev, weight: w} }
 	rel := func(rev int64) lockOp { return lockOp{rev: rev} }
+	mutexModel, rwModel, semModel := holdsModel(1), holdsModel(4), holdsModel(2)
 	for _, c := range []struct {
 		name  string
 		model porcupine.Model
@@ -488,6 +588,11 @@ func TestRobustnessModels(t *testing.T) {
 	}{
 		{"handoff", mutexModel, []porcupine.Operation{op(acq(1), 0, 1), op(rel(1), 2, 5), op(acq(2), 3, 4)}, true},
 		{"two holders", mutexModel, []porcupine.Operation{op(acq(1), 0, 1), op(acq(2), 2, 3), op(rel(1), 4, 5)}, false},
+		{"readers share", rwModel, []porcupine.Operation{op(acq(1), 0, 1), op(acq(2), 2, 3), op(rel(1), 4, 5), op(rel(2), 4, 5)}, true},
+		{"a writer among readers", rwModel, []porcupine.Operation{op(acq(1), 0, 1), op(acqW(2, 4), 2, 3), op(rel(1), 4, 5)}, false},
+		{"a writer after the readers", rwModel, []porcupine.Operation{op(acq(1), 0, 1), op(rel(1), 2, 3), op(acqW(2, 4), 2, 5)}, true},
+		{"permits within the capacity", semModel, []porcupine.Operation{op(acq(1), 0, 1), op(acq(2), 2, 3), op(rel(1), 4, 5)}, true},
+		{"permits past the capacity", semModel, []porcupine.Operation{op(acqW(1, 2), 0, 1), op(acq(2), 2, 3), op(rel(1), 4, 5)}, false},
 		{"increments", registerModel, []porcupine.Operation{op(regOp{read: "init", wrote: "a"}, 0, 1), op(regOp{read: "a", wrote: "b"}, 2, 3), op(regOp{read: "b"}, 4, 5)}, true},
 		{"lost update", registerModel, []porcupine.Operation{op(regOp{read: "init", wrote: "a"}, 0, 3), op(regOp{read: "init", wrote: "b"}, 1, 2)}, false},
 		{"stale read", registerModel, []porcupine.Operation{op(regOp{read: "init", wrote: "a"}, 0, 1), op(regOp{read: "init"}, 2, 3)}, false},
