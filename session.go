@@ -13,12 +13,10 @@ import (
 	"sync"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+
+	"github.com/etcdsync/etcdsync/internal/reach"
 )
 
 // Session is a lease kept alive in the background. Every key a primitive
@@ -144,9 +142,11 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 	return earliest(sent.Add(pace), s.deadline.Add(-pace)), nil
 }
 
-// unreachable describes a failed first call: what failed, the endpoints, and
-// why the connection is down when it is (the client's own error says only
-// that the context ended).
+// unreachable describes a failed first call: what failed, the endpoints,
+// and, when it timed out, why the endpoints could not be reached (the
+// client's error says only that the context ended): a diagnostic on this
+// failure path only, which dials their addresses and sends nothing to etcd
+// (see internal/reach).
 func (s *Session) unreachable(what string, err error) error {
 	if s.ctx.Err() != nil { // the WithContext context ended, or the client closed
 		err = context.Cause(s.ctx)
@@ -155,20 +155,8 @@ func (s *Session) unreachable(what string, err error) error {
 	if s.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	// One fail-fast call reports the connection's last error: a
-	// diagnostic on this failure path only, which decides nothing. It is
-	// the one request sent around the client's interfaces (their calls
-	// wait for a connection and say only that the context ended); a client
-	// without a connection of its own (in-process) skips it.
-	conn := s.client.ActiveConnection()
-	if conn == nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), 200*time.Millisecond)
-	defer cancel()
-	_, perr := pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(false))
-	if status.Code(perr) == codes.Unavailable {
-		return fmt.Errorf("%w (%s)", err, status.Convert(perr).Message())
+	if why := reach.Why(s.client.Endpoints(), nil, 200*time.Millisecond); why != "" {
+		return fmt.Errorf("%w (%s)", err, why)
 	}
 	return err
 }

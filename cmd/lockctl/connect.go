@@ -12,14 +12,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/etcdsync/etcdsync/internal/reach"
 	"github.com/spf13/pflag"
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // connFlags are etcdctl's connection flags.
@@ -172,21 +169,16 @@ func (c *connFlags) dial(ctx context.Context, prefix string) (*clientv3.Client, 
 	return nil, fmt.Errorf("etcd at %s: %w", where, err)
 }
 
-// connError returns why connections to cfg's endpoints fail, as
-// " (reason)", or "" when that is not known. It makes one fail-fast call
-// on a client of its own (without credentials), bounded by 500ms.
+// connError returns why cfg's endpoints cannot be reached, as " (reason)",
+// or "" when that is not known: it dials their addresses (with cfg's TLS),
+// bounded by 500ms, and sends nothing to etcd (see internal/reach).
 func connError(cfg clientv3.Config) string {
-	cfg.Username, cfg.Password = "", ""
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		return ""
+	tc := cfg.TLS
+	if tc == nil { // https:// endpoints still use TLS, with the system's roots
+		tc = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	_, err = pb.NewMaintenanceClient(cli.ActiveConnection()).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(false))
-	if status.Code(err) == codes.Unavailable {
-		return " (" + status.Convert(err).Message() + ")"
+	if why := reach.Why(cfg.Endpoints, tc, 500*time.Millisecond); why != "" {
+		return " (" + why + ")"
 	}
 	return ""
 }
