@@ -37,11 +37,11 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		endpoints []string
-		progress  int // progress requests over the handoffs
+		progress  int // progress requests over the handoffs, besides the first wait's probe
 		rpcs      int // unary RPCs between the holder's Unlock and the waiter's Lock, from the 2nd handoff on
 	}{
-		{"direct", c.Endpoints(), handoffs + 1, 0},
-		{"grpcproxy", []string{proxy}, 2, 1},
+		{"direct", c.Endpoints(), handoffs, 0},
+		{"grpcproxy", []string{proxy}, 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := ctxCell(t)
@@ -71,7 +71,9 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 			calls.mu.Lock()
 			progress := calls.calls["RequestProgress"]
 			calls.mu.Unlock()
-			require.Equal(t, tc.progress, progress, "progress requests over %d handoffs", handoffs)
+			// The first wait probes as it watches, unless its turn comes
+			// first (its confirmation then tells what the probe would).
+			require.Contains(t, []int{tc.progress, tc.progress + 1}, progress, "progress requests over %d handoffs", handoffs)
 			t.Logf("%s: handoff latencies (holder's Unlock to the waiter's Lock) %v", tc.name, lat)
 		})
 	}
@@ -80,9 +82,9 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 // A progress request that goes unanswered on a client whose requests were
 // answered before (a member busy for a moment) costs that handoff a read,
 // and only that one: the client's later waiters ask again, and their
-// handoffs take no RPC. The first wait sends two requests (its probe and its
-// confirmation, in either order), both answered; the second wait's
-// confirmation, the third request, is dropped.
+// handoffs take no RPC. The first wait's requests (its probe, unless its
+// turn came first, and its confirmation) are answered; the second wait's
+// confirmation, the next request, is dropped.
 func TestCompatLateProgressKeepsClient(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -92,7 +94,7 @@ func TestCompatLateProgressKeepsClient(t *testing.T) {
 	ctx := ctxCell(t)
 	cnt := &counter{created: make(chan struct{}, 16)}
 	cli := etcdtest.NewClient(t, c.Endpoints(), cnt.dial()...)
-	drop := &dropProgress{Watcher: cli.Watcher, drop: 3}
+	drop := &dropProgress{Watcher: cli.Watcher}
 	cli.Watcher = drop
 	holder := etcdsync.NewMutex(session(t, c.Client(t)), "late-progress")
 	waiter := etcdsync.NewMutex(session(t, cli), "late-progress")
@@ -106,6 +108,9 @@ func TestCompatLateProgressKeepsClient(t *testing.T) {
 		before := cnt.unary.Load()
 		require.NoError(t, holder.Unlock(ctx))
 		require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
+		if i == 0 {
+			drop.drop.Store(drop.n.Load() + 1)
+		}
 		want := 0
 		if i == 1 { // the dropped request: this handoff reads
 			want = 1
@@ -113,7 +118,7 @@ func TestCompatLateProgressKeepsClient(t *testing.T) {
 		require.EqualValues(t, want, cnt.unary.Load()-before, "RPCs on the critical path of handoff %d", i)
 		require.NoError(t, waiter.Unlock(ctx))
 	}
-	require.EqualValues(t, handoffs+1, drop.n.Load(), "progress requests over %d handoffs (and one probe)", handoffs)
+	require.EqualValues(t, handoffs-1, drop.n.Load()-drop.drop.Load()+1, "progress requests after the first handoff: one per handoff")
 }
 
 // A client learns that its progress requests go unanswered off the
@@ -158,11 +163,11 @@ func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
 type dropProgress struct {
 	clientv3.Watcher
 	n    atomic.Int32
-	drop int32
+	drop atomic.Int32 // 0: none
 }
 
 func (d *dropProgress) RequestProgress(ctx context.Context) error {
-	if d.n.Add(1) == d.drop {
+	if d.n.Add(1) == d.drop.Load() {
 		return nil
 	}
 	return d.Watcher.RequestProgress(ctx)

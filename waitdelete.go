@@ -198,6 +198,8 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	st.confirming = true
+	defer func() { st.confirming = false }()
 	for {
 		r, fired, err := st.receive(ctx, timer.C)
 		switch {

@@ -49,9 +49,12 @@ type stream struct {
 	// probe fires when the probe (see caps.probing), a progress request sent
 	// once our own key's watch was created, has gone unanswered for
 	// progressWait; nil when none is out. probeEnd is when it fires.
-	probe     <-chan time.Time
-	probeEnd  time.Time
-	stopTimer func() bool
+	// confirming is set while confirm waits for its own request's answer,
+	// which tells the client what a probe would (no probe is sent then).
+	confirming bool
+	probe      <-chan time.Time
+	probeEnd   time.Time
+	stopTimer  func() bool
 }
 
 // waitSeq numbers waits, so that each has a stream of its own (waitContext).
@@ -136,7 +139,7 @@ func (st *stream) recv(ctx context.Context) (keyed, error) {
 // was created, if the client wants one. Its answer is noted by check; its
 // silence by recv, once progressWait has passed.
 func (st *stream) sendProbe() {
-	if !st.t.s.caps.probing() || st.t.s.client.RequestProgress(st.ctx) != nil {
+	if st.confirming || !st.t.s.caps.probing() || st.t.s.client.RequestProgress(st.ctx) != nil {
 		return
 	}
 	timer := time.NewTimer(progressWait)
