@@ -85,48 +85,101 @@ func (o *Observer) Err() error {
 // reader may miss values only across a compaction of the history it needs,
 // and always gets the latest. It never reports a candidate that is not the
 // leader, nor a key other than a direct child NAME/<hex>. Each response's
-// header carries the revision at which its value became current. It does not
-// block; the channel closes when ctx ends (ctx owns the goroutine), or early
-// when the client closes (Err says why).
+// header carries the revision at which its value became current. A term that
+// ends with no candidate behind it is silent here, as in etcd's Observe:
+// Terms reports it. It does not block; the channel closes when ctx ends (ctx
+// owns the goroutine), or early when the client closes (Err says why).
 func (o *Observer) Observe(ctx context.Context) <-chan *clientv3.GetResponse {
 	ch := make(chan *clientv3.GetResponse)
+	deliver(o, ctx, ch, func(hdr *pb.ResponseHeader, t Term) (*clientv3.GetResponse, bool) {
+		if t.Leader == nil {
+			return nil, false
+		}
+		h := &pb.ResponseHeader{ClusterId: hdr.ClusterId, MemberId: hdr.MemberId, Revision: t.Rev, RaftTerm: hdr.RaftTerm}
+		return &clientv3.GetResponse{Header: h, Kvs: []*mvccpb.KeyValue{t.Leader}, Count: 1}, true
+	})
+	return ch
+}
+
+// Term is the state of an election at revision Rev, where it was first seen
+// (the delete that ended the last term, the put of a proclamation, or the
+// read that started the stream): Leader is the leader's key with its value at
+// Rev, or nil when there is no leader (the last one went with no candidate
+// behind it, or none had come).
+// A new leader and a value proclaimed by the same leader are each a Term; a
+// new term is one whose Leader.CreateRevision differs from the last one's.
+type Term struct {
+	Rev    int64
+	Leader *mvccpb.KeyValue
+}
+
+// Terms returns a channel that delivers the election's state when it starts
+// (a leader, or no leader), then each change in revision order: a new
+// leader, a value the leader proclaims, and "no leader" (Leader nil) when a
+// leader goes with no candidate queued behind it. A reader that keeps up gets
+// every change; a slow one may miss changes only across a compaction of the
+// history it needs, and always gets the latest. It never reports a candidate
+// that is not the leader. It does not block; the channel closes when ctx ends
+// (ctx owns the goroutine), or early when the client closes (Err says why).
+func (o *Observer) Terms(ctx context.Context) <-chan Term {
+	ch := make(chan Term)
+	deliver(o, ctx, ch, func(_ *pb.ResponseHeader, t Term) (Term, bool) { return t, true })
+	return ch
+}
+
+// deliver runs o.observe for ctx in a goroutine that owns ch and closes it
+// when observe returns; each state goes out as as makes it (one as declines
+// is skipped). An unusable observer closes ch at once. Either way Err says
+// why ch closed before ctx ended.
+func deliver[T any](o *Observer, ctx context.Context, ch chan<- T, as func(*pb.ResponseHeader, Term) (T, bool)) {
 	if err := o.usable(); err != nil {
-		o.mu.Lock()
-		o.err = err
-		o.mu.Unlock()
+		o.failed(err)
 		close(ch)
-		return ch
+		return
 	}
 	go func() {
 		defer close(ch)
-		if err := o.observe(ctx, ch); err != nil {
-			o.mu.Lock()
-			o.err = err
-			o.mu.Unlock()
+		err := o.observe(ctx, func(hdr *pb.ResponseHeader, t Term) bool {
+			v, ok := as(hdr, t)
+			if !ok {
+				return true
+			}
+			select {
+			case ch <- v:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		})
+		if err != nil {
+			o.failed(err)
 		}
 	}()
-	return ch
+}
+
+// failed records why a channel closed before its ctx ended.
+func (o *Observer) failed(err error) {
+	o.mu.Lock()
+	o.err = err
+	o.mu.Unlock()
 }
 
 // observe reads the candidates at a revision, then follows one prefix watch
 // from there: with no leader, the first direct child created is the next
 // leader; each put of the leader's key is a proclamation; its delete at D
-// ends the term, and the read at D says who leads next. A failed watch reads
-// again where it stopped. It returns nil when ctx ends.
-func (o *Observer) observe(ctx context.Context, ch chan<- *clientv3.GetResponse) error {
-	var last *mvccpb.KeyValue
-	send := func(hdr *pb.ResponseHeader, rev int64, kv *mvccpb.KeyValue) bool {
-		if last != nil && string(last.Key) == string(kv.Key) && last.ModRevision == kv.ModRevision {
-			return true // delivered already
-		}
-		h := &pb.ResponseHeader{ClusterId: hdr.ClusterId, MemberId: hdr.MemberId, Revision: rev, RaftTerm: hdr.RaftTerm}
-		select {
-		case ch <- &clientv3.GetResponse{Header: h, Kvs: []*mvccpb.KeyValue{kv}, Count: 1}:
-			last = kv
+// ends the term, and the read at D says who leads next, or that nobody does.
+// A failed watch reads again where it stopped. Each state goes to send once
+// (a state read again after a failed watch is not sent twice); a send that
+// returns false stops it. It returns nil when ctx ends or send stops it.
+func (o *Observer) observe(ctx context.Context, send func(*pb.ResponseHeader, Term) bool) error {
+	sent := false
+	var last Term
+	once := func(hdr *pb.ResponseHeader, t Term) bool {
+		if sent && sameState(last, t) {
 			return true
-		case <-ctx.Done():
-			return false
 		}
+		sent, last = true, t
+		return send(hdr, t)
 	}
 	at := int64(0) // the revision to read at next; 0: the current one
 	for ctx.Err() == nil {
@@ -148,10 +201,10 @@ func (o *Observer) observe(ctx context.Context, ch chan<- *clientv3.GetResponse)
 			at = resp.Header.Revision
 		}
 		leader := leaderOf(o.prefix, resp.Kvs)
-		if leader != nil && !send(resp.Header, at, leader) {
+		if !once(resp.Header, Term{Rev: at, Leader: leader}) {
 			return nil
 		}
-		if at = o.follow(ctx, resp.Header, at, leader, send); at < 0 {
+		if at = o.follow(ctx, at, leader, once); at < 0 {
 			// The watch ended (ctx, a lost leader, a member restart):
 			// read again where it stopped.
 			if at = -at; sleep(ctx, retryPause) != nil {
@@ -162,11 +215,21 @@ func (o *Observer) observe(ctx context.Context, ch chan<- *clientv3.GetResponse)
 	return nil
 }
 
+// sameState reports whether a and b are the same state read twice: the
+// same leader's key at the same value, or no leader (since whichever
+// revision: a read after a failed watch finds the same empty election).
+func sameState(a, b Term) bool {
+	if a.Leader == nil || b.Leader == nil {
+		return a.Leader == nil && b.Leader == nil
+	}
+	return string(a.Leader.Key) == string(b.Leader.Key) && a.Leader.ModRevision == b.Leader.ModRevision
+}
+
 // follow watches the prefix from after revision at, where leader was current
 // (nil: none yet), and delivers each leader and value. It returns the
 // revision of the leader's delete, or -(the last revision it saw) when the
 // watch ended.
-func (o *Observer) follow(ctx context.Context, hdr *pb.ResponseHeader, at int64, leader *mvccpb.KeyValue, send func(*pb.ResponseHeader, int64, *mvccpb.KeyValue) bool) int64 {
+func (o *Observer) follow(ctx context.Context, at int64, leader *mvccpb.KeyValue, send func(*pb.ResponseHeader, Term) bool) int64 {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	seen := at
@@ -180,7 +243,7 @@ func (o *Observer) follow(ctx context.Context, hdr *pb.ResponseHeader, at int64,
 			case !isChild(o.prefix, key):
 			case leader == nil && ev.IsCreate(), leader != nil && key == string(leader.Key) && ev.Type == mvccpb.PUT:
 				leader = ev.Kv
-				if !send(wr.Header, ev.Kv.ModRevision, ev.Kv) {
+				if !send(wr.Header, Term{Rev: ev.Kv.ModRevision, Leader: ev.Kv}) {
 					return -seen
 				}
 			case leader != nil && key == string(leader.Key):

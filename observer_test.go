@@ -98,3 +98,74 @@ func TestObserverErrorsCloseChannel(t *testing.T) {
 	require.False(t, ok, "Observe on a closed client closes its channel at once")
 	require.ErrorIs(t, o.Err(), etcdsync.ErrInvalidArgument)
 }
+
+// Terms reports "no leader" as its own state: at start with nobody
+// campaigning, and each time a leader goes with no candidate behind it
+// (resigned, or its lease gone), also after a compaction while nobody leads
+// (etcd-io/etcd#7815). A leader followed by a queued candidate is never
+// reported as a gap.
+func TestTermsReportNoLeader(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	octx, cancel := context.WithCancel(ctx)
+	terms := etcdsync.NewObserver(cli, "terms").Terms(octx)
+	next := func() etcdsync.Term {
+		t.Helper()
+		select {
+		case tm, ok := <-terms:
+			require.True(t, ok, "Terms' channel closed")
+			return tm
+		case <-time.After(testTimeout):
+			t.Fatal("Terms delivered nothing")
+		}
+		return etcdsync.Term{}
+	}
+	var last int64
+	want := func(value string) {
+		t.Helper()
+		tm := next()
+		require.Greater(t, tm.Rev, last, "revision order")
+		last = tm.Rev
+		if value == "" {
+			require.Nil(t, tm.Leader, "no leader")
+			return
+		}
+		require.NotNil(t, tm.Leader, "a leader with %q", value)
+		require.Equal(t, value, string(tm.Leader.Value))
+	}
+	want("") // nobody campaigns yet
+
+	as := session(t, cli, etcdsync.WithTTL(2*time.Second))
+	a := etcdsync.NewElection(as, "terms")
+	require.NoError(t, a.Campaign(ctx, "a1"))
+	want("a1")
+	require.NoError(t, a.Proclaim(ctx, "a2"))
+	want("a2")
+	b := etcdsync.NewElection(session(t, cli), "terms")
+	bLeads := campaignAsync(ctx, b, "b1")
+	waitKeys(t, cli, "terms/", 2)
+	as.Orphan() // a's lease expires with b behind it: no gap
+	require.NoError(t, <-bLeads)
+	want("b1")
+	require.NoError(t, b.Resign(ctx))
+	want("")
+
+	// Compacted past the last delete while nobody leads.
+	resp, err := cli.Put(ctx, "terms-filler", "x")
+	require.NoError(t, err)
+	_, err = cli.Compact(ctx, resp.Header.Revision)
+	require.NoError(t, err)
+	cs := session(t, cli)
+	cl := etcdsync.NewElection(cs, "terms")
+	require.NoError(t, cl.Campaign(ctx, "c1"))
+	want("c1")
+	require.NoError(t, cs.Close())
+	want("")
+
+	cancel()
+	for range terms { // closes when ctx ends
+	}
+	require.NoError(t, etcdsync.NewObserver(cli, "terms").Err())
+}
