@@ -86,13 +86,14 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 		}
 		// The leadership was gone behind our back: campaign anew.
 	}
-	return e.elect(ctx, val)
+	return e.elect(ctx, val, waitTurn)
 }
 
-// elect is Campaign past its checks: it waits for this value's own term,
-// if any, to end (as a second Lock on a Mutex does), then campaigns.
-func (e *Election) elect(ctx context.Context, val string) error {
-	old, err := e.hr.acquire(ctx, val, waitTurn)
+// elect is Campaign past its checks (TryCampaign with tryTurn): it waits for
+// this value's own term, if any, to end (as a second Lock on a Mutex does),
+// then campaigns; a restarted process's key it resumes is proclaimed val.
+func (e *Election) elect(ctx context.Context, val string, md mode) error {
+	old, err := e.hr.acquire(ctx, val, md)
 	if err != nil {
 		return err
 	}
@@ -123,11 +124,68 @@ func (e *Election) Run(ctx context.Context, val string, fn func(ctx context.Cont
 	if e.hr.bad != nil {
 		return e.hr.bad
 	}
-	return e.hr.run(ctx, 1, val, func(ctx context.Context) error { return e.elect(ctx, val) }, e.Resign, fn)
+	return e.hr.run(ctx, 1, val, func(ctx context.Context) error { return e.elect(ctx, val, waitTurn) }, e.Resign, fn)
+}
+
+// TryCampaign leads with val only when nobody leads or waits: otherwise
+// (also when this value leads) it returns an error wrapping ErrLocked at
+// once, in one RPC that writes nothing and leaves no key. When the name has
+// only nested keys under it (NAME/x/…), it falls back to one more RPC. ctx
+// bounds the call; on error no key of this call is left behind.
+func (e *Election) TryCampaign(ctx context.Context, val string) error {
+	if e.hr.bad != nil {
+		return e.hr.bad
+	}
+	return e.elect(ctx, val, tryTurn)
+}
+
+// TryRun is Run with TryCampaign: when someone leads or waits it returns an
+// error wrapping ErrLocked at once, without running fn.
+func (e *Election) TryRun(ctx context.Context, val string, fn func(ctx context.Context) error) error {
+	if e.hr.bad != nil {
+		return e.hr.bad
+	}
+	return e.hr.run(ctx, 1, val, func(ctx context.Context) error { return e.TryCampaign(ctx, val) }, e.Resign, fn)
+}
+
+// Handover steps down so that the next candidate leads at once, for a
+// leader asked to stop (a rolling deploy, SIGTERM): it cancels the context of
+// each Run under this value's leadership (context.Cause wraps
+// ErrLockReleased), waits until their fn has returned and the Run has
+// resigned, then resigns if the term still lasts. When it returns nil, the
+// term has ended: the oldest queued candidate leads from the resign's
+// revision on, or none is queued. A successor never leads while this leader's
+// work under Run still runs. Not leading, it returns nil at once. It blocks
+// until then, bounded by ctx: when ctx ends first it returns an error
+// wrapping ctx.Err(), and a Run that was asked to stop still resigns once its
+// fn returns. On a resign error the term lasts and Handover can be retried.
+func (e *Election) Handover(ctx context.Context) error {
+	if e.hr.bad != nil {
+		return e.hr.bad
+	}
+	h := e.hr.current()
+	if h == nil {
+		return nil
+	}
+	for _, over := range h.stopRuns(fmt.Errorf("%w: %s is handed over", ErrLockReleased, h.key)) {
+		select {
+		case <-over:
+		case <-ctx.Done():
+			return fmt.Errorf("etcdsync: hand over %s: %w", e.hr.slot.name(), ctx.Err())
+		}
+	}
+	if err := h.unhold(ctx); err != nil && !errors.Is(err, ErrLockReleased) {
+		return err
+	}
+	return nil
 }
 
 // Proclaim sets the leader's value without a new election. It blocks for one
-// RPC bounded by ctx. When this value does not lead (or its leadership is
+// RPC bounded by ctx (two when the value changed since this term's last
+// Proclaim: see below). Proclaims of a term run one at a time, and each
+// writes only over the value the term's last one left: a Proclaim that failed
+// on the client (its ctx ended) but that the server applies late, after a
+// newer one, writes nothing, so the newest value stays. When this value does not lead (or its leadership is
 // gone, which then resets its state) it returns an error wrapping
 // ErrElectionNotLeader and writes nothing.
 func (e *Election) Proclaim(ctx context.Context, val string) error {
@@ -135,14 +193,14 @@ func (e *Election) Proclaim(ctx context.Context, val string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := h.do(ctx, clientv3.OpPut(h.key, val, clientv3.WithLease(h.s.Lease())))
+	hdr, err := h.put(ctx, val)
 	if errors.Is(err, ErrNotHeld) {
 		return fmt.Errorf("%w: %w", ErrElectionNotLeader, err)
 	}
 	if err != nil {
 		return err
 	}
-	h.advance(resp.Header)
+	h.advance(hdr)
 	return nil
 }
 
@@ -210,6 +268,10 @@ func (e *Election) Header() *pb.ResponseHeader { return e.hr.header() }
 // IsLeader returns a comparison that holds while this value leads, for the
 // caller's own transactions; when not leading it is always false.
 func (e *Election) IsLeader() clientv3.Cmp { return e.hr.guard() }
+
+// Check is a health answer for a leader-only service: nil while this value
+// leads and the leadership is current, else why not, as Mutex.Check.
+func (e *Election) Check() error { return e.hr.check() }
 
 // Done returns a channel closed when the leadership ends: Resign committed,
 // the session ended, or the key was deleted by anyone. The first call for a

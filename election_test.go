@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
+	"google.golang.org/grpc"
 )
 
 // campaignAsync campaigns in a goroutine; the channel gets Campaign's result.
@@ -624,4 +626,46 @@ func TestObserveAcrossCompactionAndSessionEnd(t *testing.T) {
 	}
 	require.NotContains(t, values, "a1", "a resigned leader reported again")
 	require.NoError(t, b.Resign(ctx))
+}
+
+// A Proclaim that the server applies late, after a newer Proclaim of the same
+// leader, writes nothing: the newest value stays. When the late one lands
+// first, the newer one still writes over it.
+func TestLateProclaimNeverOverwritesNewer(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	var arm atomic.Bool
+	late := make(chan func() error, 1)
+	holdBack := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.KV/Txn" && arm.CompareAndSwap(true, false) {
+			// The request reaches the server only later, as one the
+			// server applies after its caller gave up.
+			late <- func() error { return invoker(context.Background(), method, req, reply, cc, opts...) }
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	cli := c.Client(t, holdBack)
+	e := etcdsync.NewElection(session(t, cli), "late-proclaim")
+	require.NoError(t, e.Campaign(ctx, "v1"))
+	proclaimLate := func(val string) func() error {
+		arm.Store(true)
+		pctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, e.Proclaim(pctx, val), context.DeadlineExceeded)
+		return <-late
+	}
+
+	send := proclaimLate("v2 (late)")
+	require.NoError(t, e.Proclaim(ctx, "v3"))
+	require.NoError(t, send())
+	require.Equal(t, "v3", leaderValue(t, e), "the late Proclaim wrote over the newer one")
+
+	send = proclaimLate("v4 (late)")
+	require.NoError(t, send())
+	require.Equal(t, "v4 (late)", leaderValue(t, e))
+	require.NoError(t, e.Proclaim(ctx, "v5"))
+	require.Equal(t, "v5", leaderValue(t, e))
 }

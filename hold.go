@@ -29,11 +29,15 @@ type hold struct {
 	over      atomic.Bool  // finish ran
 	closing   bool         // its last share is releasing it: nobody joins (s.mu)
 
+	writing sync.Mutex // one write of the key's value (put) at a time
+	wrote   int64      // the key's mod revision after our last put (writing); 0: its create
+
 	mu    sync.Mutex
 	last  *pb.ResponseHeader      // of the last write through the hold (Proclaim)
 	cause error                   // why it ended, once over
 	ctx   context.Context         // ends with the hold; nil until asked for
 	end   context.CancelCauseFunc // ends ctx
+	runs  map[*running]struct{}   // the Runs under the hold (run.go); nil until one starts
 
 	once      sync.Once     // finish
 	watchOnce sync.Once     // start or forbid the watch
@@ -294,6 +298,47 @@ func (h *hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespons
 	}
 	return resp, nil
 }
+
+// put sets the key's value while h is current, and only over the value of
+// our last put (or the create): a put of ours that the server applies late,
+// after a newer one, finds the key changed and writes nothing. When the key
+// has changed since our last put (such a late put of ours landed first, or
+// someone else's), the newer put writes over it. Puts run one at a time.
+// When the hold is gone it ends h and returns an error wrapping ErrNotHeld.
+func (h *hold) put(ctx context.Context, val string) (*pb.ResponseHeader, error) {
+	h.writing.Lock()
+	defer h.writing.Unlock()
+	if h.wrote == 0 {
+		h.wrote = h.rev
+	}
+	for range putTries {
+		if !h.live() {
+			return nil, fmt.Errorf("%w: no current hold", ErrNotHeld)
+		}
+		resp, err := h.s.client.Txn(ctx).
+			If(h.guard(h.prefix), clientv3.Compare(clientv3.ModRevision(h.key), "=", h.wrote)).
+			Then(clientv3.OpPut(h.key, val, clientv3.WithLease(h.s.Lease()))).
+			Else(clientv3.OpGet(h.key)).
+			Commit()
+		if err != nil {
+			return nil, fmt.Errorf("etcdsync: set the value of %s: %w", h.key, err)
+		}
+		if resp.Succeeded {
+			h.wrote = resp.Header.Revision
+			return resp.Header, nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 || kvs[0].CreateRevision != h.rev {
+			h.lost(resp.Header.Revision)
+			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+		}
+		h.wrote = kvs[0].ModRevision
+	}
+	return nil, fmt.Errorf("etcdsync: set the value of %s: it changed under each of %d tries", h.key, putTries)
+}
+
+// putTries bounds how often put writes over a value it did not expect.
+const putTries = 4
 
 // unhold deletes the key at the held revision only (a retried release never
 // deletes a newer hold). It is bounded by ctx and by the hold itself: when the

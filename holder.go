@@ -182,6 +182,25 @@ func (hr *holder) done() <-chan struct{} {
 	return closed
 }
 
+// check is the Check of every primitive: nil while the value holds, its
+// hold is current and its session passes Check; else why not. The first
+// call for a hold starts its loss watch (as Done does), so a key deleted
+// behind the holder's back shows within a watch round trip.
+func (hr *holder) check() error {
+	if hr.bad != nil {
+		return hr.bad
+	}
+	h := hr.current()
+	if h == nil {
+		return hr.err()
+	}
+	h.done()
+	if err := h.s.Check(); err != nil {
+		return err
+	}
+	return h.err()
+}
+
 func (hr *holder) err() error {
 	if hr.current() != nil {
 		return nil

@@ -69,7 +69,7 @@ func (s *Session) keepAlive(first time.Time) {
 				if s.rep != nil {
 					s.rep.keepaliveAcked(s, time.Since(r.sent))
 				}
-				s.extend(r.sent.Add(time.Duration(r.ttl) * time.Second))
+				s.extend(r.sent.Add(time.Duration(r.ttl)*time.Second - s.delay))
 			}
 			continue
 		case <-timer.C:

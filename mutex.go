@@ -73,6 +73,13 @@ func (m *Mutex) Run(ctx context.Context, fn func(ctx context.Context) error) err
 	return m.hr.run(ctx, 1, "", m.Lock, m.Unlock, fn)
 }
 
+// TryRun is Run with TryLock: when the lock is held (also by this value) it
+// returns an error wrapping ErrLocked at once, without running fn, in one
+// RPC that writes nothing. Otherwise it runs fn and releases as Run does.
+func (m *Mutex) TryRun(ctx context.Context, fn func(ctx context.Context) error) error {
+	return m.hr.run(ctx, 1, "", m.TryLock, m.Unlock, fn)
+}
+
 // Do runs ops in one transaction only while this hold is current (its key
 // still exists at the held create revision), and returns the transaction's
 // response. It blocks for one RPC bounded by ctx. When the hold is gone it
@@ -98,6 +105,13 @@ func (m *Mutex) IsOwner() clientv3.Cmp { return m.hr.guard() }
 // Header returns the response header of the revision at which the current
 // hold began, or nil when not held.
 func (m *Mutex) Header() *pb.ResponseHeader { return m.hr.header() }
+
+// Check is a health answer for a service that runs only while it holds the
+// lock: nil while this value holds it and the hold is current (its session
+// alive, its key there), else why not (ErrNotHeld before any hold). The first
+// call for a hold starts its loss watch, as Done does. It does not block and
+// sends nothing.
+func (m *Mutex) Check() error { return m.hr.check() }
 
 // Done returns a channel closed when the current hold ends: Unlock committed,
 // the session ended, or the key was deleted by anyone. The first call for a

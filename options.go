@@ -21,6 +21,7 @@ type sessionOptions struct {
 	ttl     time.Duration // 0 means DefaultTTL
 	ttlSet  bool
 	leaseID clientv3.LeaseID
+	delay   time.Duration   // WithLockDelay
 	ctx     context.Context // nil means the client's context
 	rep     reports         // WithLogger, WithMetrics (metrics.go); nil: none
 }
@@ -54,6 +55,28 @@ func WithContext(ctx context.Context) SessionOption {
 	return optionFunc(func(o *sessionOptions) { o.ctx = ctx })
 }
 
+// WithLockDelay keeps a name from the next holder for d after this
+// session lost its hold by losing contact (keepalives stopped getting
+// through: the process frozen, killed or cut off), as Consul's lock-delay
+// does: the lease is granted for the TTL plus d, while the session keeps its
+// local deadline (Deadline, Done, the end of Run's context) by the TTL alone,
+// so the server frees the session's keys no sooner than d after the holder was
+// told it lost them. A clean end hands over at once: Unlock, Resign and Close
+// (which revokes the lease). d is rounded up to whole seconds; a negative d
+// makes NewSession return an error wrapping ErrInvalidArgument. The default
+// is 0: off, and then nothing is sent or kept for it.
+//
+// The delay lives in the lease of the holder that is lost. It cannot hold
+// back a successor after a holder without it loses its lease (etcd's own
+// client, etcdctl, a session without this option), nor after someone else
+// deletes a held key or revokes the lease (the holder is told within a watch
+// round trip, and the next holder takes over at once). With WithLease, the
+// adopted lease must have been granted with the same delay: d is taken out
+// of its TTL.
+func WithLockDelay(d time.Duration) SessionOption {
+	return optionFunc(func(o *sessionOptions) { o.delay = d })
+}
+
 // resolve applies opts over the defaults and checks them.
 func resolve(client *clientv3.Client, opts []SessionOption) (sessionOptions, error) {
 	o := sessionOptions{ttl: DefaultTTL}
@@ -69,7 +92,11 @@ func resolve(client *clientv3.Client, opts []SessionOption) (sessionOptions, err
 	if o.ttl < time.Second {
 		return o, fmt.Errorf("%w: TTL %v is below one second", ErrInvalidArgument, o.ttl)
 	}
+	if o.delay < 0 {
+		return o, fmt.Errorf("%w: lock delay %v is negative", ErrInvalidArgument, o.delay)
+	}
 	o.ttl = o.ttl.Truncate(time.Second) + ceilSecond(o.ttl%time.Second)
+	o.delay = o.delay.Truncate(time.Second) + ceilSecond(o.delay%time.Second)
 	if o.ctx == nil {
 		o.ctx = client.Ctx()
 	}

@@ -47,6 +47,7 @@ func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release
 	defer cancel(nil)
 	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
 	defer stop()
+	defer h.addRun(cancel)() // after the release below: a Handover waits for both
 	defer func() {
 		p := recover()
 		err = errors.Join(err, e.afterRun(ctx, release))
@@ -77,6 +78,45 @@ func (e *ctxHold) afterRun(ctx context.Context, release func(context.Context) er
 		released = nil // the release found the hold gone: the cause says why
 	}
 	return errors.Join(cause, released)
+}
+
+// running is a Run under a hold, as a Handover sees it: how to stop its
+// work, and a channel closed once the Run has released the hold (or found
+// it gone).
+type running struct {
+	stop context.CancelCauseFunc
+	over chan struct{}
+}
+
+// addRun registers a Run under h, whose work stop cancels; the returned
+// function, called once the Run has released, unregisters it.
+func (h *hold) addRun(stop context.CancelCauseFunc) func() {
+	r := &running{stop: stop, over: make(chan struct{})}
+	h.mu.Lock()
+	if h.runs == nil {
+		h.runs = make(map[*running]struct{})
+	}
+	h.runs[r] = struct{}{}
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		delete(h.runs, r)
+		h.mu.Unlock()
+		close(r.over)
+	}
+}
+
+// stopRuns cancels the work of every Run under h with cause, and returns
+// channels that close as each Run has released.
+func (h *hold) stopRuns(cause error) []chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var over []chan struct{}
+	for r := range h.runs {
+		r.stop(cause)
+		over = append(over, r.over)
+	}
+	return over
 }
 
 // ctxHold is a hold that a Run's context carries, innermost first.

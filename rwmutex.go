@@ -120,6 +120,19 @@ func (rw *RWMutex) RRun(ctx context.Context, fn func(ctx context.Context) error)
 	return rw.r.run(ctx, 1, "", rw.RLock, rw.RUnlock, fn)
 }
 
+// TryRun is Run with TryLock: when the write hold cannot be taken at once it
+// returns an error wrapping ErrLocked without running fn.
+func (rw *RWMutex) TryRun(ctx context.Context, fn func(ctx context.Context) error) error {
+	return rw.w.run(ctx, 1, "", rw.TryLock, rw.Unlock, fn)
+}
+
+// TryRRun is RRun with TryRLock: when a read hold cannot be taken at once
+// (a writer holds or waits) it returns an error wrapping ErrLocked without
+// running fn.
+func (rw *RWMutex) TryRRun(ctx context.Context, fn func(ctx context.Context) error) error {
+	return rw.r.run(ctx, 1, "", rw.TryRLock, rw.RUnlock, fn)
+}
+
 func (rw *RWMutex) acquire(hr *holder, ctx context.Context, md mode) error {
 	if _, err := hr.acquire(ctx, "", md); err != nil {
 		return err
@@ -167,6 +180,10 @@ func (rw *RWMutex) IsOwner() clientv3.Cmp { return rw.cur().guard() }
 // Header returns the header of the revision at which the current hold
 // began, or nil.
 func (rw *RWMutex) Header() *pb.ResponseHeader { return rw.cur().header() }
+
+// Check is nil while this value holds (the write hold, else a read hold)
+// and the hold is current, else why not, as Mutex.Check.
+func (rw *RWMutex) Check() error { return rw.cur().check() }
 
 // Done returns a channel closed when the current hold ends (see Mutex.Done);
 // with no hold, a closed channel.

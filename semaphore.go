@@ -102,6 +102,12 @@ func (sm *Semaphore) Run(ctx context.Context, n int64, fn func(ctx context.Conte
 	return sm.hr.run(ctx, n, strconv.FormatInt(sm.capacity, 10), func(ctx context.Context) error { return sm.Acquire(ctx, n) }, sm.Release, fn)
 }
 
+// TryRun is Run with TryAcquire: when n permits are not free at once it
+// returns an error wrapping ErrLocked without running fn.
+func (sm *Semaphore) TryRun(ctx context.Context, n int64, fn func(ctx context.Context) error) error {
+	return sm.hr.run(ctx, n, strconv.FormatInt(sm.capacity, 10), func(ctx context.Context) error { return sm.TryAcquire(ctx, n) }, sm.Release, fn)
+}
+
 // Release releases this value's hold (all its permits): it deletes the key
 // at the revision it was created, in one RPC bounded by ctx and by the hold,
 // as Mutex.Unlock does.
@@ -125,6 +131,10 @@ func (sm *Semaphore) IsOwner() clientv3.Cmp { return sm.hr.guard() }
 
 // Header returns the header of the revision at which the hold began, or nil.
 func (sm *Semaphore) Header() *pb.ResponseHeader { return sm.hr.header() }
+
+// Check is nil while this value holds permits and the hold is current, else
+// why not, as Mutex.Check.
+func (sm *Semaphore) Check() error { return sm.hr.check() }
 
 // Done returns a channel closed when the hold ends (see Mutex.Done); with no
 // hold, a closed channel.

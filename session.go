@@ -30,7 +30,8 @@ type Session struct {
 	client *clientv3.Client
 	caps   *caps // what is learned of the client's servers (caps.go)
 	id     clientv3.LeaseID
-	ttl    time.Duration // granted TTL: sets the keepalive pace
+	ttl    time.Duration // granted TTL less the lock delay: sets the deadline and the keepalive pace
+	delay  time.Duration // WithLockDelay: the part of the lease's TTL past the local deadline
 	// startRev is a revision no later than the session's start: every key
 	// with the lease that this session creates has a later create revision,
 	// and a key a restarted process resumes (WithLease) an earlier one.
@@ -88,7 +89,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		keys:   make(map[string]keyUse),
 		swept:  make(map[string][]int64),
 	}
-	s.rep = o.rep
+	s.rep, s.delay = o.rep, o.delay
 	first, err := s.start(o)
 	if err != nil {
 		stop()
@@ -118,8 +119,11 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 			return sent, tag(fmt.Errorf("etcdsync: adopt lease 0x%x: not found (expired, revoked, or never granted)", int64(o.leaseID)), ErrSessionExpired)
 		}
 		// The server truncates the remaining TTL, so this is never late.
-		s.id, s.ttl, s.startRev = o.leaseID, time.Duration(resp.GrantedTTL)*time.Second, resp.Revision
-		s.deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
+		s.id, s.ttl, s.startRev = o.leaseID, time.Duration(resp.GrantedTTL)*time.Second-o.delay, resp.Revision
+		s.deadline = sent.Add(time.Duration(resp.TTL)*time.Second - o.delay)
+		if s.ttl < time.Second || !s.deadline.After(sent) {
+			return sent, tag(fmt.Errorf("etcdsync: adopt lease 0x%x: %ds left of a %ds TTL, within the lock delay %v", int64(o.leaseID), resp.TTL, resp.GrantedTTL, o.delay), ErrSessionExpired)
+		}
 		if len(resp.Keys) > 0 {
 			// The header of TimeToLive is the serving member's revision,
 			// which may lag behind the keys the lease has; a linearizable
@@ -131,11 +135,11 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 			s.startRev = max(s.startRev, get.Header.Revision)
 		}
 	} else {
-		resp, err := s.client.Grant(ctx, int64(o.ttl/time.Second))
+		resp, err := s.client.Grant(ctx, int64((o.ttl+o.delay)/time.Second))
 		if err != nil {
 			return sent, s.unreachable("grant lease", err)
 		}
-		s.id, s.ttl, s.startRev = resp.ID, time.Duration(resp.TTL)*time.Second, resp.Revision
+		s.id, s.ttl, s.startRev = resp.ID, time.Duration(resp.TTL)*time.Second-o.delay, resp.Revision
 		s.deadline = sent.Add(s.ttl)
 	}
 	pace := s.ttl / 3
@@ -167,7 +171,9 @@ func (s *Session) Client() *clientv3.Client { return s.client }
 // Lease returns the session's lease ID.
 func (s *Session) Lease() clientv3.LeaseID { return s.id }
 
-// TTL returns the lease's granted TTL.
+// TTL returns how long the session lives past the send time of its last
+// acknowledged keepalive: the lease's granted TTL, less the lock delay
+// (WithLockDelay), which the lease has beyond it.
 func (s *Session) TTL() time.Duration { return s.ttl }
 
 // Ctx returns a context cancelled when the session ends; context.Cause tells
@@ -185,6 +191,21 @@ func (s *Session) Err() error {
 		return nil
 	}
 	return context.Cause(s.ctx)
+}
+
+// Check is a health answer for a service that must not act without its
+// session: nil while the session lives, else why not (as Err). It also
+// answers ErrSessionExpired (with ErrLostContact) once the local deadline
+// has passed, even before the keepalive loop has ended the session, so a
+// late timer never makes it answer nil. It does not block and sends nothing.
+func (s *Session) Check() error {
+	if err := s.Err(); err != nil {
+		return err
+	}
+	if d := s.Deadline(); !time.Now().Before(d) {
+		return fmt.Errorf("%w (%w): the local deadline %v has passed", ErrSessionExpired, ErrLostContact, d.Format(time.RFC3339Nano))
+	}
+	return nil
 }
 
 // Orphan ends the session without revoking its lease: its keys stay until

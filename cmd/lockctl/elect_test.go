@@ -128,3 +128,42 @@ func TestObserve(t *testing.T) {
 	require.Equal(t, 0, obs.wait(t))
 	require.Empty(t, obs.stderr.String())
 }
+
+// SIGTERM to a leading elect hands over: its command ends first, then it
+// resigns, and the next candidate's command starts at once, long before the
+// TTL (60 s) would have let it; never while the first command runs.
+func TestElectSIGTERMHandsOver(t *testing.T) {
+	t.Parallel()
+	name, dir := uniqueName(t), t.TempDir()
+	log := filepath.Join(dir, "log")
+	started := filepath.Join(dir, "started")
+	a := start(t, "elect", "--ttl", "60s", name, "a", "--", "sh", "-c",
+		fmt.Sprintf(`trap 'echo "end a" >> %q; exit 0' TERM; echo "start a" >> %q; touch %q; while :; do sleep 0.05; done`, log, log, started))
+	eventually(t, func() bool { _, err := os.Stat(started); return err == nil }, "a's command started; stderr %s", a.stderr.String())
+	b := start(t, "elect", "--ttl", "60s", name, "b", "--", "sh", "-c", fmt.Sprintf(`echo "start b" >> %q`, log))
+	waitKeys(t, name+"/", 2)
+	termed := time.Now()
+	a.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, a.wait(t), "stderr: %s", a.stderr.String())
+	require.Equal(t, 0, b.wait(t), "stderr: %s", b.stderr.String())
+	require.Less(t, time.Since(termed), 30*time.Second, "b led only after a TTL")
+	logged, _ := os.ReadFile(log)
+	require.Equal(t, "start a\nend a\nstart b\n", string(logged))
+	noKeys(t, name)
+}
+
+// elect --try exits 75 at once when someone leads, leaving no key.
+func TestElectTry(t *testing.T) {
+	t.Parallel()
+	name := uniqueName(t)
+	a := start(t, "elect", name, "a")
+	eventually(t, func() bool { return a.stdout.String() != "" }, "a leads")
+	code, p := run(t, "elect", "--try", name, "b", "--", "true")
+	require.Equal(t, exitHeld, code, "stderr: %s", p.stderr.String())
+	require.Len(t, waitKeys(t, name+"/", 1), 1)
+	a.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, a.wait(t))
+	code, p = run(t, "elect", "--try", name, "b", "--", "true")
+	require.Equal(t, 0, code, "stderr: %s", p.stderr.String())
+	noKeys(t, name)
+}

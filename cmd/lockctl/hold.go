@@ -20,6 +20,7 @@ type held interface {
 	Rev() int64
 	Done() <-chan struct{}
 	Err() error
+	Check() error
 }
 
 // hold is one kind of hold on a name: a Mutex, a read or write hold of an
@@ -79,15 +80,17 @@ func semaphoreHold(s *etcdsync.Session, name string, capacity, permits int64) ho
 	}
 }
 
-// electionHold is leadership of the election on name with value; it has no
-// try. It does not touch etcd.
+// electionHold is leadership of the election on name with value; its
+// release is a handover (the next candidate leads at once). It does not
+// touch etcd.
 func electionHold(s *etcdsync.Session, name, value string) hold {
 	e := etcdsync.NewElection(s, name)
 	return hold{
 		held:    e,
 		what:    "leadership",
 		take:    func(ctx context.Context) error { return e.Campaign(ctx, value) },
-		release: e.Resign,
+		try:     func(ctx context.Context) error { return e.TryCampaign(ctx, value) },
+		release: e.Handover,
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,4 +85,55 @@ func TestRunObservabilityBadFlags(t *testing.T) {
 	require.Equal(t, exitFailure, code)
 	require.True(t, strings.Contains(oneLine(t, p.stderr.String()), "--metrics-addr"))
 	noKeys(t, name)
+}
+
+// getHealth returns the status and body of http://addr/healthz.
+func getHealth(t *testing.T, addr string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// --metrics-addr also serves /healthz: 200 "ok: waiting" while a candidate
+// waits, 200 "ok: holding KEY REV" while it leads.
+func TestElectHealthz(t *testing.T) {
+	t.Parallel()
+	name := uniqueName(t)
+	aAddr, bAddr := freeAddr(t), freeAddr(t)
+	a := start(t, "elect", "--metrics-addr", aAddr, name, "a")
+	eventually(t, func() bool { return a.stdout.String() != "" }, "a leads")
+	kvs := waitKeys(t, name+"/", 1)
+	code, body := getHealth(t, aAddr)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, fmt.Sprintf("ok: holding %s %d\n", kvs[0].Key, kvs[0].CreateRevision), body)
+
+	b := start(t, "elect", "--metrics-addr", bAddr, name, "b")
+	waitKeys(t, name+"/", 2)
+	eventually(t, func() bool { code, body = getHealthMaybe(bAddr); return code != 0 }, "b serves /healthz")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "ok: waiting\n", body)
+	a.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, a.wait(t))
+	b.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, b.wait(t))
+	noKeys(t, name)
+}
+
+// getHealthMaybe is getHealth that returns status 0 while nothing listens.
+func getHealthMaybe(addr string) (int, string) {
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

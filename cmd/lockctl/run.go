@@ -55,8 +55,9 @@ type holdFlags struct {
 	ttl         time.Duration
 	timeout     time.Duration
 	grace       time.Duration
+	lockDelay   time.Duration
 	logLevel    string // off, or a key of logLevels
-	metricsAddr string // host:port to serve /metrics on, or ""
+	metricsAddr string // host:port to serve /metrics and /healthz on, or ""
 }
 
 // register adds the flags to cmd.
@@ -65,8 +66,9 @@ func (f *holdFlags) register(cmd *cobra.Command) {
 	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long the hold outlives lost contact with etcd (whole seconds, at least 1s)")
 	fs.DurationVar(&f.timeout, "timeout", 0, "give up waiting after this long (exit 124); 0 waits forever")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "after a loss, time between SIGTERM and SIGKILL to the command's group")
+	fs.DurationVar(&f.lockDelay, "lock-delay", 0, "if this lockctl loses contact with etcd while holding, keep the next holder out for this long after it stopped the command (whole seconds; 0: off)")
 	fs.StringVar(&f.logLevel, "log-level", "off", logLevelHelp)
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics while running (for example 127.0.0.1:9464)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics and health on http://ADDR/healthz while running (for example 127.0.0.1:9464)")
 }
 
 // check reports a bad value as a usage error.
@@ -78,6 +80,8 @@ func (f *holdFlags) check() error {
 		return usage(fmt.Errorf("--timeout %v: want 0 or more", f.timeout))
 	case f.grace < 0:
 		return usage(fmt.Errorf("--grace %v: want 0 or more", f.grace))
+	case f.lockDelay < 0:
+		return usage(fmt.Errorf("--lock-delay %v: want 0 or more", f.lockDelay))
 	}
 	return f.checkObservability()
 }
@@ -200,6 +204,7 @@ var argNames = map[int]string{1: "NAME", 2: "NAME VALUE"}
 type conn struct {
 	cli         *clientv3.Client
 	s           *etcdsync.Session
+	health      *health // what /healthz answers
 	stopMetrics func() error
 }
 
@@ -207,7 +212,8 @@ type conn struct {
 // asked, and starts a session with f's TTL (bounded by the TTL). The
 // caller closes it.
 func open(cf *connFlags, name string, f holdFlags) (*conn, error) {
-	opts, stopMetrics, err := f.sessionOptions()
+	hl := &health{}
+	opts, stopMetrics, err := f.sessionOptions(hl)
 	if err != nil {
 		return nil, err
 	}
@@ -215,11 +221,12 @@ func open(cf *connFlags, name string, f holdFlags) (*conn, error) {
 	if err != nil {
 		return nil, joinExit(err, stopMetrics())
 	}
-	s, err := etcdsync.NewSession(cli, append(opts, etcdsync.WithTTL(f.ttl))...)
+	s, err := etcdsync.NewSession(cli, append(opts, etcdsync.WithTTL(f.ttl), etcdsync.WithLockDelay(f.lockDelay))...)
 	if err != nil {
 		return nil, joinExit(err, cli.Close(), stopMetrics())
 	}
-	return &conn{cli: cli, s: s, stopMetrics: stopMetrics}, nil
+	hl.set("waiting", s.Check)
+	return &conn{cli: cli, s: s, health: hl, stopMetrics: stopMetrics}, nil
 }
 
 // close releases h if it still holds (bounded by the TTL), then ends the
@@ -266,6 +273,7 @@ func openHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*e
 		return nil, hold{}, withClose(fail(exitFailure, fmt.Errorf("lost the %s on %s as it began: %v", h.what, name, h.Err())), c, &h)
 	default:
 	}
+	c.health.set(fmt.Sprintf("holding %s %d", h.Key(), h.Rev()), h.Check)
 	return c, h, nil
 }
 
@@ -360,6 +368,7 @@ func childEnv(name, key string, rev int64, lease clientv3.LeaseID) []string {
 // newElectCmd is "lockctl elect".
 func newElectCmd(conn *connFlags) *cobra.Command {
 	f := &holdFlags{}
+	try := false
 	cmd := &cobra.Command{
 		Use:   "elect [flags] NAME VALUE [-- CMD [ARG...]]",
 		Short: "Campaign for leadership of NAME; run a command only while leading",
@@ -371,8 +380,12 @@ resign when it ends; it is run as "lockctl run" runs it, with the same
 variables and exit codes.
 
 Without a command, print "<create-revision> <key> <quoted value>" once
-elected and lead until SIGINT or SIGTERM, then resign and exit 0; a lost
-leadership is exit 1, a signal before election 128+N.
+elected and lead until SIGINT or SIGTERM, then hand over and exit 0; a
+lost leadership is exit 1, a signal before election 128+N.
+
+Either way the leadership ends with a handover: the command has ended (or
+there is none), then lockctl resigns, so that the next candidate leads at
+once rather than after the TTL, and never while the command still runs.
 
 ` + childHelp + "\n\n" + exitCodesHelp,
 		Example: `  lockctl elect billing-leader host-a -- /usr/local/bin/billing-loop
@@ -391,23 +404,27 @@ leadership is exit 1, a signal before election 128+N.
 				return err
 			}
 			newHold := func(s *etcdsync.Session, name string) hold { return electionHold(s, name, value) }
-			if argv == nil {
-				return lead(conn, name, value, *f, newHold, cmd.OutOrStdout())
+			if try && cmd.Flags().Changed("timeout") {
+				return usage(errTryTimeout)
 			}
-			return runHeld(conn, name, *f, false, newHold, argv)
+			if argv == nil {
+				return lead(conn, name, value, *f, try, newHold, cmd.OutOrStdout())
+			}
+			return runHeld(conn, name, *f, try, newHold, argv)
 		}),
 	}
 	f.register(cmd)
+	cmd.Flags().BoolVar(&try, "try", false, "do not wait: exit 75 at once when someone leads or campaigns")
 	return cmd
 }
 
 // lead is elect without a command: it campaigns, prints the term, and
 // leads until a signal (exit 0, after resigning) or the end of the
 // leadership (exit 1). It blocks until then.
-func lead(cf *connFlags, name, value string, f holdFlags, newHold func(*etcdsync.Session, string) hold, stdout io.Writer) error {
+func lead(cf *connFlags, name, value string, f holdFlags, try bool, newHold func(*etcdsync.Session, string) hold, stdout io.Writer) error {
 	sigs, stopSignals := notifySignals()
 	defer stopSignals()
-	c, h, err := openHeld(cf, name, f, false, newHold, sigs)
+	c, h, err := openHeld(cf, name, f, try, newHold, sigs)
 	if err != nil {
 		return err
 	}
