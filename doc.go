@@ -2,12 +2,16 @@
 //
 //   - Session: a lease kept alive in the background, with a local deadline
 //     that never passes the server's expiry (Done, Err, Deadline).
-//   - Mutex: an exclusive lock on a name (Lock, TryLock, Unlock, Run, Do).
-//   - Election and Observer: leader election on a name (Campaign, Proclaim,
-//     Resign, Run, Leader, Observe), and a follower that needs no session.
-//   - RWMutex: readers share, a writer is alone (RLock, Lock, RRun, Run).
+//   - Mutex: an exclusive lock on a name (Lock, TryLock, Unlock, Run,
+//     TryRun, Do, Check).
+//   - Election and Observer: leader election on a name (Campaign,
+//     TryCampaign, Proclaim, Resign, Handover, Run, TryRun, Leader, Observe,
+//     Check), and a follower that needs no session (Observe, and Terms, which
+//     also reports "no leader").
+//   - RWMutex: readers share, a writer is alone (RLock, Lock, RRun, Run and
+//     their try forms).
 //   - Semaphore: a capacity of permits, a holder takes n (Acquire, Release,
-//     Run).
+//     Run, TryRun).
 //
 // It mirrors go.etcd.io/etcd/client/v3/concurrency, so switching is a change
 // of import path plus WithTTL taking a time.Duration, and it writes the same
@@ -69,8 +73,21 @@
 //   - Fencing: Rev is the create revision of the held key, strictly
 //     increasing from one holder to the next; Do runs operations only while
 //     the hold is current and returns ErrNotHeld otherwise.
-//   - Truthful observer: Observe reports only leaders, and only keys of the
-//     election.
+//   - Truthful observer: Observe and Terms report only leaders, and only keys
+//     of the election; Terms reports "no leader" when a leader goes with
+//     nobody queued, never while a queued candidate takes over.
+//   - Handover: a successor never leads while the work of the leader that
+//     hands over (Election.Handover) still runs under Run.
+//   - Newest value: a Proclaim applied late never overwrites a newer one of
+//     the same term.
+//
+// # Leadership as services run it
+//
+// Handover steps down for a rolling deploy; TryCampaign and the TryRun forms
+// never queue; WithLockDelay keeps a name from the next holder for a while
+// after its holder lost contact (the delay rides on the holder's lease); and
+// Check answers, without an RPC, whether a session lives and a hold is
+// current, for a service's health endpoint.
 //
 // # Reentrancy
 //
