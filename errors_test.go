@@ -70,3 +70,29 @@ func TestErrorTextsSayWhatWhichAndWhyOnce(t *testing.T) {
 	}
 	require.NoError(t, m.Unlock(ctx))
 }
+
+// Without WithContext, NewSession gives up in seconds, not after the TTL,
+// when no endpoint accepts a connection; with WithContext the context alone
+// bounds it.
+func TestNewSessionGivesUpOnUnreachableEndpoints(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	cli := etcdtest.NewClient(t, []string{"http://" + addr})
+	done := async(func() error {
+		_, err := etcdsync.NewSession(cli, etcdsync.WithTTL(time.Minute))
+		return err
+	})
+	err = resultWithin(t, done, 30*time.Second, "NewSession with a 60 s TTL and no endpoint up")
+	require.ErrorContains(t, err, "no endpoint accepted a connection")
+	require.ErrorContains(t, err, addr)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err = etcdsync.NewSession(cli, etcdsync.WithContext(ctx))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.GreaterOrEqual(t, time.Since(began), 4*time.Second, "WithContext's context bounds it, not the reachability check")
+}

@@ -58,7 +58,9 @@ type Session struct {
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts keeping
 // it alive. It blocks for one round trip; it is bounded by the WithContext
-// context, or by the TTL when none is given. On error no lease is left
+// context. Without one it is bounded by the TTL, and it gives up sooner, in
+// about 3 s, when none of the client's endpoints accepts a connection (as a
+// dial timeout would; the error names each endpoint and why). On error no lease is left
 // behind that this call granted and still could revoke.
 func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if client == nil {
@@ -109,11 +111,17 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 func (s *Session) start(o sessionOptions) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(s.ctx), o.ttl)
 	defer cancel()
+	if o.ctx == s.client.Ctx() { // no WithContext: do not wait the TTL for nothing
+		var giveUp context.CancelCauseFunc
+		ctx, giveUp = context.WithCancelCause(ctx)
+		defer giveUp(nil)
+		defer s.giveUpUnreachable(ctx, giveUp)()
+	}
 	sent := time.Now()
 	if o.leaseID != clientv3.NoLease {
 		resp, err := s.client.TimeToLive(ctx, o.leaseID, clientv3.WithAttachedKeys())
 		if err != nil {
-			return sent, s.unreachable(fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
+			return sent, s.unreachable(ctx, fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
 		}
 		if resp.TTL <= 0 {
 			return sent, tag(fmt.Errorf("etcdsync: adopt lease 0x%x: not found (expired, revoked, or never granted)", int64(o.leaseID)), ErrSessionExpired)
@@ -130,14 +138,14 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 			// read's is at least the revision of every create before it.
 			get, err := s.client.Get(ctx, string(resp.Keys[0]), clientv3.WithCountOnly())
 			if err != nil {
-				return sent, s.unreachable(fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
+				return sent, s.unreachable(ctx, fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
 			}
 			s.startRev = max(s.startRev, get.Header.Revision)
 		}
 	} else {
 		resp, err := s.client.Grant(ctx, int64((o.ttl+o.delay)/time.Second))
 		if err != nil {
-			return sent, s.unreachable("grant lease", err)
+			return sent, s.unreachable(ctx, "grant lease", err)
 		}
 		s.id, s.ttl, s.startRev = resp.ID, time.Duration(resp.TTL)*time.Second-o.delay, resp.Revision
 		s.deadline = sent.Add(s.ttl)
@@ -151,9 +159,11 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 // client's error says only that the context ended): a diagnostic on this
 // failure path only, which dials their addresses and sends nothing to etcd
 // (see internal/reach).
-func (s *Session) unreachable(what string, err error) error {
+func (s *Session) unreachable(ctx context.Context, what string, err error) error {
 	if s.ctx.Err() != nil { // the WithContext context ended, or the client closed
 		err = context.Cause(s.ctx)
+	} else if ue := (unreachableError{}); errors.As(context.Cause(ctx), &ue) {
+		return fmt.Errorf("etcdsync: %s (endpoints %s): %w", what, strings.Join(s.client.Endpoints(), ","), ue)
 	}
 	err = fmt.Errorf("etcdsync: %s (endpoints %s): %w", what, strings.Join(s.client.Endpoints(), ","), err)
 	if s.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
@@ -163,6 +173,61 @@ func (s *Session) unreachable(what string, err error) error {
 		return fmt.Errorf("%w (%s)", err, why)
 	}
 	return err
+}
+
+// giveUpUnreachable ends ctx, the bound of NewSession's first request, once
+// none of the client's endpoints has accepted a connection in checks over
+// unreachableFor, rather than letting it wait for the whole TTL: the cause
+// names each endpoint and why it could not be dialled. A client with no
+// endpoints (an in-process one) is never given up on. It checks only while
+// the first request is pending, every reachCheck from reachCheck on, and the
+// returned function stops it and waits for it.
+func (s *Session) giveUpUnreachable(ctx context.Context, giveUp context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(reachCheck)
+		defer tick.Stop()
+		var since time.Time // of the first check in a row that reached nothing
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			why, none := reach.None(s.client.Endpoints(), reachCheck)
+			switch {
+			case !none:
+				since = time.Time{}
+			case since.IsZero():
+				since = time.Now()
+			case time.Since(since) >= unreachableFor:
+				giveUp(unreachableError{why: why, after: time.Since(since) + reachCheck})
+				return
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+// reachCheck is the pace and bound of the checks of giveUpUnreachable;
+// unreachableFor is how long they find nothing before NewSession gives up.
+const (
+	reachCheck     = 500 * time.Millisecond
+	unreachableFor = 2 * time.Second
+)
+
+// unreachableError is why NewSession gave up: none of the endpoints could
+// be dialled for a while.
+type unreachableError struct {
+	why   string
+	after time.Duration
+}
+
+func (e unreachableError) Error() string {
+	return fmt.Sprintf("no endpoint accepted a connection for %v (%s)", e.after.Round(100*time.Millisecond), e.why)
 }
 
 // Client returns the etcd client the session uses.

@@ -24,6 +24,19 @@ import (
 // endpoints, so that a certificate the client refuses is named. It blocks
 // for at most timeout.
 func Why(endpoints []string, tc *tls.Config, timeout time.Duration) string {
+	why, _ := dialAll(endpoints, tc, timeout)
+	return why
+}
+
+// None is Why (without TLS), and also reports whether none of the
+// endpoints could be dialled (false with no endpoints).
+func None(endpoints []string, timeout time.Duration) (why string, none bool) {
+	return dialAll(endpoints, nil, timeout)
+}
+
+// dialAll dials every endpoint (see Why) and returns what failed and
+// whether every one did.
+func dialAll(endpoints []string, tc *tls.Config, timeout time.Duration) (string, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	why := make([]string, len(endpoints))
@@ -56,7 +69,7 @@ func Why(endpoints []string, tc *tls.Config, timeout time.Duration) string {
 			out = append(out, w)
 		}
 	}
-	return strings.Join(out, "; ")
+	return strings.Join(out, "; "), len(out) > 0 && len(out) == len(endpoints)
 }
 
 // address returns the network and address an endpoint names: "unix" for

@@ -32,6 +32,15 @@ func TestWhySaysWhichEndpointRefuses(t *testing.T) {
 	if why := Why(nil, nil, time.Second); why != "" {
 		t.Fatalf("Why of no endpoints = %q", why)
 	}
+	if _, none := None([]string{"http://" + up.Addr().String(), downAddr}, time.Second); none {
+		t.Fatal("None with one endpoint listening")
+	}
+	if why, none := None([]string{downAddr}, time.Second); !none || !strings.Contains(why, downAddr) {
+		t.Fatalf("None of a refusing endpoint = %q, %v", why, none)
+	}
+	if _, none := None(nil, time.Second); none {
+		t.Fatal("None of no endpoints")
+	}
 }
 
 func TestAddressOfEachEndpointForm(t *testing.T) {
