@@ -3,6 +3,7 @@ package etcdsync_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/etcdsynctest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
@@ -235,7 +238,8 @@ func (o *observed) next(t *testing.T) string {
 
 // Observe delivers leaders and proclamations in revision order, never a
 // candidate that is not the leader (etcd-io/etcd#18163), never a nested or
-// outside key (#10297), across compaction and a leader's session expiry.
+// outside key (#10297), across compaction and a leader's session expiry; a
+// key outside the election ("obsx/1") never blocks a Campaign (#6278).
 func TestObserve(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
@@ -528,7 +532,8 @@ func TestCampaignAfterSilentLoss(t *testing.T) {
 }
 
 // Campaigns on one value run one at a time: a second one started while the
-// first waits proclaims its value once the first leads.
+// first waits proclaims its value once the first leads (etcd-io/etcd#7547:
+// concurrent Campaigns on one etcd Election race on its fields).
 func TestConcurrentCampaignsOnOneValue(t *testing.T) {
 	t.Parallel()
 	c := kitSingle(t)
@@ -668,4 +673,204 @@ func TestLateProclaimNeverOverwritesNewer(t *testing.T) {
 	require.Equal(t, "v4 (late)", leaderValue(t, e))
 	require.NoError(t, e.Proclaim(ctx, "v5"))
 	require.Equal(t, "v5", leaderValue(t, e))
+}
+
+// A candidate whose lease ends while it waits never leads: it returns
+// ErrSessionExpired at once, and nobody leads once the leader ahead of it
+// resigns right after (etcd-io/etcd#11456: a lock was reported held without
+// a check that the waiter's lease still lived; #19597: the waiter learned
+// of its own loss only when the keys ahead went). etcd's Election.Campaign
+// makes no such check (its Mutex.Lock does, since #11456): in the same
+// sequence it waits on after its key went, then returns nil, leading with no
+// key behind it.
+func TestCandidateWhoseLeaseEndedNeverLeads(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const name = "lease-ended"
+	leader := etcdsync.NewElection(session(t, cli), name)
+	require.NoError(t, leader.Campaign(ctx, "l"))
+	cs := session(t, cli)
+	cand := etcdsync.NewElection(cs, name)
+	got := async(func() error { return cand.Campaign(ctx, "c") })
+	waitKeys(t, cli, name+"/", 2)
+	_, err := cli.Revoke(ctx, cs.Lease()) // the candidate's lease ends (expired, or revoked)
+	require.NoError(t, err)
+	require.NoError(t, leader.Resign(ctx)) // and the leader goes right after
+	require.ErrorIs(t, resultWithin(t, got, testTimeout, "the candidate whose lease ended"), etcdsync.ErrSessionExpired)
+	require.Equal(t, "", cand.Key())
+	_, err = leader.Leader(ctx)
+	require.ErrorIs(t, err, etcdsync.ErrElectionNoLeader)
+
+	// etcd's Election in the same sequence.
+	const theirs = "lease-ended-etcd"
+	ls, err := concurrency.NewSession(cli)
+	require.NoError(t, err)
+	t.Cleanup(func() { ls.Close() })
+	eleader := concurrency.NewElection(ls, theirs)
+	require.NoError(t, eleader.Campaign(ctx, "l"))
+	es, err := concurrency.NewSession(cli)
+	require.NoError(t, err)
+	t.Cleanup(func() { es.Close() })
+	ecand := concurrency.NewElection(es, theirs)
+	egot := async(func() error { return ecand.Campaign(ctx, "c") })
+	waitKeys(t, cli, theirs+"/", 2)
+	_, err = cli.Revoke(ctx, es.Lease())
+	require.NoError(t, err)
+	waitCount(t, cli, theirs+"/", testTimeout, func(n int) bool { return n == 1 })
+	notYet(t, egot, 300*time.Millisecond, "etcd's candidate whose key went (#19597: it waits for the leader)")
+	require.NoError(t, eleader.Resign(ctx))
+	require.NoError(t, resultWithin(t, egot, testTimeout, "etcd's candidate"), "etcd's Campaign returns nil: it 'leads'")
+	require.NotEqual(t, "", ecand.Key(), "etcd's candidate believes it leads")
+	resp, err := cli.Get(ctx, ecand.Key())
+	require.NoError(t, err)
+	require.Empty(t, resp.Kvs, "etcd's 'leader' has no key (#11456)")
+	_, err = eleader.Leader(ctx)
+	require.ErrorIs(t, err, concurrency.ErrElectionNoLeader, "etcd itself reports no leader")
+}
+
+// A candidate keeps its place when its watch stream breaks and the
+// revisions it watched from have been compacted meanwhile: it re-reads,
+// waits on and leads once the leader resigns, and no candidate key is left
+// once it resigns (etcd-io/etcd#21128: etcd's Campaign fails there with
+// ErrCompacted and leaves its key, which then heads the queue and leads for
+// as long as its session lives, although its Campaign failed).
+func TestCandidateKeepsPlaceAcrossCompaction(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	u, err := url.Parse(c.Members()[0].Endpoint())
+	require.NoError(t, err)
+	// compactBreak compacts past every revision so far, then breaks every
+	// stream of the candidates' clients (the proxy drops its connections, as
+	// a member restart does).
+	compactBreak := func(p *etcdtest.Proxy) {
+		t.Helper()
+		resp, err := admin.Put(ctx, "compaction-filler", "x")
+		require.NoError(t, err)
+		_, err = admin.Compact(ctx, resp.Header.Revision)
+		require.NoError(t, err)
+		p.DropConnections()
+	}
+
+	const name = "compact-campaign"
+	leader := etcdsync.NewElection(session(t, admin), name)
+	require.NoError(t, leader.Campaign(ctx, "l"))
+	p := etcdtest.NewProxy(t, u.Host)
+	cnt := counter{created: make(chan struct{}, 16)}
+	cand := etcdsync.NewElection(session(t, etcdtest.NewClient(t, []string{p.Endpoint()}, cnt.dial()...)), name)
+	got := async(func() error { return cand.Campaign(ctx, "c") })
+	awaitCreated(t, cnt.created, 2, testTimeout, "the candidate's watches (its own key, the leader's)")
+	waitKeys(t, admin, name+"/", 2)
+	compactBreak(p)
+	within(t, cnt.created, testTimeout, "the candidate's watch, again after the break")
+	require.NoError(t, leader.Resign(ctx))
+	require.NoError(t, resultWithin(t, got, testTimeout, "the candidate after the compaction"))
+	resp, err := leader.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "c", string(resp.Kvs[0].Value))
+	require.NoError(t, cand.Resign(ctx))
+	require.Empty(t, keys(t, admin, name+"/"))
+
+	// etcd's Election in the same sequence.
+	const theirs = "compact-campaign-etcd"
+	ls, err := concurrency.NewSession(admin)
+	require.NoError(t, err)
+	t.Cleanup(func() { ls.Close() })
+	eleader := concurrency.NewElection(ls, theirs)
+	require.NoError(t, eleader.Campaign(ctx, "l"))
+	ep := etcdtest.NewProxy(t, u.Host)
+	ecnt := counter{created: make(chan struct{}, 16)}
+	es, err := concurrency.NewSession(etcdtest.NewClient(t, []string{ep.Endpoint()}, ecnt.dial()...))
+	require.NoError(t, err)
+	t.Cleanup(func() { es.Close() })
+	ecand := concurrency.NewElection(es, theirs)
+	egot := async(func() error { return ecand.Campaign(ctx, "c") })
+	within(t, ecnt.created, testTimeout, "etcd's candidate's watch (from the revision of its read)")
+	compactBreak(ep)
+	require.ErrorIs(t, resultWithin(t, egot, testTimeout, "etcd's candidate after the compaction"), rpctypes.ErrCompacted)
+	require.NoError(t, eleader.Resign(ctx))
+	lead, err := eleader.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("%s/%x", theirs, int64(es.Lease())), string(lead.Kvs[0].Key),
+		"the key of etcd's failed Campaign is left, and leads")
+}
+
+// A resumed election (ResumeElection, as after a process restart) knows
+// only its own name's candidates, NAME/<hex>: its Leader, Observe and a
+// later Campaign never take an older key that merely starts with the name
+// ("NAMEx") or is nested under it (etcd-io/etcd#10297: etcd's ResumeElection
+// drops the "/" of the prefix, so its Leader reports that older key as the
+// leader; #6278 was the same mistake in etcd's Campaign, which then waited
+// forever behind it).
+func TestResumedElectionSeesOnlyItsCandidates(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const name = "resumed-pfx"
+	_, err := cli.Put(ctx, name+"x", "outside") // older than every candidate
+	require.NoError(t, err)
+	_, err = cli.Put(ctx, name+"/x/1", "nested")
+	require.NoError(t, err)
+
+	s1 := session(t, cli, etcdsync.WithTTL(30*time.Second))
+	e := etcdsync.NewElection(s1, name)
+	require.NoError(t, e.Campaign(ctx, "v1"))
+	key, rev := e.Key(), e.Rev()
+	s1.Orphan() // the process restarts
+	r := etcdsync.ResumeElection(session(t, cli, etcdsync.WithLease(s1.Lease())), name, key, rev)
+	resp, err := r.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, key, string(resp.Kvs[0].Key))
+	octx, cancel := context.WithCancel(ctx)
+	obs := r.Observe(octx)
+	t.Cleanup(func() {
+		cancel()
+		for range obs {
+		}
+	})
+	next := func() *clientv3.GetResponse {
+		t.Helper()
+		select {
+		case resp, ok := <-obs:
+			require.True(t, ok, "Observe's channel closed")
+			return resp
+		case <-time.After(testTimeout):
+			t.Fatal("Observe delivered nothing")
+			return nil
+		}
+	}
+	got := next()
+	require.Equal(t, key, string(got.Kvs[0].Key))
+	require.Equal(t, "v1", string(got.Kvs[0].Value))
+	require.NoError(t, r.Proclaim(ctx, "v2"))
+	got = next()
+	require.Equal(t, key, string(got.Kvs[0].Key))
+	require.Equal(t, "v2", string(got.Kvs[0].Value))
+	require.NoError(t, r.Resign(ctx))
+	_, err = r.Leader(ctx)
+	require.ErrorIs(t, err, etcdsync.ErrElectionNoLeader, "neither the outside nor the nested key leads")
+	cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+	defer ccancel()
+	require.NoError(t, r.Campaign(cctx, "v3"), "a Campaign behind keys that are not candidates")
+	require.Regexp(t, `^resumed-pfx/[0-9a-f]+$`, r.Key())
+	require.NoError(t, r.Resign(ctx))
+
+	// etcd's ResumeElection with the same keys.
+	const theirs = "resumed-pfx-etcd"
+	_, err = cli.Put(ctx, theirs+"x", "outside")
+	require.NoError(t, err)
+	es, err := concurrency.NewSession(cli)
+	require.NoError(t, err)
+	t.Cleanup(func() { es.Close() })
+	ee := concurrency.NewElection(es, theirs)
+	require.NoError(t, ee.Campaign(ctx, "v1"))
+	er := concurrency.ResumeElection(es, theirs, ee.Key(), ee.Rev())
+	lead, err := er.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, theirs+"x", string(lead.Kvs[0].Key), "etcd's resumed election reports a key outside the election as the leader")
+	require.NoError(t, er.Resign(ctx))
 }

@@ -181,7 +181,9 @@ func deadlineWithinServer(t *testing.T, admin *clientv3.Client, s *etcdsync.Sess
 // loop; the session (TTL 10 s) survives; its local deadline never passes the
 // server's expiry. A waiter on that client, whose watches the member ends
 // (no leader for three election timeouts, WithRequireLeader), waits on and
-// gets the lock once the holder releases it after the failover.
+// gets the lock once the holder releases it after the failover
+// (etcd-io/etcd#8618: an error answer to a keepalive halted etcd's client's
+// keepalive loop for good, and every session on that client with it).
 func TestQuorumLossShorterThanTTLKeepsSessionAndWaiter(t *testing.T) {
 	t.Parallel()
 	c := three(t)

@@ -41,7 +41,8 @@ func (x *exclusionCheck) enter(t *testing.T, rev int64) {
 func (x *exclusionCheck) leave() { x.inside.Add(-1) }
 
 // Invariant "Exclusion" (and the order of "Fencing" tokens): sessions, Mutex values on one session
-// and goroutines sharing one *Mutex never hold at once.
+// and goroutines sharing one *Mutex never hold at once (etcd-io/etcd#11360:
+// goroutines sharing etcd's Mutex race on it, and all "hold").
 func TestMutualExclusion(t *testing.T) {
 	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
@@ -339,7 +340,9 @@ func TestUnlockIsFenced(t *testing.T) {
 	require.ErrorIs(t, newer.Unlock(ctx), etcdsync.ErrLockReleased)
 }
 
-// Invariant "Loss signal": Done closes when the hold ends, with the cause in Err.
+// Invariant "Loss signal": Done closes when the hold ends, with the cause in Err
+// (etcd-io/etcd#6127: etcd's Mutex has no such signal, and its Session's Done
+// misses a key deleted behind the hold's back).
 func TestHolderLearnsOfLoss(t *testing.T) {
 	t.Parallel()
 	c := kitSingle(t)
@@ -666,4 +669,46 @@ func TestQueueSurvivesGiveUps(t *testing.T) {
 	}
 	require.Len(t, keys(t, cli, "giveup/"), 2)
 	handOver(t, ctx, holder, last, got)
+}
+
+// A Lock whose context ends just as its turn comes either holds (it
+// returns nil, its key is in etcd at Rev and stays after the context ends)
+// or fails with nothing left behind; it never returns nil for a hold it gave
+// up (etcd-io/etcd#10111: etcd's Lock, its context cancelled as its wait
+// ended, deleted its key and still returned nil).
+func TestLockRacingCancelHoldsOrLeavesNothing(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const name = "cancel-turn"
+	holder := etcdsync.NewMutex(session(t, cli), name)
+	m := etcdsync.NewMutex(session(t, cli), name)
+	held := 0
+	const trials = 30
+	for i := range trials {
+		require.NoError(t, holder.Lock(ctx))
+		lctx, cancel := context.WithCancel(ctx)
+		got := async(func() error { return m.Lock(lctx) })
+		waitKeys(t, cli, name+"/", 2)
+		require.NoError(t, holder.Unlock(ctx))
+		// The cancel lands at a varying point around the waiter's turn.
+		stop := time.AfterFunc(time.Duration(i%10)*100*time.Microsecond, cancel)
+		err := resultWithin(t, got, testTimeout, "Lock")
+		<-lctx.Done()
+		stop.Stop()
+		if err != nil {
+			require.ErrorIs(t, err, context.Canceled, "trial %d", i)
+			require.Empty(t, keys(t, cli, name+"/"), "trial %d: a failed Lock left its key", i)
+			continue
+		}
+		held++
+		resp, err := cli.Get(ctx, m.Key())
+		require.NoError(t, err)
+		require.Len(t, resp.Kvs, 1, "trial %d: Lock returned nil and its key is gone", i)
+		require.Equal(t, m.Rev(), resp.Kvs[0].CreateRevision, "trial %d", i)
+		require.NoError(t, m.Err(), "trial %d: the hold ended with the Lock's context", i)
+		require.NoError(t, m.Unlock(ctx))
+	}
+	t.Logf("%d of %d Locks held, the others were cancelled", held, trials)
 }

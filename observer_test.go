@@ -5,12 +5,16 @@ package etcdsync_test
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"regexp"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // An observer started before any candidate gets every leader and every
@@ -168,4 +172,162 @@ func TestTermsReportNoLeader(t *testing.T) {
 	for range terms { // closes when ctx ends
 	}
 	require.NoError(t, etcdsync.NewObserver(cli, "terms").Err())
+}
+
+// An observer started long after the leader campaigned and proclaimed, its
+// revisions compacted since, gets the leader and its value at once, then
+// each later value: Election.Observe, Observer.Observe and Observer.Terms
+// alike (etcd-io/etcd#7815: etcd's Observe watched from the leader's
+// ModRevision and, that revision compacted, closed its channel without
+// reporting any leader).
+func TestObserveLeaderOlderThanCompaction(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const name = "obs-compacted"
+	l := etcdsync.NewElection(session(t, cli), name)
+	require.NoError(t, l.Campaign(ctx, "v1"))
+	require.NoError(t, l.Proclaim(ctx, "v2"))
+	resp, err := cli.Put(ctx, name+"-filler", "x")
+	require.NoError(t, err)
+	_, err = cli.Compact(ctx, resp.Header.Revision)
+	require.NoError(t, err)
+
+	octx, cancel := context.WithCancel(ctx)
+	byElection := etcdsync.NewElection(session(t, cli), name).Observe(octx)
+	byObserver := etcdsync.NewObserver(cli, name).Observe(octx)
+	terms := etcdsync.NewObserver(cli, name).Terms(octx)
+	t.Cleanup(func() {
+		cancel()
+		for range byElection {
+		}
+		for range byObserver {
+		}
+		for range terms {
+		}
+	})
+	value := func(ch <-chan *clientv3.GetResponse, what string) string {
+		t.Helper()
+		select {
+		case r, ok := <-ch:
+			require.True(t, ok, "%s: channel closed", what)
+			require.Equal(t, l.Key(), string(r.Kvs[0].Key), what)
+			return string(r.Kvs[0].Value)
+		case <-time.After(testTimeout):
+			t.Fatalf("%s delivered nothing", what)
+			return ""
+		}
+	}
+	term := func() string {
+		t.Helper()
+		select {
+		case tm, ok := <-terms:
+			require.True(t, ok, "Terms: channel closed")
+			require.NotNil(t, tm.Leader, "Terms reports no leader while one leads")
+			require.Equal(t, l.Key(), string(tm.Leader.Key))
+			return string(tm.Leader.Value)
+		case <-time.After(testTimeout):
+			t.Fatal("Terms delivered nothing")
+			return ""
+		}
+	}
+	require.Equal(t, "v2", value(byElection, "Election.Observe"))
+	require.Equal(t, "v2", value(byObserver, "Observer.Observe"))
+	require.Equal(t, "v2", term())
+	require.NoError(t, l.Proclaim(ctx, "v3"))
+	require.Equal(t, "v3", value(byElection, "Election.Observe"))
+	require.Equal(t, "v3", value(byObserver, "Observer.Observe"))
+	require.Equal(t, "v3", term())
+	require.NoError(t, l.Resign(ctx))
+}
+
+// leaderAt returns the key and value of the election's leader at rev: the
+// direct child NAME/<hex> with the lowest create revision.
+func leaderAt(t *testing.T, cli *clientv3.Client, name string, rev int64) (key, value string) {
+	t.Helper()
+	resp, err := cli.Get(ctxT(t), name+"/", clientv3.WithPrefix(), clientv3.WithRev(rev),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	require.NoError(t, err)
+	candidate := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `/[0-9a-f]+$`)
+	for _, kv := range resp.Kvs {
+		if candidate.Match(kv.Key) {
+			return string(kv.Key), string(kv.Value)
+		}
+	}
+	return "", ""
+}
+
+// Observe reports only leaders: each value it delivers is the leader's at
+// the revision in its header, also when a stalled link hands it, at once,
+// everything that happened while no leader was known (a nested key written,
+// two candidates, a key outside the election, the first candidate resigned)
+// (etcd-io/etcd#18163: etcd's Observe, waiting for a first leader, takes the
+// first PUT under the prefix: here the nested key, which it reports as the
+// leader).
+func TestObserveAfterStallReportsOnlyLeaders(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	const name = "obs-stall"
+	u, err := url.Parse(c.Members()[0].Endpoint())
+	require.NoError(t, err)
+	p := etcdtest.NewProxy(t, u.Host)
+	cnt := counter{created: make(chan struct{}, 16)}
+	ocli := etcdtest.NewClient(t, []string{p.Endpoint()}, cnt.dial()...)
+	es, err := concurrency.NewSession(ocli)
+	require.NoError(t, err)
+	t.Cleanup(func() { es.Close() })
+	octx, cancel := context.WithCancel(ctx)
+	ours := etcdsync.NewObserver(ocli, name).Observe(octx)
+	theirs := concurrency.NewElection(es, name).Observe(octx)
+	t.Cleanup(func() {
+		cancel()
+		for range ours {
+		}
+		for range theirs {
+		}
+	})
+	awaitCreated(t, cnt.created, 2, testTimeout, "the observers' watches")
+
+	p.Blackhole(true)
+	_, err = admin.Put(ctx, name+"/x/1", "nested")
+	require.NoError(t, err)
+	a := etcdsync.NewElection(session(t, admin), name)
+	require.NoError(t, a.Campaign(ctx, "a"))
+	b := etcdsync.NewElection(session(t, admin), name)
+	bLeads := async(func() error { return b.Campaign(ctx, "b") })
+	waitKeys(t, admin, name+"/", 3)
+	_, err = admin.Put(ctx, name+"x", "outside")
+	require.NoError(t, err)
+	require.NoError(t, a.Resign(ctx))
+	require.NoError(t, resultWithin(t, bLeads, testTimeout, "b's Campaign"))
+	p.Blackhole(false)
+
+	var last int64
+	for v := ""; v != "b"; {
+		select {
+		case r, ok := <-ours:
+			require.True(t, ok, "Observe's channel closed")
+			rev := r.Header.Revision
+			require.Greater(t, rev, last, "revision order")
+			last = rev
+			key, value := leaderAt(t, admin, name, rev)
+			require.Equal(t, key, string(r.Kvs[0].Key), "reported as the leader at %d", rev)
+			v = string(r.Kvs[0].Value)
+			require.Equal(t, value, v, "the leader's value at %d", rev)
+		case <-time.After(testTimeout):
+			t.Fatal("Observe did not report b")
+		}
+	}
+
+	select {
+	case r, ok := <-theirs:
+		require.True(t, ok, "etcd's Observe closed")
+		require.Equal(t, name+"/x/1", string(r.Kvs[0].Key), "etcd's Observe reports the nested key as the leader")
+	case <-time.After(testTimeout):
+		t.Fatal("etcd's Observe delivered nothing")
+	}
+	require.NoError(t, b.Resign(ctx))
 }

@@ -576,3 +576,64 @@ func TestExactReaderHoldsWhenWritersGoTogether(t *testing.T) {
 		})
 	})
 }
+
+// No expired waiter is served: a writer and a reader whose leases end while
+// they wait, the holder releasing right after, return ErrSessionExpired and
+// never hold; the writer queued behind them holds alone (etcd-io/etcd#16221:
+// etcd's recipe RWMutex, in the same sequence, returns from the expired
+// writer's Lock with no error and no key, and from the next writer's too:
+// two writers "hold" at once).
+func TestRWMutexExpiredWaiterNeverHolds(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const name = "rw-expired"
+	holder := etcdsync.NewRWMutex(session(t, cli), name)
+	require.NoError(t, holder.Lock(ctx))
+	ws, rs := session(t, cli), session(t, cli)
+	w, r := etcdsync.NewRWMutex(ws, name), etcdsync.NewRWMutex(rs, name)
+	wgot := async(func() error { return w.Lock(ctx) })
+	waitKeys(t, cli, name+"/", 2)
+	rgot := async(func() error { return r.RLock(ctx) })
+	waitKeys(t, cli, name+"/", 3)
+	next := etcdsync.NewRWMutex(session(t, cli), name)
+	ngot := async(func() error { return next.Lock(ctx) })
+	waitKeys(t, cli, name+"/", 4)
+
+	for _, s := range []*etcdsync.Session{ws, rs} { // their leases end (expired, or revoked)
+		_, err := cli.Revoke(ctx, s.Lease())
+		require.NoError(t, err)
+	}
+	require.NoError(t, holder.Unlock(ctx)) // and the holder goes right after
+	require.ErrorIs(t, resultWithin(t, wgot, testTimeout, "the writer whose lease ended"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, rgot, testTimeout, "the reader whose lease ended"), etcdsync.ErrSessionExpired)
+	require.NoError(t, resultWithin(t, ngot, testTimeout, "the writer behind them"))
+	require.Equal(t, []string{next.Key()}, keys(t, cli, name+"/"))
+	require.NoError(t, next.Unlock(ctx))
+
+	// etcd's recipe RWMutex in the same sequence (writers only).
+	const theirs = "rw-expired-etcd"
+	recipeSession := func() *concurrency.Session {
+		s, err := concurrency.NewSession(cli)
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	eholder := recipe.NewRWMutex(recipeSession(), theirs)
+	require.NoError(t, eholder.Lock())
+	es := recipeSession()
+	ew := recipe.NewRWMutex(es, theirs)
+	ewgot := async(ew.Lock)
+	waitKeys(t, cli, theirs+"/", 2)
+	enext := recipe.NewRWMutex(recipeSession(), theirs)
+	engot := async(enext.Lock)
+	waitKeys(t, cli, theirs+"/", 3)
+	_, err := cli.Revoke(ctx, es.Lease())
+	require.NoError(t, err)
+	require.NoError(t, eholder.Unlock())
+	require.NoError(t, resultWithin(t, ewgot, testTimeout, "etcd's writer whose lease ended"), "etcd's recipe: the expired writer 'holds'")
+	require.NoError(t, resultWithin(t, engot, testTimeout, "etcd's writer behind it"), "etcd's recipe: the next writer holds too")
+	require.Len(t, keys(t, cli, theirs+"/"), 1, "two writers returned from Lock, one key")
+	require.NoError(t, enext.Unlock())
+}

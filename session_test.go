@@ -2,11 +2,13 @@ package etcdsync_test
 
 import (
 	"context"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/etcdsynctest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -127,7 +129,10 @@ func TestSessionEnds(t *testing.T) {
 
 // Invariant "Loss signal": when keepalives stop getting through (blackhole), the
 // session's Done, and a hold's Done, close before the server deletes the
-// key (watched from another client).
+// key (watched from another client) (etcd-io/etcd#5571: etcd's Session.Done
+// never closed while etcd was unreachable; since the fix it closes a TTL
+// after the last keepalive reply arrived, which can be after the server's
+// expiry).
 func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
 	t.Parallel()
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
@@ -242,4 +247,27 @@ func TestSessionEndsSoonAfterRevoke(t *testing.T) {
 	within(t, s.Done(), 5*time.Second, "session Done after the revoke")
 	require.ErrorIs(t, s.Err(), etcdsync.ErrSessionExpired)
 	require.NotErrorIs(t, s.Err(), etcdsync.ErrLostContact)
+}
+
+// Close returns by the TTL when etcd cannot be reached: its revoke is
+// bounded, the lease is left to expire on the server (etcd-io/etcd#6681:
+// etcd's Session.Close blocked in Revoke for as long as the client had no
+// connection).
+func TestCloseBoundedWhileEtcdUnreachable(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	u, err := url.Parse(c.Members()[0].Endpoint())
+	require.NoError(t, err)
+	p := etcdtest.NewProxy(t, u.Host)
+	s, err := etcdsync.NewSession(etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(2*time.Second))
+	require.NoError(t, err)
+	m := etcdsync.NewMutex(s, "close-unreachable")
+	require.NoError(t, m.Lock(ctx))
+	p.Blackhole(true)
+	defer p.Blackhole(false)
+	closed := async(s.Close)
+	require.Error(t, resultWithin(t, closed, s.TTL()+1500*time.Millisecond, "Close with etcd unreachable"), "the revoke cannot have gone through")
+	waitCount(t, admin, "close-unreachable/", testTimeout, func(n int) bool { return n == 0 }) // the server expires the lease
 }

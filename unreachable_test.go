@@ -14,6 +14,7 @@ import (
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // A Lock whose context has no deadline waits through a partition longer
@@ -114,4 +115,60 @@ func TestLockOverrunBoundedWhileUnreachable(t *testing.T) {
 	t.Logf("Lock(300ms) returned after %v: %v", took, err)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, took, 300*time.Millisecond+2*time.Second, "the caller waits past its deadline")
+}
+
+// A waiting Lock whose context ends while etcd is unreachable returns
+// within a bounded time: withdrawing its key is bounded too, and the session
+// removes the key once etcd answers again (etcd-io/etcd#18082: etcd's Lock
+// withdraws its key under the client's context, which never ends, so it
+// blocks for as long as etcd cannot be reached).
+func TestCancelledWaitReturnsWhileUnreachable(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	u, err := url.Parse(c.Members()[0].Endpoint())
+	require.NoError(t, err)
+	const name = "wait-unreachable"
+	holder := etcdsync.NewMutex(session(t, admin), name)
+	require.NoError(t, holder.Lock(ctx))
+
+	p := etcdtest.NewProxy(t, u.Host)
+	cnt := counter{created: make(chan struct{}, 8)}
+	m := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{p.Endpoint()}, cnt.dial()...), etcdsync.WithTTL(30*time.Second)), name)
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	got := async(func() error { return m.Lock(lctx) })
+	awaitCreated(t, cnt.created, 2, testTimeout, "the waiter's watches (its own key, the holder's)")
+	p.Blackhole(true)
+	defer p.Blackhole(false)
+	cancel()
+	cut := time.Now()
+	require.ErrorIs(t, resultWithin(t, got, 3*time.Second, "the cancelled Lock with etcd unreachable"), context.Canceled)
+	t.Logf("the cancelled Lock returned %v after the cancel", time.Since(cut))
+	p.Blackhole(false)
+	waitCount(t, admin, name+"/", testTimeout, func(n int) bool { return n == 1 }) // the holder's key alone
+	require.NoError(t, holder.Unlock(ctx))
+
+	// etcd's Mutex in the same sequence.
+	const theirs = "wait-unreachable-etcd"
+	eholder := etcdsync.NewMutex(session(t, admin), theirs)
+	require.NoError(t, eholder.Lock(ctx))
+	ep := etcdtest.NewProxy(t, u.Host)
+	ecnt := counter{created: make(chan struct{}, 8)}
+	es, err := concurrency.NewSession(etcdtest.NewClient(t, []string{ep.Endpoint()}, ecnt.dial()...))
+	require.NoError(t, err)
+	t.Cleanup(func() { es.Close() })
+	em := concurrency.NewMutex(es, theirs)
+	ectx, ecancel := context.WithCancel(ctx)
+	defer ecancel()
+	egot := async(func() error { return em.Lock(ectx) })
+	within(t, ecnt.created, testTimeout, "etcd's waiter's watch")
+	ep.Blackhole(true)
+	defer ep.Blackhole(false)
+	ecancel()
+	notYet(t, egot, 2*time.Second, "etcd's cancelled Lock with etcd unreachable (#18082: it withdraws under client.Ctx())")
+	ep.Blackhole(false)
+	require.ErrorIs(t, resultWithin(t, egot, testTimeout, "etcd's cancelled Lock once etcd answers"), context.Canceled)
+	require.NoError(t, eholder.Unlock(ctx))
 }
