@@ -12,11 +12,9 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // A waiter whose Lock ends (ctx cancelled) and whose cleanup delete fails
@@ -27,37 +25,36 @@ import (
 // Lock leaves no key.
 func TestCancelledLockLeavesNoKeyAfterFailedWithdraw(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	admin := c.Client(t)
-	holder := etcdsync.NewMutex(session(t, admin), "r8-withdraw")
-	require.NoError(t, holder.Lock(ctx))
+	c, admin, ctx := singleClient(t)
+	holder := heldMutex(t, ctx, admin, "r8-withdraw")
 
-	var inj injector
+	var inj faults.Injector
 	cnt := counter{created: make(chan struct{}, 4)}
-	s := session(t, c.Client(t, append(cnt.dial(), inj.dial())...), etcdsync.WithTTL(30*time.Second))
+	s := session(t, c.Client(t, append(cnt.dial(), inj.Dial())...), etcdsync.WithTTL(30*time.Second))
 	w := etcdsync.NewMutex(s, "r8-withdraw")
 	lctx, cancel := context.WithCancel(ctx)
-	errc := make(chan error, 1)
-	go func() { errc <- w.Lock(lctx) }()
+	errc := async(func() error { return w.Lock(lctx) })
 	for range 2 {
 		within(t, cnt.created, testTimeout, "waiter's watch created")
 	}
-	inj.arm(txnMethod, 1) // the cleanup delete fails, unsent
+	inj.Arm(faults.TxnMethod, 1) // the cleanup delete fails, unsent
 	cancel()
-	select {
-	case err := <-errc:
-		require.ErrorIs(t, err, context.Canceled)
-	case <-time.After(testTimeout):
-		t.Fatal("the cancelled Lock did not return")
-	}
+	require.ErrorIs(t, resultWithin(t, errc, testTimeout, "the cancelled Lock"), context.Canceled)
 	require.NoError(t, s.Err(), "the session lives on")
 	require.NoError(t, holder.Unlock(ctx))
 
-	third := etcdsync.NewMutex(session(t, admin), "r8-withdraw")
+	nameFree(t, ctx, admin, "r8-withdraw", "the cancelled waiter's key")
+}
+
+// nameFree fails t unless a Mutex on name of a new session of cli locks
+// within 5 s (and unlocks): whose (the key that must not stay) does not
+// block the name.
+func nameFree(t *testing.T, ctx context.Context, cli *clientv3.Client, name, whose string) {
+	t.Helper()
+	third := etcdsync.NewMutex(session(t, cli), name)
 	tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer tcancel()
-	require.NoError(t, third.Lock(tctx), "the name is blocked by the cancelled waiter's key %v", keys(t, admin, "r8-withdraw/"))
+	require.NoError(t, third.Lock(tctx), "the name is blocked by %s: %v", whose, keys(t, cli, name+"/"))
 	require.NoError(t, third.Unlock(ctx))
 }
 
@@ -72,12 +69,12 @@ func TestCancelledLockLeavesNoKeyAfterFailedWithdraw(t *testing.T) {
 // holds; f heals, and the new hold must stay. Invariant "Fenced release".
 func TestLateWithdrawNeverDeletesLaterHold(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
-	c, f, u := peerRig(t)
+	c, f, u := faults.PeerRig(t)
 	ctx := ctxT(t)
 	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
 	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
-	var sc script
-	s := session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, sc.dial()), etcdsync.WithTTL(30*time.Second))
+	var sc faults.Script
+	s := session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, sc.Dial()), etcdsync.WithTTL(30*time.Second))
 	m := etcdsync.NewMutex(s, "r8-late")
 
 	require.NoError(t, c.CutPeers(f))
@@ -87,14 +84,8 @@ func TestLateWithdrawNeverDeletesLaterHold(t *testing.T) {
 			c.HealPeers(f)
 		}
 	}()
-	lost := func(c call) error { // the create commits on u, its reply is lost
-		if err := c.invoke(); err != nil {
-			return err
-		}
-		return status.Error(codes.Unavailable, "injected: reply lost")
-	}
-	toF := func(c call) error { return c.on(viaF.ActiveConnection()) } // the cleanup goes to f
-	sc.arm(txnMethod, lost, toF)
+	// The create commits on u, its reply is lost; the cleanup goes to f.
+	sc.Arm(faults.TxnMethod, faults.ReplyLost, faults.Via(viaF.ActiveConnection()))
 	start := time.Now()
 	err := m.Lock(ctx)
 	require.Error(t, err)
@@ -124,9 +115,25 @@ func TestLateWithdrawNeverDeletesLaterHold(t *testing.T) {
 // round trip for a (fenced, no-op) sweeper delete. "unswept" is the control.
 func TestSweeperLeavesClaimAfterUnlock(t *testing.T) {
 	t.Parallel()
-	// "unswept" is the control: no create of unknown outcome, no sweeper.
+	sweptOrNot(t, "r8-steal", func(t *testing.T, ctx context.Context, _ *etcdtest.Cluster, m *etcdsync.Mutex) {
+		freeTryLocks(t, ctx, m, 10, 50*time.Millisecond, func() {
+			require.NoError(t, m.Lock(ctx))
+			require.NoError(t, m.Unlock(ctx))
+			time.Sleep(5 * time.Millisecond) // the caller tries again a moment later
+		})
+	})
+}
+
+// sweptOrNot runs f on sweptMutex(name), each case in a subtest on a member
+// of its own: "swept", and "unswept", the control (no create of unknown
+// outcome, no sweeper).
+func sweptOrNot(t *testing.T, name string, f func(t *testing.T, ctx context.Context, c *etcdtest.Cluster, m *etcdsync.Mutex)) {
 	for _, swept := range []bool{true, false} {
-		t.Run(map[bool]string{true: "swept", false: "unswept"}[swept], func(t *testing.T) { sweeperLeavesClaim(t, swept) })
+		t.Run(map[bool]string{true: "swept", false: "unswept"}[swept], func(t *testing.T) {
+			c := single(t)
+			ctx := ctxT(t)
+			f(t, ctx, c, sweptMutex(t, c, name, swept))
+		})
 	}
 }
 
@@ -134,35 +141,29 @@ func TestSweeperLeavesClaimAfterUnlock(t *testing.T) {
 // more; with swept, after one Lock of unknown outcome, so that the session
 // sweeps the key from then on.
 func sweptMutex(t *testing.T, c *etcdtest.Cluster, name string, swept bool) *etcdsync.Mutex {
-	var inj injector
-	slow := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == txnMethod {
-			time.Sleep(30 * time.Millisecond)
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	})
-	m := etcdsync.NewMutex(session(t, c.Client(t, inj.dial(), slow)), name)
+	var inj faults.Injector
+	slow := faults.Delay(faults.TxnMethod, 30*time.Millisecond)
+	m := etcdsync.NewMutex(session(t, c.Client(t, inj.Dial(), slow)), name)
 	if swept {
-		inj.arm(txnMethod, 1)
+		inj.Arm(faults.TxnMethod, 1)
 		require.Error(t, m.Lock(ctxT(t)))
 	}
 	return m
 }
 
-func sweeperLeavesClaim(t *testing.T, swept bool) {
-	c := single(t)
-	ctx := ctxT(t)
-	m := sweptMutex(t, c, "r8-steal", swept)
+// freeTryLocks runs trials rounds of free (which leaves m's name free)
+// and a TryLock of m, which must not return ErrLocked ("held, or waited
+// for, by this session"); a refusal is logged and waited out for pause.
+func freeTryLocks(t *testing.T, ctx context.Context, m *etcdsync.Mutex, trials int, pause time.Duration, free func()) {
+	t.Helper()
 	spurious := 0
-	for i := 0; i < 10; i++ {
-		require.NoError(t, m.Lock(ctx))
-		require.NoError(t, m.Unlock(ctx))
-		time.Sleep(5 * time.Millisecond) // the caller tries again a moment later
+	for i := 0; i < trials; i++ {
+		free()
 		if err := m.TryLock(ctx); err != nil {
 			require.ErrorIs(t, err, etcdsync.ErrLocked)
 			spurious++
 			t.Logf("trial %d: %v", i, err)
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(pause)
 			continue
 		}
 		require.NoError(t, m.Unlock(ctx))
@@ -179,11 +180,8 @@ func sweeperLeavesClaim(t *testing.T, swept bool) {
 // has no hold to keep.) Invariant "Nothing left".
 func TestCancelledResumedWaiterLeavesNoKey(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	admin := c.Client(t)
-	holder := etcdsync.NewMutex(session(t, admin), "r8-rwait")
-	require.NoError(t, holder.Lock(ctx))
+	_, admin, ctx := singleClient(t)
+	holder := heldMutex(t, ctx, admin, "r8-rwait")
 
 	// The previous process queued behind the holder, then died.
 	lease, err := admin.Grant(ctx, 30)
@@ -200,11 +198,7 @@ func TestCancelledResumedWaiterLeavesNoKey(t *testing.T) {
 	require.ErrorIs(t, m2.Lock(lctx), context.DeadlineExceeded)
 	require.NoError(t, holder.Unlock(ctx))
 
-	third := etcdsync.NewMutex(session(t, admin), "r8-rwait")
-	tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
-	defer tcancel()
-	require.NoError(t, third.Lock(tctx), "the name is blocked by the cancelled resumed waiter's key: %v", keys(t, admin, "r8-rwait/"))
-	require.NoError(t, third.Unlock(ctx))
+	nameFree(t, ctx, admin, "r8-rwait", "the cancelled resumed waiter's key")
 }
 
 // As TestSweeperLeavesClaimAfterUnlock, for acquires that fail after
@@ -217,38 +211,21 @@ func TestCancelledResumedWaiterLeavesNoKey(t *testing.T) {
 // control.
 func TestSweeperLeavesClaimAfterFailedLock(t *testing.T) {
 	t.Parallel()
-	for _, swept := range []bool{true, false} {
-		t.Run(map[bool]string{true: "swept", false: "unswept"}[swept], func(t *testing.T) {
-			c := single(t)
-			ctx := ctxT(t)
-			m := sweptMutex(t, c, "r9-steal", swept)
-			holder := etcdsync.NewMutex(session(t, c.Client(t)), "r9-steal")
-			spurious := 0
-			for i := 0; i < 5; i++ {
-				require.NoError(t, holder.Lock(ctx))
-				lctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-				require.ErrorIs(t, m.Lock(lctx), context.DeadlineExceeded) // it waited, and withdrew its key
-				cancel()
-				require.NoError(t, holder.Unlock(ctx))
-				if err := m.TryLock(ctx); err != nil {
-					require.ErrorIs(t, err, etcdsync.ErrLocked)
-					spurious++
-					t.Logf("trial %d: %v", i, err)
-					time.Sleep(100 * time.Millisecond)
-					continue
-				}
-				require.NoError(t, m.Unlock(ctx))
-			}
-			require.Zero(t, spurious, "TryLock on a free name returned ErrLocked")
+	sweptOrNot(t, "r9-steal", func(t *testing.T, ctx context.Context, c *etcdtest.Cluster, m *etcdsync.Mutex) {
+		holder := etcdsync.NewMutex(session(t, c.Client(t)), "r9-steal")
+		freeTryLocks(t, ctx, m, 5, 100*time.Millisecond, func() {
+			require.NoError(t, holder.Lock(ctx))
+			lctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			require.ErrorIs(t, m.Lock(lctx), context.DeadlineExceeded) // it waited, and withdrew its key
+			cancel()
+			require.NoError(t, holder.Unlock(ctx))
 		})
-	}
+	})
 }
 
 func TestCancelledAcquiresLeaveNoKey(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := singleClient(t)
 	holder := etcdsync.NewSemaphore(session(t, cli), "r12cancel", 3)
 	require.NoError(t, holder.Acquire(ctx, 2))
 	w := etcdsync.NewRWMutex(session(t, cli), "r12cancelrw")
@@ -315,18 +292,18 @@ func lateCreate(t *testing.T, wch clientv3.WatchChan) int64 {
 // the name is not blocked until the session ends. Invariant "Nothing left".
 func TestLateCreateIsSwept(t *testing.T) {
 	t.Parallel()
-	c, f, u := peerRig(t)
+	c, f, u := faults.PeerRig(t)
 	ctx := ctxT(t)
 	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
 	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
-	red := &unaryVia{conn: viaF.ActiveConnection()}
-	s := session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, red.dial()))
+	red := &faults.UnaryVia{Conn: viaF.ActiveConnection()}
+	s := session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, red.Dial()))
 	m := etcdsync.NewMutex(s, "late")
 	from, err := admin.Get(ctx, "late/")
 	require.NoError(t, err)
 
 	require.NoError(t, c.CutPeers(f))
-	red.arm(txnMethod, 1) // the create goes to f
+	red.Arm(faults.TxnMethod, 1) // the create goes to f
 	lctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	err = m.Lock(lctx)
 	cancel()

@@ -600,8 +600,7 @@ func runEtcdBinary(t *testing.T, bin string) string {
 		"--logger", "zap", "--log-level", "error")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := async(func() error { return cmd.Wait() })
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		<-exited

@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 )
@@ -58,6 +59,22 @@ func (w *wrapCalls) dial() []grpc.DialOption {
 			return streamer(ctx, desc, cc, method, opts...)
 		}),
 	}
+}
+
+// count returns how many calls of method went through the interfaces.
+func (w *wrapCalls) count(method string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls[method]
+}
+
+// wrappedClient returns a client of endpoints whose interfaces are wrapped
+// (calls sees what goes through them) and whose RPCs cnt counts (each
+// watch created: cnt.created, with room for 16).
+func wrappedClient(t *testing.T, endpoints []string) (*clientv3.Client, *wrapCalls, *counter) {
+	calls := &wrapCalls{}
+	cnt := &counter{created: make(chan struct{}, 16)}
+	return calls.wrap(etcdtest.NewClient(t, endpoints, append(calls.dial(), cnt.dial()...)...)), calls, cnt
 }
 
 // check fails t when an RPC went around the interfaces, and resets.

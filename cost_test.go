@@ -42,9 +42,7 @@ func TestEndedContextSendsNothing(t *testing.T) {
 // beside readers 1 RPC.
 func TestTryCallCosts(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := singleClient(t)
 	var cnt counter
 	cli := c.Client(t, cnt.dial()...)
 	sm := etcdsync.NewSemaphore(session(t, cli), "r12cost", 3)

@@ -22,8 +22,7 @@ import (
 
 // campaignAsync campaigns in a goroutine; the channel gets Campaign's result.
 func campaignAsync(ctx context.Context, e *etcdsync.Election, val string) <-chan error {
-	errc := make(chan error, 1)
-	go func() { errc <- e.Campaign(ctx, val) }()
+	errc := async(func() error { return e.Campaign(ctx, val) })
 	return errc
 }
 
@@ -55,11 +54,7 @@ func TestCampaignAndLeader(t *testing.T) {
 
 		errc := campaignAsync(ctx, b, "b")
 		waitKeys(t, cli, "elect/", 2)
-		select {
-		case err := <-errc:
-			t.Fatalf("second candidate returned while the first leads: %v", err)
-		case <-time.After(300 * time.Millisecond):
-		}
+		notYet(t, errc, 300*time.Millisecond, "second candidate while the first leads")
 		term := a.Rev()
 		require.NoError(t, a.Resign(ctx))
 		within(t, done, 5*time.Second, "Done after Resign")
@@ -92,23 +87,14 @@ func TestCampaignCancelAndOwnLoss(t *testing.T) {
 		require.ErrorIs(t, <-errc, context.Canceled)
 		require.Equal(t, []string{leader.Key()}, keys(t, cli, "cancel/"))
 
-		for i := 0; i < 40; i++ { // the cancel races the create
-			rctx, rcancel := context.WithTimeout(ctx, time.Duration(i%10)*250*time.Microsecond)
-			require.Error(t, e.Campaign(rctx, "c"))
-			rcancel()
-			require.Equal(t, []string{leader.Key()}, keys(t, cli, "cancel/"), "trial %d", i)
-		}
+		// The cancel races the create.
+		cancelsLeaveOnly(t, ctx, cli, "cancel/", leader.Key(), 40, 10, func(rctx context.Context, _ int) error { return e.Campaign(rctx, "c") })
 
 		errc = campaignAsync(ctx, e, "c")
 		waitKeys(t, cli, "cancel/", 2)
 		_, err := cli.Delete(ctx, fmt.Sprintf("cancel/%x", int64(s.Lease())))
 		require.NoError(t, err)
-		select {
-		case err := <-errc:
-			require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
-		case <-time.After(time.Second):
-			t.Fatal("candidate did not notice its own loss within 1s")
-		}
+		require.ErrorIs(t, resultWithin(t, errc, time.Second, "candidate noticing its own loss"), etcdsync.ErrSessionExpired)
 		require.NoError(t, leader.Resign(ctx))
 	})
 }
@@ -117,9 +103,7 @@ func TestCampaignCancelAndOwnLoss(t *testing.T) {
 // leading value proclaims and returns at once.
 func TestProclaim(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	e := etcdsync.NewElection(session(t, cli), "proclaim")
 	require.ErrorIs(t, e.Proclaim(ctx, "x"), etcdsync.ErrElectionNotLeader)
 
@@ -148,9 +132,7 @@ func TestProclaim(t *testing.T) {
 // leadership and can be retried (etcd-io/etcd#22123).
 func TestResignFencedAndRetryable(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	e := etcdsync.NewElection(s, "resign")
 	require.NoError(t, e.Campaign(ctx, "v"))
@@ -183,11 +165,7 @@ func TestSameSessionElectionsExclude(t *testing.T) {
 	a, b := etcdsync.NewElection(s, "same-e"), etcdsync.NewElection(s, "same-e")
 	require.NoError(t, a.Campaign(ctx, "a"))
 	errc := campaignAsync(ctx, b, "b")
-	select {
-	case err := <-errc:
-		t.Fatalf("second Election on the same session returned while the first leads: %v", err)
-	case <-time.After(300 * time.Millisecond):
-	}
+	notYet(t, errc, 300*time.Millisecond, "second Election on the same session while the first leads")
 	require.NoError(t, a.Resign(ctx))
 	require.NoError(t, <-errc)
 	require.Equal(t, "b", leaderValue(t, a))
@@ -305,9 +283,7 @@ func values(rs []*clientv3.GetResponse) []string {
 // Observe on an invalid name closes at once.
 func TestElectionBadInput(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	for _, name := range []string{"", "a\x00b"} {
 		e := etcdsync.NewElection(s, name)
@@ -337,9 +313,7 @@ func TestElectionBadInput(t *testing.T) {
 // ResumeElection names keys as NewElection does and resumes the term.
 func TestResumeElection(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, err)
 	e := etcdsync.NewElection(s1, "resume")
@@ -364,9 +338,7 @@ func TestResumeElection(t *testing.T) {
 // IsLeader and Do guard writes; both fail once leadership is gone.
 func TestElectionGuards(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	e := etcdsync.NewElection(s, "guard-e")
 	_, err := e.Do(ctx, clientv3.OpPut("g", "x"))
@@ -404,12 +376,8 @@ func TestElectionGuards(t *testing.T) {
 // Interop: etcd's concurrency.Election sees our leader and we see theirs.
 func TestElectionInterop(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
-	es, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
-	require.NoError(t, err)
-	defer es.Close()
+	_, cli, ctx := kitSingleClient(t)
+	es := theirSession(t, cli, concurrency.WithTTL(30))
 	theirs := concurrency.NewElection(es, "interop-e")
 	ours := etcdsync.NewElection(session(t, cli), "interop-e")
 
@@ -418,8 +386,7 @@ func TestElectionInterop(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "ours", string(resp.Kvs[0].Value))
 
-	errc := make(chan error, 1)
-	go func() { errc <- theirs.Campaign(ctx, "theirs") }()
+	errc := async(func() error { return theirs.Campaign(ctx, "theirs") })
 	waitKeys(t, cli, "interop-e/", 2)
 	require.NoError(t, ours.Resign(ctx))
 	require.NoError(t, <-errc)
@@ -446,12 +413,7 @@ func TestFailover(t *testing.T) {
 
 	start := time.Now()
 	s1.Orphan() // the process dies
-	select {
-	case err := <-errc:
-		require.NoError(t, err)
-	case <-time.After(ttl + time.Second):
-		t.Fatalf("no failover within TTL + 1s")
-	}
+	require.NoError(t, resultWithin(t, errc, ttl+time.Second, "failover within TTL + 1s"))
 	t.Logf("failover after a crash: %v (TTL %v)", time.Since(start), ttl)
 
 	third := etcdsync.NewElection(session(t, cli), "failover")
@@ -459,12 +421,7 @@ func TestFailover(t *testing.T) {
 	waitKeys(t, cli, "failover/", 2)
 	start = time.Now()
 	require.NoError(t, next.Resign(ctx))
-	select {
-	case err := <-errc:
-		require.NoError(t, err)
-	case <-time.After(time.Second):
-		t.Fatal("no failover within 1s of a Resign")
-	}
+	require.NoError(t, resultWithin(t, errc, time.Second, "failover within 1s of a Resign"))
 	t.Logf("failover after a Resign: %v", time.Since(start))
 	require.NoError(t, third.Resign(ctx))
 }
@@ -489,9 +446,7 @@ func TestCampaignCost(t *testing.T) {
 // Interop: the server's election API sees our leader, and we see its leader.
 func TestElectionInteropServerAPI(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	srv := v3electionpb.NewElectionClient(cli.ActiveConnection())
 	ours := etcdsync.NewElection(session(t, cli), "srv-elect")
 	require.NoError(t, ours.Campaign(ctx, "ours"))
@@ -517,9 +472,7 @@ func TestElectionInteropServerAPI(t *testing.T) {
 // campaigns anew instead of failing.
 func TestCampaignAfterSilentLoss(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	e := etcdsync.NewElection(session(t, cli), "silent")
 	require.NoError(t, e.Campaign(ctx, "v1"))
 	term := e.Rev()
@@ -536,9 +489,7 @@ func TestCampaignAfterSilentLoss(t *testing.T) {
 // concurrent Campaigns on one etcd Election race on its fields).
 func TestConcurrentCampaignsOnOneValue(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	other := etcdsync.NewElection(session(t, cli), "conc")
 	require.NoError(t, other.Campaign(ctx, "other"))
 	e := etcdsync.NewElection(session(t, cli), "conc")
@@ -557,9 +508,7 @@ func TestConcurrentCampaignsOnOneValue(t *testing.T) {
 // deleted key or a revoked lease (invariant "Loss signal").
 func TestElectionDoneOnLoss(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	for _, how := range []string{"delete", "revoke"} {
 		s := session(t, cli)
 		e := etcdsync.NewElection(s, "eloss-"+how)
@@ -584,9 +533,7 @@ func TestElectionDoneOnLoss(t *testing.T) {
 // and Observe outlives the observer's session.
 func TestObserveAcrossCompactionAndSessionEnd(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s, err := etcdsync.NewSession(cli)
 	require.NoError(t, err)
 	octx, cancel := context.WithCancel(ctx)

@@ -34,9 +34,7 @@ func TestNewSessionNamesUnreachableEndpoint(t *testing.T) {
 // Error texts say what failed, on which name, and why, each once.
 func TestErrorTextsSayWhatWhichAndWhyOnce(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := singleClient(t)
 	s := session(t, cli)
 	m := etcdsync.NewMutex(s, "texts")
 	require.NoError(t, m.Lock(ctx))

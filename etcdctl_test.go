@@ -34,18 +34,14 @@ func etcdctl(t *testing.T) string {
 func TestEtcdctlLockInterop(t *testing.T) {
 	t.Parallel()
 	bin := etcdctl(t)
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
-	ours := etcdsync.NewMutex(session(t, cli), "ctl-lock")
-	require.NoError(t, ours.Lock(ctx))
+	c, cli, ctx := singleClient(t)
+	ours := heldMutex(t, ctx, cli, "ctl-lock")
 
 	cmd := exec.CommandContext(ctx, bin, "--endpoints="+c.Endpoints()[0], "lock", "ctl-lock", "echo", "etcdctl-held-it")
 	out := &strings.Builder{}
 	cmd.Stdout = out
 	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := async(func() error { return cmd.Wait() })
 	waitKeys(t, cli, "ctl-lock/", 2)
 	select {
 	case err := <-exited:
@@ -53,12 +49,7 @@ func TestEtcdctlLockInterop(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 	require.NoError(t, ours.Unlock(ctx))
-	select {
-	case err := <-exited:
-		require.NoError(t, err)
-	case <-time.After(testTimeout):
-		t.Fatal("etcdctl lock did not get the lock after our Unlock")
-	}
+	require.NoError(t, resultWithin(t, exited, testTimeout, "etcdctl lock after our Unlock"))
 	require.Contains(t, out.String(), "etcdctl-held-it")
 	require.Empty(t, keys(t, cli, "ctl-lock/"))
 
@@ -82,9 +73,7 @@ func TestEtcdctlLockInterop(t *testing.T) {
 func TestEtcdctlElectInterop(t *testing.T) {
 	t.Parallel()
 	bin := etcdctl(t)
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	c, cli, ctx := singleClient(t)
 	ours := etcdsync.NewElection(session(t, cli), "ctl-elect")
 	require.NoError(t, ours.Campaign(ctx, "ours"))
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -54,19 +55,14 @@ func TestPrefixDeleteGrantsNobody(t *testing.T) {
 				require.NoError(t, holder.acquire(ctx))
 				cnt := counter{created: make(chan struct{}, 2)}
 				w := contenders(session(t, c.Client(t, cnt.dial()...)), name)[k]
-				errc := make(chan error, 1)
-				go func() { errc <- w.acquire(ctx) }()
+				errc := async(func() error { return w.acquire(ctx) })
 				for range 2 { // the waiter watches its own key and the holder's
 					within(t, cnt.created, testTimeout, "waiter's watch created")
 				}
 				_, err := admin.Delete(ctx, name+"/", clientv3.WithPrefix())
 				require.NoError(t, err)
-				select {
-				case err := <-errc:
-					require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "trial %d %s: the waiter acquired although its key was deleted", i, w.kind)
-				case <-time.After(5 * time.Second):
-					t.Fatalf("trial %d %s: waiter did not return after its key was deleted", i, w.kind)
-				}
+				err = resultWithin(t, errc, 5*time.Second, fmt.Sprintf("trial %d %s: waiter after its key was deleted", i, w.kind))
+				require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "trial %d %s: the waiter acquired although its key was deleted", i, w.kind)
 				require.Empty(t, keys(t, admin, name+"/"))
 			}
 		}
@@ -85,12 +81,9 @@ func TestTurnWhenPredecessorAndSecondGoTogether(t *testing.T) {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
 			ctx := ctxT(t)
 			name := fmt.Sprintf("r11same%d", round)
-			hs := session(t, admin)
-			holder := etcdsync.NewMutex(hs, name)
-			require.NoError(t, holder.Lock(ctx))
 			held := make(chan struct{}, 2)
 			var holding, atHold atomic.Int64
-			qs := enqueue(t, c, name, 2, func(int) context.Context { return ctx }, func(q *queued) error {
+			holder, qs := enqueueBehind(t, ctx, c, admin, name, 2, func(q *queued) error {
 				if holding.Add(1) != 1 {
 					t.Errorf("waiter %d holds with another", q.i)
 				}
@@ -102,7 +95,7 @@ func TestTurnWhenPredecessorAndSecondGoTogether(t *testing.T) {
 				return q.m.Unlock(ctx)
 			})
 			before := qs[1].cnt.unary.Load()
-			_, err := admin.Txn(ctx).Then(clientv3.OpDelete(keyOf(name, hs)), clientv3.OpDelete(keyOf(name, qs[0].s))).Commit()
+			_, err := admin.Txn(ctx).Then(clientv3.OpDelete(holder.Key()), clientv3.OpDelete(keyOf(name, qs[0].s))).Commit()
 			require.NoError(t, err)
 			require.ErrorIs(t, queuedResult(t, qs[0], testTimeout, "deleted waiter"), etcdsync.ErrSessionExpired)
 			require.NoError(t, queuedResult(t, qs[1], testTimeout, "third waiter"))
@@ -120,61 +113,36 @@ func TestTurnWhenAheadGoBeforeWatchesCreated(t *testing.T) {
 	t.Parallel()
 	for _, both := range []bool{true, false} {
 		t.Run(fmt.Sprintf("both=%v", both), func(t *testing.T) {
-			c := single(t)
-			admin := c.Client(t)
-			ctx := ctxT(t)
+			c, admin, ctx := singleClient(t)
 			name := "r11gate"
-			hs := session(t, admin)
-			holder := etcdsync.NewMutex(hs, name)
-			require.NoError(t, holder.Lock(ctx))
+			holder := heldMutex(t, ctx, admin, name)
 			ps := session(t, admin)
 			pred := etcdsync.NewMutex(ps, name)
-			predErr := make(chan error, 1)
-			go func() { predErr <- pred.Lock(ctx) }()
+			predErr := async(func() error { return pred.Lock(ctx) })
 			waitKeys(t, admin, name+"/", 2)
-			g := &gatedClient{held: make(chan struct{}, 4), open: make(chan struct{})}
-			ws := session(t, c.Client(t, g.dial()))
-			g.own.Store(keyOf(name, ws))
-			g.armed.Store(true)
+			g := faults.NewGatedClient()
+			ws := session(t, c.Client(t, g.Dial()))
+			g.Own.Store(keyOf(name, ws))
+			g.Armed.Store(true)
 			w := etcdsync.NewMutex(ws, name)
-			werr := make(chan error, 1)
-			go func() { werr <- w.Lock(ctx) }()
-			within(t, g.held, testTimeout, "a watch create of a key ahead held back")
+			werr := async(func() error { return w.Lock(ctx) })
+			within(t, g.Held, testTimeout, "a watch create of a key ahead held back")
 			if both {
-				_, err := admin.Txn(ctx).Then(clientv3.OpDelete(keyOf(name, hs)), clientv3.OpDelete(keyOf(name, ps))).Commit()
+				_, err := admin.Txn(ctx).Then(clientv3.OpDelete(holder.Key()), clientv3.OpDelete(keyOf(name, ps))).Commit()
 				require.NoError(t, err)
 			} else {
 				require.NoError(t, holder.Unlock(ctx))
-				select {
-				case err := <-predErr:
-					require.NoError(t, err)
-				case <-time.After(testTimeout):
-					t.Fatal("pred did not get the lock")
-				}
+				require.NoError(t, resultWithin(t, predErr, testTimeout, "pred's Lock"))
 			}
-			g.armed.Store(false)
-			close(g.open)
+			g.Armed.Store(false)
+			close(g.Open)
 			if !both {
-				select {
-				case err := <-werr:
-					t.Fatalf("waiter returned (%v) while its predecessor holds", err)
-				case <-time.After(2 * time.Second):
-				}
+				notYet(t, werr, 2*time.Second, "waiter while its predecessor holds")
 				require.NoError(t, pred.Unlock(ctx))
 			} else {
-				select {
-				case err := <-predErr:
-					require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
-				case <-time.After(testTimeout):
-					t.Fatal("pred did not return")
-				}
+				require.ErrorIs(t, resultWithin(t, predErr, testTimeout, "pred"), etcdsync.ErrSessionExpired)
 			}
-			select {
-			case err := <-werr:
-				require.NoError(t, err)
-			case <-time.After(testTimeout):
-				t.Fatal("waiter waits forever while nothing blocks it")
-			}
+			require.NoError(t, resultWithin(t, werr, testTimeout, "waiter while nothing blocks it"))
 			require.NoError(t, w.Unlock(ctx))
 		})
 	}
@@ -188,13 +156,11 @@ func TestNestedNamesExceptRWMutexWriteDir(t *testing.T) {
 	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
-	m := etcdsync.NewMutex(session(t, c.Client(t)), "r12nest/write")
-	require.NoError(t, m.Lock(ctx))
+	m := heldMutex(t, ctx, c.Client(t), "r12nest/write")
 	rw := etcdsync.NewRWMutex(session(t, c.Client(t)), "r12nest")
 	require.ErrorIs(t, rw.TryRLock(ctx), etcdsync.ErrLocked, "a Mutex on r12nest/write is a writer of r12nest")
 	require.NoError(t, m.Unlock(ctx))
-	other := etcdsync.NewMutex(session(t, c.Client(t)), "r12nest/other")
-	require.NoError(t, other.Lock(ctx))
+	other := heldMutex(t, ctx, c.Client(t), "r12nest/other")
 	require.NoError(t, rw.TryLock(ctx), "a Mutex on r12nest/other does not block r12nest")
 	require.NoError(t, rw.Unlock(ctx))
 	require.NoError(t, other.Unlock(ctx))
@@ -204,15 +170,13 @@ func TestNestedNamesExceptRWMutexWriteDir(t *testing.T) {
 // but before its reply arrived and its watches exist: the waiter holds.
 func TestTurnWhenAheadGoBeforeEnqueueReply(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := singleClient(t)
 	t.Run("semaphore", func(t *testing.T) {
 		a := etcdsync.NewSemaphore(session(t, admin), "r12early", 3)
 		require.NoError(t, a.Acquire(ctx, 2))
 		b := etcdsync.NewSemaphore(session(t, admin), "r12early", 3)
 		require.NoError(t, b.Acquire(ctx, 1))
-		cli, p := proxied(t, c)
+		cli, p := faults.Proxied(t, c)
 		sm := etcdsync.NewSemaphore(session(t, cli), "r12early", 3)
 		p.SetLatency(time.Second)
 		defer p.SetLatency(0)
@@ -225,12 +189,8 @@ func TestTurnWhenAheadGoBeforeEnqueueReply(t *testing.T) {
 		require.NoError(t, sm.Release(ctx))
 	})
 	t.Run("reader", func(t *testing.T) {
-		w1 := etcdsync.NewRWMutex(session(t, admin), "r12earlyrw")
-		require.NoError(t, w1.Lock(ctx))
-		w2 := etcdsync.NewRWMutex(session(t, admin), "r12earlyrw")
-		w2got := async(func() error { return w2.Lock(ctx) })
-		waitKeys(t, admin, "r12earlyrw/", 2)
-		cli, p := proxied(t, c)
+		_, _, w2got := writerAndWaiter(t, ctx, ctx, admin, "r12earlyrw")
+		cli, p := faults.Proxied(t, c)
 		rw := etcdsync.NewRWMutex(session(t, cli), "r12earlyrw")
 		p.SetLatency(time.Second)
 		defer p.SetLatency(0)
@@ -260,33 +220,24 @@ func TestTurnWhenAheadGoBeforeEnqueueReply(t *testing.T) {
 // makes both). Invariant "Exclusion".
 func TestBrokenConfirmGrantsNoTurn(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	admin := c.Client(t)
+	c, admin, ctx := singleClient(t)
 	for trial := 0; trial < 10; trial++ {
 		name := fmt.Sprintf("r9-confirm-%d", trial)
-		holder := etcdsync.NewMutex(session(t, admin), name)
-		require.NoError(t, holder.Lock(ctx))
-		b := &streamBreaker{first: make(chan int64, 1), created: make(chan struct{}, 16)}
-		var inj injector
-		w := etcdsync.NewMutex(session(t, c.Client(t, b.dial(), inj.dial())), name)
-		errc := make(chan error, 1)
-		go func() { errc <- w.Lock(ctx) }()
+		heldMutex(t, ctx, admin, name)
+		b := faults.NewStreamBreaker()
+		var inj faults.Injector
+		w := etcdsync.NewMutex(session(t, c.Client(t, b.Dial(), inj.Dial())), name)
+		errc := async(func() error { return w.Lock(ctx) })
 		for range 2 { // own key and the holder's
-			within(t, b.created, testTimeout, "waiter's watch created")
+			within(t, b.Created, testTimeout, "waiter's watch created")
 		}
-		b.armed.Store(true)
-		inj.arm("/etcdserverpb.KV/Range", 3) // the re-reads fail, then one gets through
+		b.Armed.Store(true)
+		inj.Arm(faults.RangeMethod, 3) // the re-reads fail, then one gets through
 		_, err := admin.Delete(ctx, name+"/", clientv3.WithPrefix())
 		require.NoError(t, err)
-		first := <-b.first
-		var lerr error
-		select {
-		case lerr = <-errc:
-		case <-time.After(testTimeout):
-			t.Fatalf("trial %d: the waiter did not return", trial)
-		}
-		inj.arm("", 0)
+		first := <-b.First
+		lerr := resultWithin(t, errc, testTimeout, fmt.Sprintf("trial %d: the waiter", trial))
+		inj.Arm("", 0)
 		if first == 1 { // its own key's delete came first: not this case
 			require.ErrorIs(t, lerr, etcdsync.ErrSessionExpired)
 			continue

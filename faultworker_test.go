@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 )
@@ -30,8 +30,7 @@ type faultWorker struct {
 	proxies []*etcdtest.Proxy
 	cli     *clientv3.Client
 	members []*clientv3.Client // one client per member, through proxies
-	watchTo atomic.Pointer[grpc.ClientConn]
-	unaryTo atomic.Pointer[grpc.ClientConn]
+	router  faults.Router
 
 	mu sync.Mutex
 	s  *etcdsync.Session
@@ -47,21 +46,9 @@ func newFaultWorker(t *testing.T, c *etcdtest.Cluster, id int) *faultWorker {
 		w.proxies = append(w.proxies, p)
 		eps = append(eps, p.Endpoint())
 	}
-	// Each watch stream goes where watchTo says, if anywhere: through this
-	// worker's own proxy to one member (its other calls are balanced).
-	route := grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		if to := w.watchTo.Load(); to != nil && method == "/etcdserverpb.Watch/Watch" {
-			return to.NewStream(ctx, desc, method, opts...)
-		}
-		return streamer(ctx, desc, cc, method, opts...)
-	})
-	unary := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if to := w.unaryTo.Load(); to != nil {
-			return to.Invoke(ctx, method, req, reply, opts...)
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	})
-	w.cli = etcdtest.NewClient(t, eps, route, unary)
+	// Its watch streams and unary calls go where route says, if anywhere:
+	// through this worker's own proxy to one member.
+	w.cli = etcdtest.NewClient(t, eps, w.router.Dial()...)
 	for _, p := range w.proxies {
 		w.members = append(w.members, etcdtest.NewClient(t, []string{p.Endpoint()}))
 	}
@@ -77,8 +64,7 @@ func (w *faultWorker) route(watch, unary int) {
 		}
 		return w.members[i].ActiveConnection()
 	}
-	w.watchTo.Store(conn(watch))
-	w.unaryTo.Store(conn(unary))
+	w.router.Route(conn(watch), conn(unary))
 }
 
 func (w *faultWorker) blackhole(on bool) {

@@ -14,9 +14,7 @@ import (
 // comparison etcd accepts and that is always false.
 func TestGuardOfBadValueIsAlwaysFalse(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	cli := c.Client(t)
+	_, cli, ctx := singleClient(t)
 	s := session(t, cli)
 	guards := map[string]clientv3.Cmp{
 		"mutex empty name":       etcdsync.NewMutex(s, "").IsOwner(),
@@ -38,9 +36,7 @@ func TestGuardOfBadValueIsAlwaysFalse(t *testing.T) {
 // Header returns a fresh copy; callers mutating it do not change the hold.
 func TestHeaderIsACopy(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	m := etcdsync.NewMutex(s, "rh-hdr")
 	require.NoError(t, m.Lock(ctx))

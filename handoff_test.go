@@ -63,6 +63,14 @@ func enqueue(t *testing.T, c *etcdtest.Cluster, name string, n int, ctxFor func(
 	return qs
 }
 
+// enqueueBehind has a Mutex on name of a session of admin hold, then
+// enqueues n waiters behind it, each Lock under ctx; it returns the holder
+// and the waiters.
+func enqueueBehind(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin *clientv3.Client, name string, n int, held func(q *queued) error) (*etcdsync.Mutex, []*queued) {
+	holder := heldMutex(t, ctx, admin, name)
+	return holder, enqueue(t, c, name, n, func(int) context.Context { return ctx }, held)
+}
+
 // Once a waiter's predecessor releases, the waiter owns the lock with no
 // RPC, at every position of the queue: the read a waiter needs when keys
 // it does not watch were listed ahead of it happens when its second-nearest
@@ -72,8 +80,7 @@ func TestNoRPCOnTheCriticalPath(t *testing.T) {
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
-		holder := etcdsync.NewMutex(session(t, admin), "critical")
-		require.NoError(t, holder.Lock(ctx))
+		holder := heldMutex(t, ctx, admin, "critical")
 		const n = 6
 		var qs []*queued
 		before := make([]atomic.Int64, n) // a waiter's RPCs when its predecessor began to unlock
@@ -149,8 +156,7 @@ func TestQueueChangesAtEveryPosition(t *testing.T) {
 		for _, at := range [][]int{{0}, {1}, {2}, {3}, {4}, {0, 1}, {1, 2}, {2, 3}, {3, 4}, {0, 2}, {1, 3}} {
 			t.Run(fmt.Sprintf("%s/%v", how.name, at), func(t *testing.T) {
 				ctx := ctxT(t)
-				holder := etcdsync.NewMutex(session(t, admin), "pos")
-				require.NoError(t, holder.Lock(ctx))
+				holder := heldMutex(t, ctx, admin, "pos")
 				var (
 					mu      sync.Mutex
 					order   []int
@@ -276,13 +282,11 @@ func refusedWatch(t *testing.T, connect func(user string, dial ...grpc.DialOptio
 	b := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
 	bctx, bcancel := context.WithCancel(ctx)
 	defer bcancel()
-	berr := make(chan error, 1)
-	go func() { berr <- b.Lock(bctx) }()
+	berr := async(func() error { return b.Lock(bctx) })
 	waitKeys(t, root, "locks/r9-auth/", 2)
 	cnt := counter{created: make(chan struct{}, 16)}
 	c := etcdsync.NewMutex(session(t, connect("rw", cnt.dial()...)), "locks/r9-auth")
-	cgot := make(chan error, 1)
-	go func() { cgot <- c.Lock(ctx) }()
+	cgot := async(func() error { return c.Lock(ctx) })
 	for range 2 { // c's own key and b's
 		within(t, cnt.created, testTimeout, "c's watch created")
 	}
@@ -294,12 +298,7 @@ func refusedWatch(t *testing.T, connect func(user string, dial ...grpc.DialOptio
 	require.ErrorIs(t, <-berr, context.Canceled)
 	within(t, cnt.created, testTimeout, "c asked for a watch of the holder")
 	require.NoError(t, holder.Unlock(ctx))
-	select {
-	case err := <-cgot:
-		require.NoError(t, err)
-	case <-time.After(5 * time.Second):
-		t.Fatalf("c did not acquire within 5s of the release; keys %v", keys(t, root, "locks/r9-auth/"))
-	}
+	require.NoError(t, resultWithin(t, cgot, 5*time.Second, fmt.Sprintf("c's Lock after the release; keys %v", keys(t, root, "locks/r9-auth/"))))
 	require.NoError(t, c.Unlock(ctx))
 }
 
@@ -327,39 +326,9 @@ func authMember(t *testing.T, tokenTTL uint) func(user string, dial ...grpc.Dial
 	e, err := embed.StartEtcd(cfg)
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(testTimeout):
-		t.Fatal("member not ready")
-	}
-	connect := func(user string, dial ...grpc.DialOption) *clientv3.Client {
-		cfg := etcdtest.ClientConfig([]string{client.String()}, dial...)
-		if user != "" {
-			cfg.Username, cfg.Password = user, user+"-password"
-		}
-		cli, err := clientv3.New(cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { cli.Close() })
-		return cli
-	}
-	ctx := ctxT(t)
-	admin := connect("")
-	for _, user := range []string{"root", "rw"} {
-		_, err := admin.UserAdd(ctx, user, user+"-password")
-		require.NoError(t, err)
-	}
-	_, err = admin.RoleAdd(ctx, "locks-rw")
-	require.NoError(t, err)
-	_, err = admin.RoleGrantPermission(ctx, "locks-rw", "locks/", clientv3.GetPrefixRangeEnd("locks/"), clientv3.PermissionType(clientv3.PermReadWrite))
-	require.NoError(t, err)
-	_, err = admin.RoleAdd(ctx, "root")
-	require.NoError(t, err)
-	for user, role := range map[string]string{"root": "root", "rw": "locks-rw"} {
-		_, err := admin.UserGrantRole(ctx, user, role)
-		require.NoError(t, err)
-	}
-	_, err = admin.AuthEnable(ctx)
-	require.NoError(t, err)
+	within(t, e.Server.ReadyNotify(), testTimeout, "member ready")
+	connect := authClients(t, []string{client.String()}, nil)
+	etcdtest.EnableAuth(t, ctxT(t), connect(""), map[string]string{"root": "root", "rw": "locks-rw"})
 	return connect
 }
 
@@ -367,32 +336,18 @@ func authMember(t *testing.T, tokenTTL uint) func(user string, dial ...grpc.Dial
 // acquiring (reserved, no hold) wakes when that value, once holding, unlocks.
 func TestSameSessionWaiterWakesAfterNewHoldUnlocks(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	name := "rh-claim"
-	other := session(t, cli)
-	om := etcdsync.NewMutex(other, name)
-	require.NoError(t, om.Lock(ctx))
+	om := heldMutex(t, ctx, cli, name)
 	s := session(t, cli)
 	m1, m2 := etcdsync.NewMutex(s, name), etcdsync.NewMutex(s, name)
-	e1 := make(chan error, 1)
-	go func() { e1 <- m1.Lock(ctx) }()
+	e1 := async(func() error { return m1.Lock(ctx) })
 	waitKeys(t, cli, name+"/", 2)
-	e2 := make(chan error, 1)
-	go func() { e2 <- m2.Lock(ctx) }()
-	select { // m2 waits on the session's reservation of the key
-	case err := <-e2:
-		t.Fatalf("m2 returned (%v) while m1 waits", err)
-	case <-time.After(300 * time.Millisecond):
-	}
+	e2 := async(func() error { return m2.Lock(ctx) })
+	notYet(t, e2, 300*time.Millisecond, "m2 while m1 waits") // on the session's reservation of the key
 	require.NoError(t, om.Unlock(ctx))
 	require.NoError(t, resultWithin(t, e1, testTimeout, "m1 holds"))
-	select {
-	case err := <-e2:
-		t.Fatalf("m2 returned (%v) while m1 holds", err)
-	case <-time.After(300 * time.Millisecond):
-	}
+	notYet(t, e2, 300*time.Millisecond, "m2 while m1 holds")
 	require.NoError(t, m1.Unlock(ctx))
 	require.NoError(t, resultWithin(t, e2, 5*time.Second, "m2 wakes after m1 Unlock"))
 	require.NoError(t, m2.Unlock(ctx))

@@ -14,12 +14,14 @@ import (
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-// testTimeout bounds every wait in a test.
-const testTimeout = 20 * time.Second
+// testTimeout bounds every wait in a test (and in the fault kit).
+const testTimeout = faults.Timeout
 
 // long skips t unless the long runs are on (go test -tags long).
 func long(t *testing.T) {
@@ -38,6 +40,13 @@ func three(t *testing.T) *etcdtest.Cluster {
 		t.Skip("3-member cluster skipped in -short")
 	}
 	return etcdtest.Start(t, etcdtest.Options{Members: 3})
+}
+
+// singleClient is single with a client of the member and a test context:
+// what most tests start with.
+func singleClient(t *testing.T) (*etcdtest.Cluster, *clientv3.Client, context.Context) {
+	c := single(t)
+	return c, c.Client(t), ctxT(t)
 }
 
 // clusters runs f on a single member and on a 3-member cluster.
@@ -60,6 +69,12 @@ func kitThree(t *testing.T) *etcdsynctest.Cluster {
 		t.Skip("3-member cluster skipped in -short")
 	}
 	return etcdsynctest.StartCluster(t, 3)
+}
+
+// kitSingleClient is singleClient on the public test kit.
+func kitSingleClient(t *testing.T) (*etcdsynctest.Cluster, *clientv3.Client, context.Context) {
+	c := kitSingle(t)
+	return c, c.Client(t), ctxT(t)
 }
 
 func kitClusters(t *testing.T, f func(t *testing.T, c *etcdsynctest.Cluster)) {
@@ -86,6 +101,24 @@ func session(t *testing.T, cli *clientv3.Client, opts ...etcdsync.SessionOption)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// theirSession returns a session of etcd's own concurrency package on cli,
+// closed in t's cleanup.
+func theirSession(t *testing.T, cli *clientv3.Client, opts ...concurrency.SessionOption) *concurrency.Session {
+	t.Helper()
+	s, err := concurrency.NewSession(cli, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// heldMutex returns a Mutex on name of a new session of cli, holding.
+func heldMutex(t *testing.T, ctx context.Context, cli *clientv3.Client, name string) *etcdsync.Mutex {
+	t.Helper()
+	m := etcdsync.NewMutex(session(t, cli), name)
+	require.NoError(t, m.Lock(ctx))
+	return m
 }
 
 // keys returns the keys under prefix.
@@ -209,6 +242,19 @@ func async(f func() error) <-chan error {
 	return ch
 }
 
+// doneAsync runs f in a goroutine and returns a channel closed when f has
+// returned; an error of f (what f is) is reported on t.
+func doneAsync(t *testing.T, what string, f func() error) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := f(); err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}()
+	return done
+}
+
 // resultWithin waits at most d for a result on ch.
 func resultWithin(t *testing.T, ch <-chan error, d time.Duration, what string) error {
 	t.Helper()
@@ -243,6 +289,53 @@ func waitNoKeys(t *testing.T, cli *clientv3.Client, prefix string) {
 	for len(keys(t, cli, prefix)) > 0 {
 		require.True(t, time.Now().Before(deadline), "keys under %s stay: %v", prefix, keys(t, cli, prefix))
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cancelsLeaveOnly makes n acquires, the i-th under a context that ends
+// (i mod spread) × 250 µs after it starts (before, during or after its
+// create): each must fail, and leave under prefix the key want alone.
+func cancelsLeaveOnly(t *testing.T, ctx context.Context, cli *clientv3.Client, prefix, want string, n, spread int, acquire func(ctx context.Context, i int) error) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		rctx, cancel := context.WithTimeout(ctx, time.Duration(i%spread)*250*time.Microsecond)
+		err := acquire(rctx, i)
+		cancel()
+		require.Error(t, err, "trial %d", i)
+		require.Equal(t, []string{want}, keys(t, cli, prefix), "trial %d", i)
+	}
+}
+
+// waiterLosesOwnKey starts acquire, a waiter behind the hold whose key is
+// held, waits until its own key is queued under prefix, deletes that key,
+// and requires acquire to return ErrSessionExpired at once (within 5 s).
+func waiterLosesOwnKey(t *testing.T, ctx context.Context, cli *clientv3.Client, prefix, held string, acquire func() error, what string) {
+	t.Helper()
+	got := async(acquire)
+	waitKeys(t, cli, prefix, 2)
+	var own []string
+	for _, k := range keys(t, cli, prefix) {
+		if k != held {
+			own = append(own, k)
+		}
+	}
+	require.Len(t, own, 1)
+	_, err := cli.Delete(ctx, own[0])
+	require.NoError(t, err)
+	require.ErrorIs(t, resultWithin(t, got, 5*time.Second, what+" whose key was deleted"), etcdsync.ErrSessionExpired)
+}
+
+// awaitDelete reads wch until it delivers a delete, and returns when it did.
+func awaitDelete(t *testing.T, wch clientv3.WatchChan) time.Time {
+	t.Helper()
+	for {
+		wr, ok := <-wch
+		require.True(t, ok, "admin watch ended")
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return time.Now()
+			}
+		}
 	}
 }
 

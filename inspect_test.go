@@ -83,14 +83,11 @@ func TestHoldersByEachQueuesRule(t *testing.T) {
 // waiting, and after the release the waiter holds.
 func TestHoldersAgreesWithTheLock(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	c, cli, ctx := kitSingleClient(t)
 	a, b := session(t, c.Client(t)), session(t, c.Client(t))
 	ma, mb := etcdsync.NewMutex(a, "agree"), etcdsync.NewMutex(b, "agree")
 	require.NoError(t, ma.Lock(ctx))
-	locked := make(chan error, 1)
-	go func() { locked <- mb.Lock(ctx) }()
+	locked := async(func() error { return mb.Lock(ctx) })
 	awaitKeys(t, &deployment{admin: cli}, "agree", 2)
 	es, err := etcdsync.Holders(ctx, cli, "agree")
 	require.NoError(t, err)
@@ -99,12 +96,7 @@ func TestHoldersAgreesWithTheLock(t *testing.T) {
 	require.False(t, es[1].Held)
 	require.Equal(t, b.Lease(), es[1].Lease)
 	require.NoError(t, ma.Unlock(ctx))
-	select {
-	case err := <-locked:
-		require.NoError(t, err)
-	case <-time.After(testTimeout):
-		t.Fatal("the waiter did not get the lock")
-	}
+	require.NoError(t, resultWithin(t, locked, testTimeout, "the waiter's Lock"))
 	es, err = etcdsync.Holders(ctx, cli, "agree")
 	require.NoError(t, err)
 	require.Len(t, es, 1)
@@ -126,17 +118,12 @@ func withValue(e etcdsync.Entry) etcdsync.Entry {
 // semaphore queue with a bad value mixed in.
 func TestHoldersOfKeysOtherClientsWrote(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	admin := c.Client(t)
+	c, admin, ctx := singleClient(t)
 
 	t.Run("concurrency", func(t *testing.T) {
 		var ss []*concurrency.Session
 		for range 3 {
-			s, err := concurrency.NewSession(admin)
-			require.NoError(t, err)
-			t.Cleanup(func() { s.Close() })
-			ss = append(ss, s)
+			ss = append(ss, theirSession(t, admin))
 		}
 		m0 := concurrency.NewMutex(ss[0], "insp-conc")
 		require.NoError(t, m0.Lock(ctx))
@@ -158,6 +145,7 @@ func TestHoldersOfKeysOtherClientsWrote(t *testing.T) {
 		// And the library's own Mutex behind them waits for them all.
 		lm := etcdsync.NewMutex(session(t, admin), "insp-conc")
 		l := async(func() error { return lm.Lock(ctx) })
+		waitKeys(t, admin, "insp-conc/", 4) // its key is queued before m0 goes
 		require.NoError(t, m0.Unlock(ctx))
 		require.NoError(t, resultWithin(t, wait[0], testTimeout, "second"))
 		es, err = etcdsync.Holders(ctx, admin, "insp-conc")
@@ -177,10 +165,7 @@ func TestHoldersOfKeysOtherClientsWrote(t *testing.T) {
 
 	t.Run("recipe-rwmutex", func(t *testing.T) {
 		const name = "insp-rw"
-		rs, err := concurrency.NewSession(admin)
-		require.NoError(t, err)
-		t.Cleanup(func() { rs.Close() })
-		w := recipe.NewRWMutex(rs, name)
+		w := recipe.NewRWMutex(theirSession(t, admin), name)
 		require.NoError(t, w.Lock()) // name/write/<decimal>
 		lib := etcdsync.NewRWMutex(session(t, admin), name)
 		r := async(func() error { return lib.RLock(ctx) })

@@ -5,7 +5,6 @@ package etcdsync_test
 
 import (
 	"fmt"
-	"net/url"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -22,9 +22,7 @@ import (
 // keeps it, and the holds it resumes: the first keepalive goes out at once.
 func TestLateAdoptionKeepsLease(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := singleClient(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(3*time.Second))
 	require.NoError(t, err)
 	m1 := etcdsync.NewMutex(s1, "late-adopt")
@@ -61,10 +59,8 @@ func TestSlowLinkIsNotLost(t *testing.T) {
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
-		u, err := url.Parse(c.Members()[0].Endpoint())
-		require.NoError(t, err)
-		p := etcdtest.NewProxy(t, u.Host)
-		s := session(t, etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(2*time.Second))
+		cli, p := faults.Proxied(t, c)
+		s := session(t, cli, etcdsync.WithTTL(2*time.Second))
 		m := etcdsync.NewMutex(s, "slow")
 		require.NoError(t, m.Lock(ctx))
 		held := m.Done()
@@ -79,21 +75,8 @@ func TestSlowLinkIsNotLost(t *testing.T) {
 		cut := time.Now()
 		p.Blackhole(true)
 		defer p.Blackhole(false)
-		var deleted time.Time
-		for deleted.IsZero() {
-			wr, ok := <-wch
-			require.True(t, ok, "admin watch ended")
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					deleted = time.Now()
-				}
-			}
-		}
-		select {
-		case <-held:
-		default:
-			t.Fatal("the server deleted the key before the hold's Done closed")
-		}
+		deleted := awaitDelete(t, wch)
+		require.True(t, isClosed(held), "the server deleted the key before the hold's Done closed")
 		require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
 		require.False(t, s.Deadline().After(cut.Add(s.TTL())), "local deadline later than the cut plus the TTL")
 		t.Logf("Done's lead over the server's delete: %v", deleted.Sub(s.Deadline()))
@@ -137,11 +120,9 @@ func TestKeepaliveIdlesWhileStreamCannotOpen(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := single(t)
-			u, err := url.Parse(c.Members()[0].Endpoint())
-			require.NoError(t, err)
-			p := etcdtest.NewProxy(t, u.Host)
 			cnt := counter{}
-			s := session(t, etcdtest.NewClient(t, []string{p.Endpoint()}, cnt.dial()...), etcdsync.WithTTL(6*time.Second))
+			cli, p := faults.Proxied(t, c, cnt.dial()...)
+			s := session(t, cli, etcdsync.WithTTL(6*time.Second))
 			defer s.Orphan()                    // no revoke through a dead link: the lease expires by itself
 			time.Sleep(2500 * time.Millisecond) // the first beat went, on an open stream
 

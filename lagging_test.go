@@ -5,12 +5,14 @@ package etcdsync_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 )
 
@@ -22,36 +24,26 @@ import (
 // may count.
 func TestWaiterIgnoresLaggingFollowerReplays(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
-	c, f, u := peerRig(t)
+	c, f, u := faults.PeerRig(t)
 	ctx := ctxT(t)
 	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
 	created := make(chan struct{}, 16)
 	a := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()})), "lag")
-	b := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, watchVia(viaF.ActiveConnection(), created))), "lag")
+	b := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, faults.WatchVia(viaF.ActiveConnection(), created))), "lag")
 	cut := func() { require.NoError(t, c.CutPeers(f)) }
 	// b queues behind a while f lags; f heals and replays what it missed to
 	// b's watches; b must still wait for a's real release.
 	queueBehindThenHeal := func(trial int, what string) {
 		require.Less(t, f.Rev(), a.Rev(), "f does not lag")
-		errc := make(chan error, 1)
-		go func() { errc <- b.Lock(ctx) }()
+		errc := async(func() error { return b.Lock(ctx) })
 		for range 2 {
 			within(t, created, testTimeout, "b's watch created on f")
 		}
 		require.NoError(t, c.HealPeers(f))
-		caughtUp(t, f, a.Rev())
-		select {
-		case err := <-errc:
-			t.Fatalf("trial %d: b's Lock returned (%v) while a holds: %s counted", trial, err, what)
-		case <-time.After(500 * time.Millisecond):
-		}
+		faults.CaughtUp(t, f, a.Rev())
+		notYet(t, errc, 500*time.Millisecond, fmt.Sprintf("trial %d: b's Lock while a holds (%s counted)", trial, what))
 		require.NoError(t, a.Unlock(ctx))
-		select {
-		case err := <-errc:
-			require.NoError(t, err)
-		case <-time.After(testTimeout):
-			t.Fatal("b did not acquire after a's release")
-		}
+		require.NoError(t, resultWithin(t, errc, testTimeout, "b's Lock after a's release"))
 	}
 	for trial := 0; trial < 3; trial++ {
 		// The predecessor's old incarnation: a unlocks and locks again
@@ -137,15 +129,11 @@ func readerBehindWithdrawnWriter(t *testing.T, ctx context.Context, c *etcdtest.
 	li := slices.Index(c.Members(), c.Leader())
 	require.GreaterOrEqual(t, li, 0)
 	cnt := counter{created: make(chan struct{}, created)}
-	cli := routedClient(t, c, fi, unary, &cnt)
+	cli := faults.RoutedClient(t, c, fi, unary, cnt.dial()...)
 	wcli := etcdtest.NewClient(t, []string{c.Member(li).Endpoint()})
-	w1 = etcdsync.NewRWMutex(session(t, wcli), name)
-	require.NoError(t, w1.Lock(ctx))
-	w2 := etcdsync.NewRWMutex(session(t, wcli), name)
 	w2ctx, w2cancel := context.WithCancel(ctx)
 	defer w2cancel()
-	w2got := async(func() error { return w2.Lock(w2ctx) })
-	waitKeys(t, wcli, name+"/", 2)
+	w1, _, w2got := writerAndWaiter(t, ctx, w2ctx, wcli, name)
 	r = etcdsync.NewRWMutex(session(t, cli, etcdsync.WithTTL(10*time.Second)), name)
 	rgot = async(func() error { return r.RLock(ctx) })
 	awaitCreated(t, cnt.created, 2, testTimeout, "reader's watches on the follower")

@@ -19,9 +19,7 @@ import (
 // another session's key does not lead.
 func TestResumeElectionSharesLeadership(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := singleClient(t)
 	s := session(t, cli, etcdsync.WithTTL(30*time.Second))
 	e := etcdsync.NewElection(s, "share")
 	obs, _ := observe(t, e)
@@ -111,9 +109,7 @@ func TestSharedLeadershipHandlesAgreeOnHeader(t *testing.T) {
 // sharer sees the end and a new resume is not handed the old hold.
 func TestResumeElectionAfterResignSharesNothing(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	e1 := etcdsync.NewElection(s, "rh-res")
 	require.NoError(t, e1.Campaign(ctx, "a"))

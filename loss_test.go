@@ -14,10 +14,9 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Predecessor, second-nearest and our own key deleted in one Txn: the
@@ -30,14 +29,11 @@ func TestWaiterSeesOwnKeyDeletedWithThoseAhead(t *testing.T) {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
 			ctx := ctxT(t)
 			name := fmt.Sprintf("r11own%d", round)
-			hs := session(t, admin)
-			holder := etcdsync.NewMutex(hs, name)
-			require.NoError(t, holder.Lock(ctx))
-			qs := enqueue(t, c, name, 2, func(int) context.Context { return ctx }, func(q *queued) error {
+			holder, qs := enqueueBehind(t, ctx, c, admin, name, 2, func(q *queued) error {
 				t.Errorf("waiter %d held although its key went with the keys ahead", q.i)
 				return q.m.Unlock(ctx)
 			})
-			ops := []clientv3.Op{clientv3.OpDelete(keyOf(name, hs)), clientv3.OpDelete(keyOf(name, qs[0].s)), clientv3.OpDelete(keyOf(name, qs[1].s))}
+			ops := []clientv3.Op{clientv3.OpDelete(holder.Key()), clientv3.OpDelete(keyOf(name, qs[0].s)), clientv3.OpDelete(keyOf(name, qs[1].s))}
 			if round%2 == 1 {
 				slices.Reverse(ops)
 			}
@@ -59,19 +55,18 @@ func TestConcurrentUnlocksOfOneValueReportNoLoss(t *testing.T) {
 	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
-	var sc script
-	m := etcdsync.NewMutex(session(t, c.Client(t, sc.dial())), "r8-cause")
+	var sc faults.Script
+	m := etcdsync.NewMutex(session(t, c.Client(t, sc.Dial())), "r8-cause")
 	require.NoError(t, m.Lock(ctx))
 	committed, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	defer free() // never leave Unlock B parked
-	sc.arm(txnMethod,
-		func(c call) error { err := c.invoke(); close(committed); <-release; return err }, // Unlock B
-		func(call) error { return status.Error(codes.Unavailable, "injected") },           // Unlock A
+	sc.Arm(faults.TxnMethod,
+		func(c faults.Call) error { err := c.Invoke(); close(committed); <-release; return err }, // Unlock B
+		faults.Fail, // Unlock A
 	)
-	b := make(chan error, 1)
-	go func() { b <- m.Unlock(ctx) }()
+	b := async(func() error { return m.Unlock(ctx) })
 	within(t, committed, testTimeout, "Unlock B's delete")
 	require.Error(t, m.Unlock(ctx), "Unlock A fails")
 	_, err := m.Do(ctx)
@@ -85,14 +80,12 @@ func TestConcurrentUnlocksOfOneValueReportNoLoss(t *testing.T) {
 // by someone else's delete reads as ErrNotHeld. Invariant "Loss signal".
 func TestLossAfterFailedUnlockIsErrNotHeld(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	admin := c.Client(t)
-	var inj injector
-	m := etcdsync.NewMutex(session(t, c.Client(t, inj.dial())), "cause")
+	c, admin, ctx := singleClient(t)
+	var inj faults.Injector
+	m := etcdsync.NewMutex(session(t, c.Client(t, inj.Dial())), "cause")
 	require.NoError(t, m.Lock(ctx))
 	done := m.Done()
-	inj.arm(txnMethod, 1)
+	inj.Arm(faults.TxnMethod, 1)
 	err := m.Unlock(ctx)
 	require.Error(t, err)
 	require.NotErrorIs(t, err, etcdsync.ErrLockReleased)
@@ -109,17 +102,14 @@ func TestLossAfterFailedUnlockIsErrNotHeld(t *testing.T) {
 // says why it ended; and no key stays once the session is closed.
 func TestLockAtSessionEndNeverHidesTheEnd(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	cli := c.Client(t)
+	_, cli, ctx := singleClient(t)
 	holder := etcdsync.NewMutex(session(t, cli), "end")
 	for i := 0; i < 30; i++ {
 		require.NoError(t, holder.Lock(ctx))
 		s, err := etcdsync.NewSession(cli)
 		require.NoError(t, err)
 		m := etcdsync.NewMutex(s, "end")
-		errc := make(chan error, 1)
-		go func() { errc <- m.Lock(ctx) }()
+		errc := async(func() error { return m.Lock(ctx) })
 		waitKeys(t, cli, "end/", 2)
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -140,18 +130,17 @@ func TestLockAtSessionEndNeverHidesTheEnd(t *testing.T) {
 // unlockHeldBack locks name on a client whose delete transactions a gate holds
 // back (until the test ends), and starts an Unlock, held in flight. It
 // returns an admin client, the Mutex, its key and Unlock's result.
-func unlockHeldBack(t *testing.T, name string) (*clientv3.Client, *etcdsync.Mutex, string, chan error) {
+func unlockHeldBack(t *testing.T, name string) (*clientv3.Client, *etcdsync.Mutex, string, <-chan error) {
 	c := kitSingle(t)
-	g := newDeleteGate()
-	m := etcdsync.NewMutex(session(t, kitClient(t, c, g.dial())), name)
+	g := faults.NewDeleteGate()
+	m := etcdsync.NewMutex(session(t, kitClient(t, c, g.Dial())), name)
 	ctx := ctxT(t)
 	require.NoError(t, m.Lock(ctx))
 	key := m.Key()
-	g.armed.Store(true)
-	t.Cleanup(func() { close(g.open) })
-	errc := make(chan error, 1)
-	go func() { errc <- m.Unlock(ctx) }()
-	within(t, g.held, testTimeout, "unlock txn held")
+	g.Armed.Store(true)
+	t.Cleanup(func() { close(g.Open) })
+	errc := async(func() error { return m.Unlock(ctx) })
+	within(t, g.Held, testTimeout, "unlock txn held")
 	return c.Client(t), m, key, errc
 }
 
@@ -186,9 +175,7 @@ func TestUnlockReturnsOnceDoSeesLoss(t *testing.T) {
 // Done called before.
 func TestHoldSeesSessionEnd(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	for _, early := range []bool{false, true} {
 		s := session(t, cli)
 		m := etcdsync.NewMutex(s, "rh-send")
@@ -213,9 +200,7 @@ func TestHoldSeesSessionEnd(t *testing.T) {
 // reverse; Done first called after the hold ended is closed.
 func TestHoldKeepsFirstCause(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	m := etcdsync.NewMutex(s, "rh-cause")
 	require.NoError(t, m.Lock(ctx))
@@ -243,9 +228,7 @@ func TestHoldKeepsFirstCause(t *testing.T) {
 // Concurrent Done/Err/Header/Key/Unlock/Close under -race.
 func TestHoldAccessorsRaceFree(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	for i := 0; i < 6; i++ {
 		s := session(t, cli)
 		m := etcdsync.NewMutex(s, "rh-race")

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -14,7 +13,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
@@ -105,8 +104,7 @@ func TestMetricsScraped(t *testing.T) {
 	b1, b2 := etcdsync.NewMutex(s1, "metrics/b"), etcdsync.NewMutex(s2, "metrics/b")
 	require.NoError(t, b1.Lock(ctx))
 	require.ErrorIs(t, b2.TryLock(ctx), etcdsync.ErrLocked)
-	got := make(chan error, 1)
-	go func() { got <- b2.Lock(ctx) }()
+	got := async(func() error { return b2.Lock(ctx) })
 	waitKeys(t, admin, "metrics/b/", 2)
 	require.NoError(t, b1.Unlock(ctx))
 	require.NoError(t, <-got)
@@ -123,10 +121,7 @@ func TestMetricsScraped(t *testing.T) {
 	s3.Close() // its end is reported once Close returns
 
 	// A hold cut off from etcd until the session's local deadline.
-	u, err := url.Parse(c.Member(0).Endpoint())
-	require.NoError(t, err)
-	p := etcdtest.NewProxy(t, u.Host)
-	cut := etcdtest.NewClient(t, []string{p.Endpoint()})
+	cut, p := faults.Proxied(t, c)
 	s4 := session(t, cut, etcdsync.WithMetrics(m), ttl)
 	rw := etcdsync.NewRWMutex(s4, "metrics/rw")
 	require.NoError(t, rw.Lock(ctx))

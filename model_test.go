@@ -217,12 +217,7 @@ func (r *modelRand) perm(n int) []int {
 // prefix that fits holds after every step, and nobody who may hold waits.
 func TestSemaphoreModel(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	for seed := int64(1); seed <= 4; seed++ {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			runModel(t, c, fmt.Sprintf("r12semmodel%d", seed), false, 4, []int64{2, 1, 3, 1, 4, 1, 1, 2, 3, 1}, seed)
-		})
-	}
+	modelSeeds(t, "r12semmodel", false, 4, []int64{2, 1, 3, 1, 4, 1, 1, 2, 3, 1})
 }
 
 // RWMutex: readers and writers released, revoked and deleted in random
@@ -230,10 +225,16 @@ func TestSemaphoreModel(t *testing.T) {
 // the first writer, hold.
 func TestRWMutexModel(t *testing.T) {
 	t.Parallel()
+	modelSeeds(t, "r12rwmodel", true, 0, []int64{0, 0, 1, 0, 0, 1, 1, 0, 1, 0})
+}
+
+// modelSeeds runs the model on a single member with seeds 1 to 4, one
+// subtest each, on the names prefix1 to prefix4.
+func modelSeeds(t *testing.T, prefix string, rw bool, capacity int64, weights []int64) {
 	c := single(t)
 	for seed := int64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			runModel(t, c, fmt.Sprintf("r12rwmodel%d", seed), true, 0, []int64{0, 0, 1, 0, 0, 1, 1, 0, 1, 0}, seed)
+			runModel(t, c, fmt.Sprintf("%s%d", prefix, seed), rw, capacity, weights, seed)
 		})
 	}
 }

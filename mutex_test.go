@@ -40,6 +40,24 @@ func (x *exclusionCheck) enter(t *testing.T, rev int64) {
 
 func (x *exclusionCheck) leave() { x.inside.Add(-1) }
 
+// contendEveryWay runs work in 9 goroutines (id 0 to 8) and waits for them.
+// Three times over: one on a value (made by value) of a session of its own
+// (on a client of client), one on a value of its own of a session they all
+// share, one on a value they all share.
+func contendEveryWay[V any](t *testing.T, client func() *clientv3.Client, value func(s *etcdsync.Session) V, work func(v V, id int)) {
+	var wg sync.WaitGroup
+	run := func(v V, id int) { defer wg.Done(); work(v, id) }
+	shared := session(t, client())
+	sharedValue := value(shared)
+	for i := 0; i < 3; i++ {
+		wg.Add(3)
+		go run(value(session(t, client())), 3*i) // own session
+		go run(value(shared), 3*i+1)             // own value, shared session
+		go run(sharedValue, 3*i+2)               // shared value
+	}
+	wg.Wait()
+}
+
 // Invariant "Exclusion" (and the order of "Fencing" tokens): sessions, Mutex values on one session
 // and goroutines sharing one *Mutex never hold at once (etcd-io/etcd#11360:
 // goroutines sharing etcd's Mutex race on it, and all "hold").
@@ -48,10 +66,8 @@ func TestMutualExclusion(t *testing.T) {
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		var x exclusionCheck
-		var wg sync.WaitGroup
 		const rounds = 5
-		work := func(m *etcdsync.Mutex) {
-			defer wg.Done()
+		work := func(m *etcdsync.Mutex, _ int) {
 			for i := 0; i < rounds; i++ {
 				if err := m.Lock(ctx); err != nil {
 					t.Errorf("lock: %v", err)
@@ -66,15 +82,8 @@ func TestMutualExclusion(t *testing.T) {
 				}
 			}
 		}
-		shared := session(t, c.Client(t))
-		sharedMutex := etcdsync.NewMutex(shared, "excl")
-		for i := 0; i < 3; i++ {
-			wg.Add(3)
-			go work(etcdsync.NewMutex(session(t, c.Client(t)), "excl")) // own session
-			go work(etcdsync.NewMutex(shared, "excl"))                  // own value, shared session
-			go work(sharedMutex)                                        // shared value
-		}
-		wg.Wait()
+		contendEveryWay(t, func() *clientv3.Client { return c.Client(t) },
+			func(s *etcdsync.Session) *etcdsync.Mutex { return etcdsync.NewMutex(s, "excl") }, work)
 		require.Equal(t, 9*rounds, x.holds)
 	})
 }
@@ -99,9 +108,7 @@ func TestSameSessionMutexesExclude(t *testing.T) {
 // the hold at once, at the same revision.
 func TestWithLeaseResumesHold(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, err)
 	m1 := etcdsync.NewMutex(s1, "restart")
@@ -124,12 +131,8 @@ func TestWithLeaseResumesHold(t *testing.T) {
 // each other on one name.
 func TestInteropWithConcurrencyMutex(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
-	es, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
-	require.NoError(t, err)
-	defer es.Close()
+	_, cli, ctx := kitSingleClient(t)
+	es := theirSession(t, cli, concurrency.WithTTL(30))
 	theirs := concurrency.NewMutex(es, "interop")
 	s := session(t, cli)
 	ours := etcdsync.NewMutex(s, "interop")
@@ -153,15 +156,10 @@ func TestInteropWithConcurrencyMutex(t *testing.T) {
 // etcd's holding the nested name.
 func TestNestedNamesIsolated(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
-	es, err := concurrency.NewSession(cli, concurrency.WithTTL(30))
-	require.NoError(t, err)
-	defer es.Close()
+	_, cli, ctx := kitSingleClient(t)
+	es := theirSession(t, cli, concurrency.WithTTL(30))
 	require.NoError(t, concurrency.NewMutex(es, "/a/b").Lock(ctx))
-	nested := etcdsync.NewMutex(session(t, cli), "/a/c")
-	require.NoError(t, nested.Lock(ctx))
+	heldMutex(t, ctx, cli, "/a/c") // a nested name, ours
 
 	outer := etcdsync.NewMutex(session(t, cli), "/a")
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -183,8 +181,7 @@ func TestFIFOAndHerdFree(t *testing.T) {
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
-		holder := etcdsync.NewMutex(session(t, admin), "fifo")
-		require.NoError(t, holder.Lock(ctx))
+		holder := heldMutex(t, ctx, admin, "fifo")
 
 		const n = 8
 		cnt := counter{created: make(chan struct{}, 4*n), ownApart: true}
@@ -239,30 +236,20 @@ func TestFIFOAndHerdFree(t *testing.T) {
 // closed Session leave no key.
 func TestNothingLeftBehind(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
-	holder := etcdsync.NewMutex(session(t, cli), "left")
-	require.NoError(t, holder.Lock(ctx))
+	_, cli, ctx := kitSingleClient(t)
+	holder := heldMutex(t, ctx, cli, "left")
 
 	s := session(t, cli)
 	m := etcdsync.NewMutex(s, "left")
 	lctx, cancel := context.WithCancel(ctx)
-	errc := make(chan error, 1)
-	go func() { errc <- m.Lock(lctx) }()
+	errc := async(func() error { return m.Lock(lctx) })
 	waitKeys(t, cli, "left/", 2)
 	cancel()
 	require.ErrorIs(t, <-errc, context.Canceled)
 	require.Equal(t, []string{holder.Key()}, keys(t, cli, "left/"))
 
 	// The cancel races the create transaction.
-	for i := 0; i < 100; i++ {
-		rctx, rcancel := context.WithTimeout(ctx, time.Duration(i%10)*250*time.Microsecond)
-		err := m.Lock(rctx)
-		rcancel()
-		require.Error(t, err)
-		require.Equal(t, []string{holder.Key()}, keys(t, cli, "left/"), "trial %d", i)
-	}
+	cancelsLeaveOnly(t, ctx, cli, "left/", holder.Key(), 100, 10, func(rctx context.Context, _ int) error { return m.Lock(rctx) })
 	// The failed calls left the session's reservation of the key free.
 	require.NoError(t, holder.Unlock(ctx))
 	lctx2, cancel2 := context.WithTimeout(ctx, 2*time.Second)
@@ -286,13 +273,11 @@ func TestWaiterNoticesOwnLoss(t *testing.T) {
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		cli := c.Client(t)
 		ctx := ctxT(t)
-		holder := etcdsync.NewMutex(session(t, cli), "own")
-		require.NoError(t, holder.Lock(ctx))
+		holder := heldMutex(t, ctx, cli, "own")
 		for _, how := range []string{"delete", "revoke"} {
 			s := session(t, cli)
 			m := etcdsync.NewMutex(s, "own")
-			errc := make(chan error, 1)
-			go func() { errc <- m.Lock(ctx) }()
+			errc := async(func() error { return m.Lock(ctx) })
 			waitKeys(t, cli, "own/", 2)
 			if how == "delete" {
 				_, err := cli.Delete(ctx, fmt.Sprintf("own/%x", int64(s.Lease())))
@@ -301,12 +286,7 @@ func TestWaiterNoticesOwnLoss(t *testing.T) {
 				_, err := cli.Revoke(ctx, s.Lease())
 				require.NoError(t, err)
 			}
-			select {
-			case err := <-errc:
-				require.ErrorIs(t, err, etcdsync.ErrSessionExpired, how)
-			case <-time.After(time.Second):
-				t.Fatalf("%s: waiter did not notice its own loss within 1s", how)
-			}
+			require.ErrorIs(t, resultWithin(t, errc, time.Second, how+": waiter noticing its own loss"), etcdsync.ErrSessionExpired, how)
 			require.Equal(t, []string{holder.Key()}, keys(t, cli, "own/"))
 		}
 		require.NoError(t, holder.Unlock(ctx))
@@ -318,9 +298,7 @@ func TestWaiterNoticesOwnLoss(t *testing.T) {
 // (same key name) deletes nothing (etcd-io/etcd#22082).
 func TestUnlockIsFenced(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	old := etcdsync.NewMutex(s, "fence")
 	require.NoError(t, old.Lock(ctx))
@@ -345,9 +323,7 @@ func TestUnlockIsFenced(t *testing.T) {
 // misses a key deleted behind the hold's back).
 func TestHolderLearnsOfLoss(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	cases := []struct {
 		name  string
 		end   func(s *etcdsync.Session, m *etcdsync.Mutex)
@@ -385,9 +361,7 @@ func TestHolderLearnsOfLoss(t *testing.T) {
 // the hold is gone.
 func TestFencingGuards(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	m := etcdsync.NewMutex(session(t, cli), "guard")
 
 	_, err := m.Do(ctx, clientv3.OpPut("guarded", "x"))
@@ -423,8 +397,7 @@ func TestTryLockCost(t *testing.T) {
 	var cnt counter
 	cli := kitClient(t, c, cnt.dial()...)
 	ctx := ctxT(t)
-	holder := etcdsync.NewMutex(session(t, cli), "try")
-	require.NoError(t, holder.Lock(ctx))
+	holder := heldMutex(t, ctx, cli, "try")
 	require.ErrorIs(t, holder.TryLock(ctx), etcdsync.ErrLocked)
 
 	other := etcdsync.NewMutex(session(t, cli), "try")
@@ -467,16 +440,12 @@ func TestUncontendedCost(t *testing.T) {
 // further RPC.
 func TestHandoffNeedsNoRPC(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	ctx := ctxT(t)
-	admin := c.Client(t)
-	holder := etcdsync.NewMutex(session(t, admin), "handoff")
-	require.NoError(t, holder.Lock(ctx))
+	c, admin, ctx := kitSingleClient(t)
+	holder := heldMutex(t, ctx, admin, "handoff")
 	cnt := counter{created: make(chan struct{}, 2)}
 	cli := kitClient(t, c, cnt.dial()...)
 	m := etcdsync.NewMutex(session(t, cli), "handoff")
-	got := make(chan error, 1)
-	go func() { got <- m.Lock(ctx) }()
+	got := async(func() error { return m.Lock(ctx) })
 	for i := 0; i < 2; i++ { // own key and predecessor watched
 		within(t, cnt.created, testTimeout, "waiter's watch created")
 	}
@@ -491,9 +460,7 @@ func TestHandoffNeedsNoRPC(t *testing.T) {
 // Bad input gets errors wrapping sentinels, never a panic, and writes nothing.
 func TestMutexBadInput(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	for _, name := range []string{"", "a\x00b"} {
 		m := etcdsync.NewMutex(s, name)
@@ -565,11 +532,8 @@ func TestWaiterSurvivesLeaderStop(t *testing.T) {
 // Done keeps watching across a compaction of the revisions it started from.
 func TestDoneSurvivesCompaction(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
-	m := etcdsync.NewMutex(session(t, cli), "compact")
-	require.NoError(t, m.Lock(ctx))
+	_, cli, ctx := kitSingleClient(t)
+	m := heldMutex(t, ctx, cli, "compact")
 	var last int64
 	for i := 0; i < 5; i++ {
 		resp, err := cli.Put(ctx, "compact-filler", fmt.Sprint(i))
@@ -589,14 +553,7 @@ func TestDoneSurvivesCompaction(t *testing.T) {
 // lockAsync locks m in a goroutine; the channel closes when Lock returned
 // (a failure is reported on t).
 func lockAsync(t *testing.T, ctx context.Context, m *etcdsync.Mutex) <-chan struct{} {
-	got := make(chan struct{})
-	go func() {
-		defer close(got)
-		if err := m.Lock(ctx); err != nil {
-			t.Errorf("Lock: %v", err)
-		}
-	}()
-	return got
+	return doneAsync(t, "Lock", func() error { return m.Lock(ctx) })
 }
 
 // handOver releases from, waits for the Lock of to (got closes when it
@@ -614,9 +571,7 @@ func handOver(t *testing.T, ctx context.Context, from, to *etcdsync.Mutex, got <
 // uses through the gateway) and our Mutex exclude each other.
 func TestInteropWithServerLockAPI(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	lease, err := cli.Grant(ctx, 30)
 	require.NoError(t, err)
 	// The server's API keeps this lease alive in-process; end it.
@@ -641,11 +596,8 @@ func TestInteropWithServerLockAPI(t *testing.T) {
 // held, and takes the lock when the holder goes.
 func TestQueueSurvivesGiveUps(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
-	holder := etcdsync.NewMutex(session(t, cli), "giveup")
-	require.NoError(t, holder.Lock(ctx))
+	_, cli, ctx := kitSingleClient(t)
+	holder := heldMutex(t, ctx, cli, "giveup")
 	var quitters []context.CancelFunc
 	var quitErrs []chan error
 	for i := 0; i < 3; i++ { // three waiters that will give up

@@ -110,9 +110,7 @@ func TestObserverErrorsCloseChannel(t *testing.T) {
 // reported as a gap.
 func TestTermsReportNoLeader(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := singleClient(t)
 	octx, cancel := context.WithCancel(ctx)
 	terms := etcdsync.NewObserver(cli, "terms").Terms(octx)
 	next := func() etcdsync.Term {

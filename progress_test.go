@@ -46,9 +46,7 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := ctxCell(t)
 			name := "progress-" + tc.name
-			calls := &wrapCalls{}
-			cnt := &counter{created: make(chan struct{}, 16)}
-			cli := calls.wrap(etcdtest.NewClient(t, tc.endpoints, append(calls.dial(), cnt.dial()...)...))
+			cli, calls, cnt := wrappedClient(t, tc.endpoints)
 			holder := etcdsync.NewMutex(session(t, admin), name)
 			waiter := etcdsync.NewMutex(session(t, cli), name)
 			var lat []time.Duration
@@ -68,9 +66,7 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 				}
 				require.NoError(t, waiter.Unlock(ctx))
 			}
-			calls.mu.Lock()
-			progress := calls.calls["RequestProgress"]
-			calls.mu.Unlock()
+			progress := calls.count("RequestProgress")
 			// The first wait probes as it watches, unless its turn comes
 			// first (its confirmation then tells what the probe would).
 			require.Contains(t, []int{tc.progress, tc.progress + 1}, progress, "progress requests over %d handoffs", handoffs)
@@ -133,9 +129,7 @@ func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
 	c := single(t)
 	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
 	ctx := ctxCell(t)
-	calls := &wrapCalls{}
-	cnt := &counter{created: make(chan struct{}, 16)}
-	cli := calls.wrap(etcdtest.NewClient(t, []string{proxy}, append(calls.dial(), cnt.dial()...)...))
+	cli, calls, cnt := wrappedClient(t, []string{proxy})
 	holder := etcdsync.NewMutex(session(t, c.Client(t)), "progress-learned")
 	waiter := etcdsync.NewMutex(session(t, cli), "progress-learned")
 	require.NoError(t, holder.Lock(ctx))
@@ -144,11 +138,7 @@ func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
 		within(t, cnt.created, cellTimeout, "the waiter's watches created")
 	}
 	time.Sleep(2 * time.Second) // the holder holds a while: longer than the probe waits for its answer
-	progress := func() int {
-		calls.mu.Lock()
-		defer calls.mu.Unlock()
-		return calls.calls["RequestProgress"]
-	}
+	progress := func() int { return calls.count("RequestProgress") }
 	require.Equal(t, 1, progress(), "progress requests before the turn: the probe")
 	before := cnt.unary.Load()
 	require.NoError(t, holder.Unlock(ctx))

@@ -17,9 +17,7 @@ import (
 // key of theirs once the call has returned, and none once the session closed.
 func TestNoLeftoversProperty(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))

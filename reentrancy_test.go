@@ -21,9 +21,7 @@ import (
 // error joined with the cause, as every Run does.
 func TestReentrantRunErrorCarriesCause(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	m := etcdsync.NewMutex(s, "r13recause")
 	var inner error
@@ -47,9 +45,7 @@ func TestReentrantRunErrorCarriesCause(t *testing.T) {
 // ErrInvalidArgument.
 func TestMutexAndRWMutexOfOneNameNest(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	rw := etcdsync.NewRWMutex(s, "r13mix")
 	m := etcdsync.NewMutex(s, "r13mix")
@@ -87,9 +83,7 @@ func TestMutexAndRWMutexOfOneNameNest(t *testing.T) {
 // must be an error wrapping ErrInvalidArgument, not a wait until ctx ends.
 func TestMutexOnWriteDirInsideRWMutexIsInvalid(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	rw := etcdsync.NewRWMutex(s, "r13dir")
 	m := etcdsync.NewMutex(s, "r13dir/write")
@@ -107,9 +101,7 @@ func TestMutexOnWriteDirInsideRWMutexIsInvalid(t *testing.T) {
 // refused; it must not run fn "leading with v2" while v1 is proclaimed.
 func TestNestedElectionOfOtherValueNeverLeadsUnproclaimed(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	e := etcdsync.NewElection(session(t, admin), "r13ev")
 	obs := etcdsync.NewObserver(admin, "r13ev")
 	var innerErr error
@@ -137,9 +129,7 @@ func TestNestedElectionOfOtherValueNeverLeadsUnproclaimed(t *testing.T) {
 // uncancelled copy of it takes a new hold, with a new fencing token).
 func TestRunInsideEndedHoldNeverRuns(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	m := etcdsync.NewMutex(s, "r13ended")
 	ran := false
@@ -186,9 +176,7 @@ type nestedCtxKey struct{}
 // write; a write in a read is ErrInvalidArgument, also further out).
 func TestNestedRWMutexValues(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	a, b := etcdsync.NewRWMutex(s, "r13a"), etcdsync.NewRWMutex(s, "r13b")
 	a2 := etcdsync.NewRWMutex(s, "r13a")
@@ -227,9 +215,7 @@ func TestNestedRWMutexValues(t *testing.T) {
 // session and name), more is ErrInvalidArgument; HoldFrom is the outer's.
 func TestNestedSemaphore(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	sm, sm2 := etcdsync.NewSemaphore(s, "r13sem", 3), etcdsync.NewSemaphore(s, "r13sem", 3)
 	err := sm.Run(ctx, 2, func(fctx context.Context) error {
@@ -252,9 +238,7 @@ func TestNestedSemaphore(t *testing.T) {
 // ErrInvalidArgument (the design's rule), also when it would re-enter.
 func TestNestedSemaphoreOfOtherCapacityIsInvalid(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	sm, other := etcdsync.NewSemaphore(s, "r13semcap", 3), etcdsync.NewSemaphore(s, "r13semcap", 5)
 	var inner error
@@ -270,9 +254,7 @@ func TestNestedSemaphoreOfOtherCapacityIsInvalid(t *testing.T) {
 // goes on unchanged.
 func TestRunPanicsReleaseEveryHold(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	m, n := etcdsync.NewMutex(s, "r13pa"), etcdsync.NewMutex(s, "r13pb")
 	boom := errors.New("boom")
@@ -325,9 +307,7 @@ func TestRunPanicsReleaseEveryHold(t *testing.T) {
 // write, the write's.
 func TestHoldFromIsInnermostRun(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	_, _, ok := etcdsync.HoldFrom(ctx)
 	require.False(t, ok)

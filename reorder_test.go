@@ -3,81 +3,16 @@ package etcdsync_test
 import (
 	"context"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 )
-
-// lateWatch delivers a waiter's watch stream as etcd may: the first delete
-// reported by watch `late` is held back until a delete reported by watch
-// `early` has been delivered, then follows it. The server does this when
-// the later watch's creation is not yet sent (its events wait, the other
-// watches' go on: v3rpc/watch.go, sendLoop's pending).
-type lateWatch struct {
-	grpc.ClientStream
-	early, late int64
-	created     chan<- int64
-	held, next  *pb.WatchResponse
-	done        bool
-}
-
-func (w *lateWatch) RecvMsg(m any) error {
-	out := m.(*pb.WatchResponse)
-	give := func(in *pb.WatchResponse) error {
-		proto.Reset(out)
-		proto.Merge(out, in)
-		return nil
-	}
-	if in := w.next; in != nil {
-		w.next = nil
-		return give(in)
-	}
-	for {
-		in := &pb.WatchResponse{}
-		if err := w.ClientStream.RecvMsg(in); err != nil {
-			return err
-		}
-		if in.Created {
-			w.created <- in.WatchId
-		}
-		switch {
-		case w.done || len(in.Events) == 0:
-		case in.WatchId == w.late && w.held == nil:
-			w.held = in
-			continue
-		case in.WatchId == w.early && w.held != nil:
-			w.next, w.held, w.done = w.held, nil, true
-		}
-		return give(in)
-	}
-}
-
-// lateClient returns a client of endpoints whose first watch stream opened
-// after arm is called delivers as lateWatch does, reporting each watch
-// created on created.
-func lateClient(t *testing.T, endpoints []string, early, late int64, created chan<- int64) (cli *clientv3.Client, arm func()) {
-	var mu sync.Mutex
-	armed := false
-	cli = etcdtest.NewClient(t, endpoints, grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		cs, err := streamer(ctx, desc, cc, method, opts...)
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil || method != "/etcdserverpb.Watch/Watch" || !armed {
-			return cs, err
-		}
-		armed = false
-		return &lateWatch{ClientStream: cs, early: early, late: late, created: created}, nil
-	}))
-	return cli, func() { mu.Lock(); armed = true; mu.Unlock() }
-}
 
 // semLock is a Semaphore's one-permit hold as a lock.
 type semLock struct{ *etcdsync.Semaphore }
@@ -128,8 +63,7 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			m1, m2 := etcdsync.NewMutex(s1, name), etcdsync.NewMutex(s2, name)
 			require.NoError(t, m1.Lock(ctx))
 			wctx, cancel := context.WithCancel(ctx)
-			gaveUp := make(chan error, 1)
-			go func() { gaveUp <- m2.Lock(wctx) }()
+			gaveUp := async(func() error { return m2.Lock(wctx) })
 			waitKeys(t, admin, name+"/", 2)
 			return func() { require.NoError(t, m1.Unlock(ctx)) },
 				func() { cancel(); require.ErrorIs(t, <-gaveUp, context.Canceled) }
@@ -150,8 +84,7 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			c := etcdsync.NewSemaphore(session(t, admin), name, 2)
 			require.NoError(t, a.Acquire(ctx, 1))
 			require.NoError(t, b.Acquire(ctx, 1))
-			got := make(chan error, 1)
-			go func() { got <- c.Acquire(ctx, 1) }()
+			got := async(func() error { return c.Acquire(ctx, 1) })
 			waitKeys(t, admin, name+"/", 3)
 			return func() { require.NoError(t, <-got); require.NoError(t, c.Release(ctx)) },
 				func() { require.NoError(t, b.Release(ctx)) }
@@ -162,12 +95,11 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			ctx := ctxT(t)
 			name := "reorder/" + tc.name
 			created := make(chan int64, 16)
-			cli, arm := lateClient(t, c.Endpoints(), tc.early, tc.late, created)
+			cli, arm := faults.LateClient(t, c.Endpoints(), tc.early, tc.late, created)
 			older, newer := tc.ahead(t, ctx, session(t, admin), session(t, admin), name)
 			w := tc.waiter(session(t, cli), name)
 			arm()
-			locked := make(chan error, 1)
-			go func() { locked <- w.Lock(ctx) }()
+			locked := async(func() error { return w.Lock(ctx) })
 			waitCreated(t, ctx, created, tc.watches)
 			newer()
 			older()
@@ -197,17 +129,15 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	admin := etcdtest.NewClient(t, []string{up.Endpoint()})
 	name := "reorder/lag"
 	created := make(chan int64, 16)
-	cli, arm := lateClient(t, []string{f.Endpoint()}, 2, 3, created)
+	cli, arm := faults.LateClient(t, []string{f.Endpoint()}, 2, 3, created)
 	m1, m2 := etcdsync.NewMutex(session(t, admin), name), etcdsync.NewMutex(session(t, admin), name)
 	require.NoError(t, m1.Lock(ctx))
 	wctx, cancel := context.WithCancel(ctx)
-	gaveUp := make(chan error, 1)
-	go func() { gaveUp <- m2.Lock(wctx) }()
+	gaveUp := async(func() error { return m2.Lock(wctx) })
 	waitKeys(t, admin, name+"/", 2)
 	w := etcdsync.NewMutex(session(t, cli), name)
 	arm()
-	locked := make(chan error, 1)
-	go func() { locked <- w.Lock(ctx) }()
+	locked := async(func() error { return w.Lock(ctx) })
 	waitCreated(t, ctx, created, 3)
 	require.NoError(t, c.CutPeers(f))
 	t.Cleanup(func() { c.HealPeers(f) })
@@ -217,11 +147,7 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	resp, err := admin.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	require.NoError(t, err)
 	last := resp.Header.Revision // the older key's delete
-	select {
-	case err := <-locked:
-		t.Fatalf("held (%v) while its member lagged", err)
-	case <-time.After(200 * time.Millisecond): // a check that nothing happens, not a synchronisation
-	}
+	notYet(t, locked, 200*time.Millisecond, "the waiter while its member lagged")
 	require.NoError(t, c.HealPeers(f))
 	require.NoError(t, <-locked)
 	require.GreaterOrEqual(t, w.Header().Revision, last, "the hold began before the older key's delete")

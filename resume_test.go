@@ -11,6 +11,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -22,42 +23,62 @@ import (
 // waiter behind never gets the lock meanwhile. Invariant "Exclusion".
 func TestResumedHoldSurvivesFailedCreate(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	admin := c.Client(t)
-	var inj injector
-	cli := c.Client(t, inj.dial())
-	s2, rev, waiter, got := restartBehind(t, cli, admin, "resume")
-	m2 := etcdsync.NewMutex(s2, "resume")
-	inj.arm(txnMethod, 1)
-	err := m2.Lock(ctx)
+	c, admin, ctx := singleClient(t)
+	var inj faults.Injector
+	cli := c.Client(t, inj.Dial())
+	r := restartBehind(t, cli, admin, "resume")
+	inj.Arm(faults.TxnMethod, 1)
+	err := r.m.Lock(ctx)
 	require.Error(t, err)
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-	notWithin(t, got, 500*time.Millisecond, "the waiter acquired: the failed resume deleted the hold")
-	require.Len(t, keys(t, admin, "resume/"), 2)
+	r.keptHold(t, ctx, admin, "the failed resume deleted the hold")
+}
 
-	require.NoError(t, m2.Lock(ctx))
-	require.Equal(t, rev, m2.Rev(), "the resumed hold keeps its revision")
-	handOver(t, ctx, m2, waiter, got)
+// restarted is a process that held name at rev and died (Orphan), restarted
+// on its lease, with a waiter queued behind the hold.
+type restarted struct {
+	name   string
+	m      *etcdsync.Mutex // the restarted process's, on the adopted lease; not locked yet
+	rev    int64           // the hold it comes to resume
+	waiter *etcdsync.Mutex
+	got    <-chan struct{} // closed when the waiter's Lock returns
 }
 
 // restartBehind has a process hold name through cli and die (Orphan), a
 // waiter queue behind it through admin, and a restarted process adopt the
-// lease (WithLease). It returns the restarted session, the hold's revision,
-// and the waiter with a channel closed when its Lock returns.
-func restartBehind(t *testing.T, cli, admin *clientv3.Client, name string) (*etcdsync.Session, int64, *etcdsync.Mutex, <-chan struct{}) {
+// lease (WithLease).
+func restartBehind(t *testing.T, cli, admin *clientv3.Client, name string) *restarted {
 	t.Helper()
 	ctx := ctxT(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, err)
 	m1 := etcdsync.NewMutex(s1, name)
 	require.NoError(t, m1.Lock(ctx))
-	rev := m1.Rev()
+	r := &restarted{name: name, rev: m1.Rev()}
 	s1.Orphan()
-	waiter := etcdsync.NewMutex(session(t, admin), name)
-	got := lockAsync(t, ctx, waiter)
-	waitKeys(t, admin, name+"/", 2)
-	return session(t, cli, etcdsync.WithLease(s1.Lease())), rev, waiter, got
+	r.queueWaiter(t, ctx, admin)
+	r.m = etcdsync.NewMutex(session(t, cli, etcdsync.WithLease(s1.Lease())), name)
+	return r
+}
+
+// queueWaiter queues the waiter, on a session of admin, behind the hold.
+func (r *restarted) queueWaiter(t *testing.T, ctx context.Context, admin *clientv3.Client) {
+	t.Helper()
+	r.waiter = etcdsync.NewMutex(session(t, admin), r.name)
+	r.got = lockAsync(t, ctx, r.waiter)
+	waitKeys(t, admin, r.name+"/", 2)
+}
+
+// keptHold checks that the hold survived a failed resume (else why): the
+// waiter does not get the lock, both keys stay, and the next Lock resumes
+// the hold at its revision; then it hands the lock over to the waiter.
+func (r *restarted) keptHold(t *testing.T, ctx context.Context, admin *clientv3.Client, why string) {
+	t.Helper()
+	notWithin(t, r.got, 500*time.Millisecond, "the waiter acquired: "+why)
+	require.Len(t, keys(t, admin, r.name+"/"), 2)
+	require.NoError(t, r.m.Lock(ctx))
+	require.Equal(t, r.rev, r.m.Rev(), "the resumed hold keeps its revision")
+	handOver(t, ctx, r.m, r.waiter, r.got)
 }
 
 // A restarted process (WithLease) whose Lock's context ends while the
@@ -68,24 +89,16 @@ func restartBehind(t *testing.T, cli, admin *clientv3.Client, name string) (*etc
 // path.
 func TestResumedHoldSurvivesCancelledResume(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	admin := c.Client(t)
-	var sc script
-	cli := c.Client(t, sc.dial())
-	s2, rev, waiter, got := restartBehind(t, cli, admin, "r8-resume")
-	m2 := etcdsync.NewMutex(s2, "r8-resume")
+	c, admin, ctx := singleClient(t)
+	var sc faults.Script
+	cli := c.Client(t, sc.Dial())
+	r := restartBehind(t, cli, admin, "r8-resume")
 	lctx, cancel := context.WithCancel(ctx)
 	// The caller gives up while the resuming Txn is on its way.
-	sc.arm(txnMethod, func(c call) error { cancel(); return c.invoke() })
-	err := m2.Lock(lctx)
+	sc.Arm(faults.TxnMethod, func(c faults.Call) error { cancel(); return c.Invoke() })
+	err := r.m.Lock(lctx)
 	require.ErrorIs(t, err, context.Canceled)
-	notWithin(t, got, 500*time.Millisecond, "the waiter acquired: the cancelled resume deleted the hold it came to resume")
-	require.Len(t, keys(t, admin, "r8-resume/"), 2)
-
-	require.NoError(t, m2.Lock(ctx))
-	require.Equal(t, rev, m2.Rev(), "the resumed hold keeps its revision")
-	handOver(t, ctx, m2, waiter, got)
+	r.keptHold(t, ctx, admin, "the cancelled resume deleted the hold it came to resume")
 }
 
 // The same through Campaign: a restarted process campaigns with a new value
@@ -94,11 +107,9 @@ func TestResumedHoldSurvivesCancelledResume(t *testing.T) {
 // this call must stay: the candidate behind must not lead.
 func TestResumedLeadershipSurvivesFailedProclaim(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	admin := c.Client(t)
-	var sc script
-	cli := c.Client(t, sc.dial())
+	c, admin, ctx := singleClient(t)
+	var sc faults.Script
+	cli := c.Client(t, sc.Dial())
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, err)
 	e1 := etcdsync.NewElection(s1, "r8-elect")
@@ -111,26 +122,15 @@ func TestResumedLeadershipSurvivesFailedProclaim(t *testing.T) {
 
 	s2 := session(t, cli, etcdsync.WithLease(s1.Lease()))
 	e2 := etcdsync.NewElection(s2, "r8-elect")
-	pass := func(c call) error { return c.invoke() }
-	fail := func(call) error { return status.Error(codes.Unavailable, "injected") }
-	sc.arm(txnMethod, pass, fail) // the resuming Txn goes, the Proclaim fails unsent
+	sc.Arm(faults.TxnMethod, faults.Pass, faults.Fail) // the resuming Txn goes, the Proclaim fails unsent
 	err = e2.Campaign(ctx, "new")
 	require.Error(t, err)
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-	select {
-	case err := <-elected:
-		t.Fatalf("the other candidate was elected (%v): the failed Proclaim deleted the resumed leadership", err)
-	case <-time.After(500 * time.Millisecond):
-	}
+	notYet(t, elected, 500*time.Millisecond, "the other candidate (elected: the failed Proclaim deleted the resumed leadership)")
 	require.Len(t, keys(t, admin, "r8-elect/"), 2)
 	require.NoError(t, e2.Campaign(ctx, "new"))
 	require.NoError(t, e2.Resign(ctx))
-	select {
-	case err := <-elected:
-		require.NoError(t, err)
-	case <-time.After(testTimeout):
-		t.Fatal("the other candidate was not elected after the Resign")
-	}
+	require.NoError(t, resultWithin(t, elected, testTimeout, "the other candidate after the Resign"))
 	require.NoError(t, other.Resign(ctx))
 }
 
@@ -152,16 +152,17 @@ func TestResumedHoldSurvivesAdoptionViaLaggingMember(t *testing.T) {
 }
 
 func resumeAdoptedViaLaggingMember(t *testing.T, lagging bool) {
-	c, f, u := peerRig(t)
+	c, f, u := faults.PeerRig(t)
 	ctx := ctxT(t)
 	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
 	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
-	var sc script
-	var inj injector
-	cli := etcdtest.NewClient(t, []string{u.Endpoint()}, sc.dial(), inj.dial())
+	var sc faults.Script
+	var inj faults.Injector
+	cli := etcdtest.NewClient(t, []string{u.Endpoint()}, sc.Dial(), inj.Dial())
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, err)
-	m1 := etcdsync.NewMutex(s1, "r8-floor")
+	r := &restarted{name: "r8-floor"}
+	m1 := etcdsync.NewMutex(s1, r.name)
 
 	require.NoError(t, c.CutPeers(f))
 	healed := false
@@ -171,34 +172,27 @@ func resumeAdoptedViaLaggingMember(t *testing.T, lagging bool) {
 		}
 	}()
 	require.NoError(t, m1.Lock(ctx))
-	rev := m1.Rev()
+	r.rev = m1.Rev()
 	s1.Orphan()
-	require.Less(t, f.Rev(), rev, "f does not lag")
+	require.Less(t, f.Rev(), r.rev, "f does not lag")
 	// The restarted process adopts its lease; its TimeToLive is served by f.
 	if lagging {
-		sc.arm("/etcdserverpb.Lease/LeaseTimeToLive", func(c call) error { return c.on(viaF.ActiveConnection()) })
+		sc.Arm("/etcdserverpb.Lease/LeaseTimeToLive", faults.Via(viaF.ActiveConnection()))
 	}
 	start := time.Now()
 	s2 := session(t, cli, etcdsync.WithLease(s1.Lease()))
 	t.Logf("adopted in %v", time.Since(start))
 	require.NoError(t, c.HealPeers(f))
 	healed = true
-	caughtUp(t, f, rev)
+	faults.CaughtUp(t, f, r.rev)
 
-	waiter := etcdsync.NewMutex(session(t, admin), "r8-floor")
-	got := lockAsync(t, ctx, waiter)
-	waitKeys(t, admin, "r8-floor/", 2)
-
-	m2 := etcdsync.NewMutex(s2, "r8-floor")
-	inj.arm(txnMethod, 1)
-	err = m2.Lock(ctx)
+	r.queueWaiter(t, ctx, admin)
+	r.m = etcdsync.NewMutex(s2, r.name)
+	inj.Arm(faults.TxnMethod, 1)
+	err = r.m.Lock(ctx)
 	require.Error(t, err)
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-	notWithin(t, got, 500*time.Millisecond, "the waiter acquired: the failed resume deleted the hold (stale startRev)")
-	require.Len(t, keys(t, admin, "r8-floor/"), 2)
-	require.NoError(t, m2.Lock(ctx))
-	require.Equal(t, rev, m2.Rev())
-	handOver(t, ctx, m2, waiter, got)
+	r.keptHold(t, ctx, admin, "the failed resume deleted the hold (stale startRev)")
 }
 
 // A restarted process (WithLease) whose previous incarnation held a read:
@@ -208,9 +202,7 @@ func resumeAdoptedViaLaggingMember(t *testing.T, lagging bool) {
 // writer for as long as the session lives.
 func TestTryRLockResumesReadKey(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := singleClient(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, err)
 	rw1 := etcdsync.NewRWMutex(s1, "r12tryres")
@@ -238,9 +230,7 @@ func TestTryRLockResumesReadKey(t *testing.T) {
 // then grant themselves 2 more: 5 of 3 permits held).
 func TestSemaphoreResumeRefusesMorePermits(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := singleClient(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, err)
 	require.NoError(t, etcdsync.NewSemaphore(s1, "r12semres", 3).Acquire(ctx, 1))
@@ -328,9 +318,7 @@ func TestSemaphoreResumesSameValue(t *testing.T) {
 // for the process that adopts them.
 func TestCloseAfterOrphanKeepsLease(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := singleClient(t)
 	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, err)
 	m := etcdsync.NewMutex(s, "orphan-close")

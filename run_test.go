@@ -19,9 +19,7 @@ import (
 // or fn panicked; fn's error comes back.
 func TestRunReleases(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	errFn := errors.New("fn failed")
 	for _, r := range runKinds(session(t, cli), "run") {
 		t.Run(r.prefix, func(t *testing.T) {
@@ -56,19 +54,13 @@ func TestRunReleases(t *testing.T) {
 // error.
 func TestRunLoss(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	for _, r := range runKinds(session(t, cli), "runloss") {
 		t.Run(r.prefix, func(t *testing.T) {
 			err := r.run(ctx, func(fctx context.Context) error {
 				_, err := cli.Delete(ctx, r.prefix, clientv3.WithPrefix())
 				require.NoError(t, err)
-				select {
-				case <-fctx.Done():
-				case <-time.After(5 * time.Second):
-					t.Fatal("fn's context did not end when the hold did")
-				}
+				within(t, fctx.Done(), 5*time.Second, "fn's context ending when the hold did")
 				require.ErrorIs(t, context.Cause(fctx), etcdsync.ErrNotHeld)
 				return fctx.Err()
 			})
@@ -101,9 +93,7 @@ func TestRunAcquireFails(t *testing.T) {
 // HoldFrom, and only the outermost Run releases: one delete in all.
 func TestRunReentrant(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	m, other := etcdsync.NewMutex(s, "reenter"), etcdsync.NewMutex(s, "reenter")
 	wch := cli.Watch(ctx, "reenter/", clientv3.WithPrefix(), clientv3.WithFilterPut())
@@ -205,42 +195,16 @@ func TestRunReentrantKinds(t *testing.T) {
 // ends with ErrNotHeld.
 func TestRunLossCancelsFirst(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := kitSingleClient(t)
 	t.Run("cut off", func(t *testing.T) {
 		cli, link := c.ClientThrough(t)
 		s := session(t, cli, etcdsync.WithTTL(2*time.Second))
 		m := etcdsync.NewMutex(s, "runcut")
 		next := etcdsync.NewMutex(session(t, admin), "runcut")
-		nextGot := make(chan time.Time, 1)
-		var cancelled time.Time
-		err := m.Run(ctx, func(fctx context.Context) error {
-			go func() {
-				if next.Lock(ctx) == nil {
-					nextGot <- time.Now()
-				}
-			}()
-			waitKeys(t, admin, "runcut/", 2)
-			link.Cut()
-			defer link.Heal()
-			select {
-			case <-fctx.Done():
-				cancelled = time.Now()
-			case <-time.After(10 * time.Second):
-				t.Fatal("fn's context did not end")
-			}
-			require.ErrorIs(t, context.Cause(fctx), etcdsync.ErrLostContact)
-			return nil
-		})
+		err, cause := fnEndsFirst(t, ctx, admin, "runcut/", 10*time.Second, m.Run, next.Lock, func() func() { link.Cut(); return link.Heal })
+		require.ErrorIs(t, cause, etcdsync.ErrLostContact)
 		require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
 		require.ErrorIs(t, err, etcdsync.ErrLostContact)
-		select {
-		case got := <-nextGot:
-			require.True(t, cancelled.Before(got), "fn's context ended %v, the next holder got the lock %v", cancelled, got)
-		case <-time.After(10 * time.Second):
-			t.Fatal("the next waiter did not get the lock once the lease expired")
-		}
 		require.NoError(t, next.Unlock(ctx))
 	})
 	for _, tc := range []struct {
@@ -327,9 +291,7 @@ func runKindOf(s *etcdsync.Session, name, kind string) runKind {
 // context ends (ErrLockReleased), no key is left, and the value can Run again.
 func TestRunFnMayReleaseItsHold(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	for _, k := range runKinds(s, "r13self") {
 		t.Run(k.kind, func(t *testing.T) {
@@ -353,9 +315,7 @@ func TestRunFnMayReleaseItsHold(t *testing.T) {
 // still holds (the read key is there, its context has not ended).
 func TestRRunSelfUnlockKeepsOtherShare(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	rw := etcdsync.NewRWMutex(session(t, admin), "r13share")
 	bIn, aDone := make(chan struct{}), make(chan struct{})
 	a := async(func() error {
@@ -384,9 +344,7 @@ func TestRRunSelfUnlockKeepsOtherShare(t *testing.T) {
 // ctx excludes (waits for the first), for every exclusive kind.
 func TestRunsOfOneValueExcludeAcrossGoroutines(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	for _, k := range runKinds(s, "r13second") {
 		if k.kind == "rrun" {
@@ -434,9 +392,7 @@ func TestRunsOfOneValueExcludeAcrossGoroutines(t *testing.T) {
 // release that new hold.
 func TestRunEndKeepsNewHoldAfterSelfRelease(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	for _, k := range runKinds(s, "r13relother") {
 		if k.kind == "rrun" {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -30,43 +31,59 @@ func TestRunCutOffEndsFnFirstEveryKind(t *testing.T) {
 	for _, k := range runKinds(nil, "x") {
 		t.Run(k.kind, func(t *testing.T) {
 			ctx := ctxT(t)
-			cli, p := proxied(t, c)
+			cli, p := faults.Proxied(t, c)
 			s := session(t, cli, etcdsync.WithTTL(2*time.Second))
 			k := runKindOf(s, "r13bh", k.kind)
 			take, release := k.next(session(t, admin))
-			gotAt := make(chan time.Time, 1)
-			var cancelledAt time.Time
-			var cause error
-			err := k.run(ctx, func(fctx context.Context) error {
-				go func() {
-					if take(ctx) == nil {
-						gotAt <- time.Now()
-					}
-				}()
-				waitKeys(t, admin, k.prefix, 2)
+			err, cause := fnEndsFirst(t, ctx, admin, k.prefix, 10*time.Second, k.run, take, func() func() {
 				p.Blackhole(true)
-				defer p.Blackhole(false)
-				select {
-				case <-fctx.Done():
-					cancelledAt = time.Now()
-				case <-time.After(10 * time.Second):
-					t.Fatal("fn's context did not end")
-				}
-				cause = context.Cause(fctx)
-				return nil
+				return func() { p.Blackhole(false) }
 			})
 			require.ErrorIs(t, cause, etcdsync.ErrLostContact)
 			require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
 			require.ErrorIs(t, err, etcdsync.ErrLostContact)
-			select {
-			case got := <-gotAt:
-				require.True(t, cancelledAt.Before(got), "fn's context ended %v, the contender held at %v", cancelledAt, got)
-			case <-time.After(10 * time.Second):
-				t.Fatal("the contender did not get the hold once the lease expired")
-			}
 			require.NoError(t, release(ctx))
 		})
 	}
+}
+
+// fnEndsFirst runs run (a Run of a hold on prefix) with an fn that starts
+// take (a contender of another session), waits until the contender's key
+// is queued under prefix (as admin sees it), cuts the hold off with cut
+// (and heals with what cut returns as fn returns), and waits at most d for
+// fn's context to end. The contender must then hold, within d and not
+// before fn's context ended. It returns Run's error and the cause fn's
+// context ended with.
+func fnEndsFirst(t *testing.T, ctx context.Context, admin *clientv3.Client, prefix string, d time.Duration,
+	run func(ctx context.Context, fn func(context.Context) error) error, take func(ctx context.Context) error, cut func() (heal func())) (err, cause error) {
+	t.Helper()
+	gotAt := make(chan time.Time, 1)
+	var cancelledAt time.Time
+	err = run(ctx, func(fctx context.Context) error {
+		go func() {
+			if take(ctx) == nil {
+				gotAt <- time.Now()
+			}
+		}()
+		waitKeys(t, admin, prefix, 2)
+		heal := cut()
+		defer heal()
+		select {
+		case <-fctx.Done():
+			cancelledAt = time.Now()
+		case <-time.After(d):
+			t.Fatal("fn's context did not end")
+		}
+		cause = context.Cause(fctx)
+		return nil
+	})
+	select {
+	case got := <-gotAt:
+		require.True(t, cancelledAt.Before(got), "fn's context ended %v, the contender held at %v", cancelledAt, got)
+	case <-time.After(d):
+		t.Fatal("the contender did not get the hold once the lease expired")
+	}
+	return err, cause
 }
 
 // Lease revoked, key deleted, Session Close and Orphan while fn runs, for
@@ -135,7 +152,7 @@ func TestRunReleasesOverSlowLink(t *testing.T) {
 	const ttl = 3 * time.Second
 	for _, k0 := range runKinds(nil, "x") {
 		t.Run(k0.kind, func(t *testing.T) {
-			cli, p := proxied(t, c)
+			cli, p := faults.Proxied(t, c)
 			s := session(t, cli, etcdsync.WithTTL(ttl))
 			k := runKindOf(s, "r13slow", k0.kind)
 			ctx, cancel := context.WithCancel(ctxT(t))
@@ -167,7 +184,7 @@ func TestRunReturnsWhenReleaseCutOff(t *testing.T) {
 	const ttl = 2 * time.Second
 	for _, kind := range []string{"mutex", "rrun", "semaphore"} {
 		t.Run(kind, func(t *testing.T) {
-			cli, p := proxied(t, c)
+			cli, p := faults.Proxied(t, c)
 			s := session(t, cli, etcdsync.WithTTL(ttl))
 			k := runKindOf(s, "r13bhrel", kind)
 			ctx, cancel := context.WithCancel(ctxT(t))
@@ -226,9 +243,7 @@ func noGoroutinesLeft(t *testing.T, what string, match string) {
 //
 // It counts the process's goroutines, so it does not run in parallel.
 func TestRunLeavesNoGoroutines(t *testing.T) {
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	s := session(t, admin)
 	for _, k := range runKinds(s, "r13leak") {
 		require.NoError(t, k.run(ctx, func(context.Context) error { return nil }))
@@ -257,11 +272,7 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 		}()
 	}
 	for range 5 {
-		select {
-		case <-in:
-		case <-time.After(10 * time.Second):
-			t.Fatal("Runs did not start")
-		}
+		within(t, in, 10*time.Second, "Runs starting")
 	}
 	require.NoError(t, s2.Close())
 	wg.Wait()
@@ -335,35 +346,12 @@ func TestRunLossOnThreeMembers(t *testing.T) {
 		admin := etcdtest.NewClient(t, others)
 		m := etcdsync.NewMutex(session(t, cli, etcdsync.WithTTL(3*time.Second)), "r13cut")
 		next := etcdsync.NewMutex(session(t, admin, etcdsync.WithTTL(10*time.Second)), "r13cut")
-		gotAt := make(chan time.Time, 1)
-		var cancelledAt time.Time
-		var cause error
-		err := m.Run(ctx, func(fctx context.Context) error {
-			go func() {
-				if next.Lock(ctx) == nil {
-					gotAt <- time.Now()
-				}
-			}()
-			waitKeys(t, admin, "r13cut/", 2)
+		err, cause := fnEndsFirst(t, ctx, admin, "r13cut/", 15*time.Second, m.Run, next.Lock, func() func() {
 			require.NoError(t, c.CutPeers(f))
-			defer func() { require.NoError(t, c.HealPeers(f)) }()
-			select {
-			case <-fctx.Done():
-				cancelledAt = time.Now()
-			case <-time.After(15 * time.Second):
-				t.Fatal("fn's context did not end")
-			}
-			cause = context.Cause(fctx)
-			return nil
+			return func() { require.NoError(t, c.HealPeers(f)) }
 		})
 		require.ErrorIs(t, cause, etcdsync.ErrSessionExpired)
 		require.True(t, errors.Is(err, cause), "Run's error %v lacks the cause %v", err, cause)
-		select {
-		case got := <-gotAt:
-			require.True(t, cancelledAt.Before(got), "fn's context ended %v, the contender held at %v", cancelledAt, got)
-		case <-time.After(15 * time.Second):
-			t.Fatal("the contender did not get the lock")
-		}
 		require.NoError(t, next.Unlock(ctx))
 	})
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
 )
 
@@ -57,10 +56,8 @@ func TestRWMutexExclusion(t *testing.T) {
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		var x rwCheck
-		var wg sync.WaitGroup
 		const rounds = 6
 		work := func(rw *etcdsync.RWMutex, id int) {
-			defer wg.Done()
 			for i := 0; i < rounds; i++ {
 				if (i+id)%3 == 0 {
 					if err := rw.Lock(ctx); err != nil {
@@ -89,15 +86,8 @@ func TestRWMutexExclusion(t *testing.T) {
 				}
 			}
 		}
-		shared := session(t, c.Client(t))
-		sharedValue := etcdsync.NewRWMutex(shared, "rwx")
-		for i := 0; i < 3; i++ {
-			wg.Add(3)
-			go work(etcdsync.NewRWMutex(session(t, c.Client(t)), "rwx"), 3*i)
-			go work(etcdsync.NewRWMutex(shared, "rwx"), 3*i+1)
-			go work(sharedValue, 3*i+2)
-		}
-		wg.Wait()
+		contendEveryWay(t, func() *clientv3.Client { return c.Client(t) },
+			func(s *etcdsync.Session) *etcdsync.RWMutex { return etcdsync.NewRWMutex(s, "rwx") }, work)
 		require.Empty(t, keys(t, c.Client(t), "rwx/"))
 	})
 }
@@ -146,8 +136,7 @@ func TestRWMutexWriterNotStarved(t *testing.T) {
 		r1 := etcdsync.NewRWMutex(session(t, admin), "rwfifo")
 		require.NoError(t, r1.RLock(ctx))
 		w := etcdsync.NewRWMutex(session(t, admin), "rwfifo")
-		wgot := make(chan struct{})
-		go func() { defer close(wgot); require.NoError(t, w.Lock(ctx)) }()
+		wgot := doneAsync(t, "Lock", func() error { return w.Lock(ctx) })
 		waitKeys(t, admin, "rwfifo/", 2)
 
 		var cnt counter
@@ -162,8 +151,7 @@ func TestRWMutexWriterNotStarved(t *testing.T) {
 		require.Equal(t, int64(1), n, "TryLock behind a reader and a writer: %v", methods)
 		require.Equal(t, revBefore, storeRev(t, admin), "TryRLock or TryLock wrote")
 
-		r2got := make(chan struct{})
-		go func() { defer close(r2got); require.NoError(t, r2.RLock(ctx)) }()
+		r2got := doneAsync(t, "RLock", func() error { return r2.RLock(ctx) })
 		waitKeys(t, admin, "rwfifo/", 3)
 		notWithin(t, r2got, 300*time.Millisecond, "reader behind a waiting writer")
 		require.NoError(t, r1.RUnlock(ctx))
@@ -174,6 +162,19 @@ func TestRWMutexWriterNotStarved(t *testing.T) {
 		require.NoError(t, r2.RUnlock(ctx))
 		require.Empty(t, keys(t, admin, "rwfifo/"))
 	})
+}
+
+// writerAndWaiter has W1, on a session of cli, hold name and W2, on
+// another, wait behind it under w2ctx; it returns both and W2's Lock
+// result.
+func writerAndWaiter(t *testing.T, ctx, w2ctx context.Context, cli *clientv3.Client, name string) (w1, w2 *etcdsync.RWMutex, w2got <-chan error) {
+	t.Helper()
+	w1 = etcdsync.NewRWMutex(session(t, cli), name)
+	require.NoError(t, w1.Lock(ctx))
+	w2 = etcdsync.NewRWMutex(session(t, cli), name)
+	w2got = async(func() error { return w2.Lock(w2ctx) })
+	waitKeys(t, cli, name+"/", 2)
+	return w1, w2, w2got
 }
 
 // storeRev returns the store's revision.
@@ -189,12 +190,9 @@ func storeRev(t *testing.T, cli *clientv3.Client) int64 {
 // same session waits for them.
 func TestRWMutexSessionSharesReadKey(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := kitSingleClient(t)
 	var cnt counter
-	s := session(t, kitClient(t, c, cnt.dial()...))
-	a, b := etcdsync.NewRWMutex(s, "rwshare"), etcdsync.NewRWMutex(s, "rwshare")
+	s, a, b := sharers(t, kitClient(t, c, cnt.dial()...), "rwshare")
 	require.NoError(t, a.RLock(ctx))
 	cnt.take()
 	require.NoError(t, b.RLock(ctx))
@@ -206,9 +204,8 @@ func TestRWMutexSessionSharesReadKey(t *testing.T) {
 	require.Equal(t, a.Key(), b.Key())
 	require.Equal(t, a.Rev(), b.Rev())
 
-	wgot := make(chan struct{})
 	w := etcdsync.NewRWMutex(s, "rwshare")
-	go func() { defer close(wgot); require.NoError(t, w.Lock(ctx)) }()
+	wgot := doneAsync(t, "Lock", func() error { return w.Lock(ctx) })
 
 	require.NoError(t, b.RUnlock(ctx))
 	require.NoError(t, a.RUnlock(ctx))
@@ -230,17 +227,14 @@ func TestRWMutexInteropWithRecipe(t *testing.T) {
 	t.Parallel()
 	c := kitSingle(t)
 	ctx := ctxT(t)
-	es, err := concurrency.NewSession(c.Client(t))
-	require.NoError(t, err)
-	defer es.Close()
+	es := theirSession(t, c.Client(t))
 	theirs := recipe.NewRWMutex(es, "rwinterop")
 	ours := etcdsync.NewRWMutex(session(t, c.Client(t)), "rwinterop")
 
 	// Their writer holds: our reader and writer wait.
 	require.NoError(t, theirs.Lock())
 	require.ErrorIs(t, ours.TryRLock(ctx), etcdsync.ErrLocked)
-	got := make(chan struct{})
-	go func() { defer close(got); require.NoError(t, ours.RLock(ctx)) }()
+	got := doneAsync(t, "RLock", func() error { return ours.RLock(ctx) })
 	notWithin(t, got, 300*time.Millisecond, "our reader while their writer holds")
 	require.NoError(t, theirs.Unlock())
 	within(t, got, testTimeout, "our reader after their writer")
@@ -248,8 +242,7 @@ func TestRWMutexInteropWithRecipe(t *testing.T) {
 	// Our reader holds: their reader joins, their writer waits.
 	theirReader := recipe.NewRWMutex(es, "rwinterop")
 	require.NoError(t, theirReader.RLock())
-	twgot := make(chan struct{})
-	go func() { defer close(twgot); require.NoError(t, theirs.Lock()) }()
+	twgot := doneAsync(t, "Lock", func() error { return theirs.Lock() })
 	notWithin(t, twgot, 300*time.Millisecond, "their writer while readers hold")
 	require.NoError(t, theirReader.RUnlock())
 	notWithin(t, twgot, 200*time.Millisecond, "their writer while our reader holds")
@@ -257,8 +250,7 @@ func TestRWMutexInteropWithRecipe(t *testing.T) {
 	within(t, twgot, testTimeout, "their writer after our reader")
 
 	// Their writer holds: our writer waits, then holds.
-	wgot := make(chan struct{})
-	go func() { defer close(wgot); require.NoError(t, ours.Lock(ctx)) }()
+	wgot := doneAsync(t, "Lock", func() error { return ours.Lock(ctx) })
 	notWithin(t, wgot, 300*time.Millisecond, "our writer while theirs holds")
 	require.NoError(t, theirs.Unlock())
 	within(t, wgot, testTimeout, "our writer after theirs")
@@ -276,9 +268,7 @@ func TestRWMutexHerd(t *testing.T) {
 }
 
 func testRWMutexHerd(t *testing.T, group int) {
-	c := kitSingle(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := kitSingleClient(t)
 	w1 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
 	require.NoError(t, w1.Lock(ctx))
 	cnt := counter{created: make(chan struct{}, 5*group+16)}
@@ -307,8 +297,7 @@ func testRWMutexHerd(t *testing.T, group int) {
 	}
 	waitKeys(t, admin, "rwherd/", queued)
 	w2 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
-	w2got := make(chan struct{})
-	go func() { defer close(w2got); require.NoError(t, w2.Lock(ctx)) }()
+	w2got := doneAsync(t, "Lock", func() error { return w2.Lock(ctx) })
 	queued++
 	waitKeys(t, admin, "rwherd/", queued)
 	for i := 0; i < group; i++ {
@@ -359,9 +348,7 @@ func testRWMutexHerd(t *testing.T, group int) {
 // ErrSessionExpired at once.
 func TestRWMutexErrorsAndLeftovers(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	require.ErrorIs(t, etcdsync.NewRWMutex(nil, "x").RLock(ctx), etcdsync.ErrInvalidArgument)
 	require.ErrorIs(t, etcdsync.NewRWMutex(s, "").Lock(ctx), etcdsync.ErrInvalidName)
@@ -376,30 +363,14 @@ func TestRWMutexErrorsAndLeftovers(t *testing.T) {
 	require.NoError(t, w.Lock(ctx))
 	held := w.Key()
 	rw := etcdsync.NewRWMutex(s, "rwleft")
-	for i := 0; i < 60; i++ {
-		rctx, cancel := context.WithTimeout(ctx, time.Duration(i%12)*250*time.Microsecond)
+	cancelsLeaveOnly(t, ctx, cli, "rwleft/", held, 60, 12, func(rctx context.Context, i int) error {
 		if i%2 == 0 {
-			require.Error(t, rw.RLock(rctx))
-		} else {
-			require.Error(t, rw.Lock(rctx))
+			return rw.RLock(rctx)
 		}
-		cancel()
-		require.Equal(t, []string{held}, keys(t, cli, "rwleft/"), "trial %d", i)
-	}
+		return rw.Lock(rctx)
+	})
 
-	got := make(chan error, 1)
-	go func() { got <- rw.RLock(ctx) }()
-	waitKeys(t, cli, "rwleft/", 2)
-	ks := keys(t, cli, "rwleft/read/")
-	require.Len(t, ks, 1)
-	_, err = cli.Delete(ctx, ks[0])
-	require.NoError(t, err)
-	select {
-	case err := <-got:
-		require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
-	case <-time.After(5 * time.Second):
-		t.Fatal("a reader whose key was deleted did not return")
-	}
+	waiterLosesOwnKey(t, ctx, cli, "rwleft/", held, func() error { return rw.RLock(ctx) }, "a reader")
 	require.NoError(t, w.Unlock(ctx))
 	require.Empty(t, keys(t, cli, "rwleft/"))
 }
@@ -411,15 +382,9 @@ func TestRWMutexErrorsAndLeftovers(t *testing.T) {
 // one; readers now watch only their nearest writer.)
 func TestReadersWakeOnlyForNearestWriter(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := singleClient(t)
 	const name = "r12herd"
-	w1 := etcdsync.NewRWMutex(session(t, admin), name)
-	require.NoError(t, w1.Lock(ctx))
-	w2 := etcdsync.NewRWMutex(session(t, admin), name)
-	w2got := async(func() error { return w2.Lock(ctx) })
-	waitKeys(t, admin, name+"/", 2)
+	w1, w2, w2got := writerAndWaiter(t, ctx, ctx, admin, name)
 	cnt := counter{created: make(chan struct{}, 256)}
 	cli := c.Client(t, cnt.dial()...)
 	const k = 12
@@ -466,13 +431,9 @@ func TestExactReaderMovesToOlderWriter(t *testing.T) {
 				admin := c.Client(t)
 				ctx := ctxT(t)
 				name := "r12bwd-" + how
-				w1 := etcdsync.NewRWMutex(session(t, admin), name)
-				require.NoError(t, w1.Lock(ctx))
-				w2 := etcdsync.NewRWMutex(session(t, admin), name)
 				w2ctx, w2cancel := context.WithCancel(ctx)
 				defer w2cancel()
-				w2got := async(func() error { return w2.Lock(w2ctx) })
-				waitKeys(t, admin, name+"/", 2)
+				w1, _, w2got := writerAndWaiter(t, ctx, w2ctx, admin, name)
 				resp, err := admin.Get(ctx, name+"/write/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 				require.NoError(t, err)
 				require.Len(t, resp.Kvs, 2)
@@ -514,11 +475,7 @@ func TestExactReaderHoldsWhenWritersGoTogether(t *testing.T) {
 		admin := c.Client(t)
 		setup := func(t *testing.T, name string) (w1, w2 *etcdsync.RWMutex, w2got <-chan error, r *etcdsync.RWMutex, rgot <-chan error) {
 			ctx := ctxT(t)
-			w1 = etcdsync.NewRWMutex(session(t, admin), name)
-			require.NoError(t, w1.Lock(ctx))
-			w2 = etcdsync.NewRWMutex(session(t, admin), name)
-			w2got = async(func() error { return w2.Lock(ctx) })
-			waitKeys(t, admin, name+"/", 2)
+			w1, w2, w2got = writerAndWaiter(t, ctx, ctx, admin, name)
 			cnt := counter{created: make(chan struct{}, 64)}
 			r = etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), name)
 			rgot = async(func() error { return r.RLock(ctx) })

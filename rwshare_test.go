@@ -11,20 +11,25 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// sharers returns a new session of cli and two RWMutex values of it on
+// name: values that share the session's read hold.
+func sharers(t *testing.T, cli *clientv3.Client, name string, opts ...etcdsync.SessionOption) (*etcdsync.Session, *etcdsync.RWMutex, *etcdsync.RWMutex) {
+	s := session(t, cli, opts...)
+	return s, etcdsync.NewRWMutex(s, name), etcdsync.NewRWMutex(s, name)
+}
 
 // A value that joins the session's read hold trusts it without an RPC:
 // when that key was deleted (by an admin, say) and a writer now holds, a
 // new RLock must not return as if it held a read beside the writer.
 func TestRLockDoesNotJoinDeletedReadHold(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
-	s := session(t, c.Client(t))
-	a, b := etcdsync.NewRWMutex(s, "r12join"), etcdsync.NewRWMutex(s, "r12join")
+	c, admin, ctx := singleClient(t)
+	_, a, b := sharers(t, c.Client(t), "r12join")
 	require.NoError(t, a.RLock(ctx))
 	_, err := admin.Delete(ctx, a.Key())
 	require.NoError(t, err)
@@ -46,12 +51,9 @@ func TestRLockDoesNotJoinDeletedReadHold(t *testing.T) {
 // nothing then), and succeeds once that call has returned.
 func TestTryRLockRefusedWhileShareInFlight(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
-	cli, p := proxied(t, c)
-	s := session(t, cli)
-	a, b := etcdsync.NewRWMutex(s, "r12tryfl"), etcdsync.NewRWMutex(s, "r12tryfl")
+	c, admin, ctx := singleClient(t)
+	cli, p := faults.Proxied(t, c)
+	_, a, b := sharers(t, cli, "r12tryfl")
 
 	t.Run("acquire", func(t *testing.T) {
 		p.SetLatency(time.Second)
@@ -86,13 +88,10 @@ func TestTryRLockRefusedWhileShareInFlight(t *testing.T) {
 // reader's call said nothing was wrong.
 func TestRLockDoesNotJoinAfterLostRUnlockReply(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
-	cli, p := proxied(t, c)
+	c, admin, ctx := singleClient(t)
+	cli, p := faults.Proxied(t, c)
 	defer p.SetLatency(0)
-	s := session(t, cli, etcdsync.WithTTL(30*time.Second))
-	a, b := etcdsync.NewRWMutex(s, "r12rejoin"), etcdsync.NewRWMutex(s, "r12rejoin")
+	_, a, b := sharers(t, cli, "r12rejoin", etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, a.RLock(ctx))
 	w := etcdsync.NewRWMutex(session(t, admin), "r12rejoin")
 	wgot := async(func() error { return w.Lock(ctx) })
@@ -118,13 +117,10 @@ func TestRLockDoesNotJoinAfterLostRUnlockReply(t *testing.T) {
 // release, and then queues a new key behind the writer that was waiting.
 func TestRLockJoinWaitsForReleasingShare(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
-	cli, p := proxied(t, c)
+	c, admin, ctx := singleClient(t)
+	cli, p := faults.Proxied(t, c)
 	defer p.SetLatency(0)
-	s := session(t, cli, etcdsync.WithTTL(30*time.Second))
-	a, b := etcdsync.NewRWMutex(s, "r12closing"), etcdsync.NewRWMutex(s, "r12closing")
+	_, a, b := sharers(t, cli, "r12closing", etcdsync.WithTTL(30*time.Second))
 	require.NoError(t, a.RLock(ctx))
 	oldRev := a.Rev()
 	w := etcdsync.NewRWMutex(session(t, admin), "r12closing")
@@ -151,11 +147,8 @@ func TestRLockJoinWaitsForReleasingShare(t *testing.T) {
 // (Done closed, Err wraps ErrSessionClosed), and RUnlock says not held.
 func TestSessionEndEndsEveryReadShare(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
-	s := session(t, c.Client(t))
-	a, b := etcdsync.NewRWMutex(s, "r12end"), etcdsync.NewRWMutex(s, "r12end")
+	c, admin, ctx := singleClient(t)
+	s, a, b := sharers(t, c.Client(t), "r12end")
 	require.NoError(t, a.RLock(ctx))
 	require.NoError(t, b.RLock(ctx))
 	require.NoError(t, b.RLock(ctx))
@@ -176,11 +169,8 @@ func TestSessionEndEndsEveryReadShare(t *testing.T) {
 // Err follow each value's own shares.
 func TestReadSharesCountedPerValue(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
-	s := session(t, c.Client(t))
-	a, b := etcdsync.NewRWMutex(s, "r12count"), etcdsync.NewRWMutex(s, "r12count")
+	c, admin, ctx := singleClient(t)
+	_, a, b := sharers(t, c.Client(t), "r12count")
 	require.NoError(t, a.RLock(ctx))
 	require.NoError(t, a.RLock(ctx))
 	require.NoError(t, b.RLock(ctx))
@@ -215,9 +205,7 @@ func TestReadSharesCountedPerValue(t *testing.T) {
 // left.
 func TestSharedReadHoldsUnderStress(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := singleClient(t)
 	var x rwCheck
 	s := session(t, c.Client(t))
 	vals := []*etcdsync.RWMutex{etcdsync.NewRWMutex(s, "r12stress"), etcdsync.NewRWMutex(s, "r12stress")}
@@ -276,10 +264,8 @@ func TestKeptReadHoldNotJoinedUntilGone(t *testing.T) {
 	t.Parallel()
 	for i := range 3 {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
-			c := single(t)
-			admin := c.Client(t)
-			ctx := ctxT(t)
-			cli, p := proxied(t, c)
+			c, admin, ctx := singleClient(t)
+			cli, p := faults.Proxied(t, c)
 			defer p.Blackhole(false)
 			name := "r12bkept"
 			s := session(t, cli, etcdsync.WithTTL(30*time.Second))
@@ -348,8 +334,7 @@ func TestRLockJoinSeesDeletedReadKey(t *testing.T) {
 	for i := range 8 {
 		ctx := ctxT(t)
 		name := fmt.Sprintf("r12bjrace%d", i)
-		s := session(t, c.Client(t))
-		a, b := etcdsync.NewRWMutex(s, name), etcdsync.NewRWMutex(s, name)
+		_, a, b := sharers(t, c.Client(t), name)
 		require.NoError(t, a.RLock(ctx))
 		old := a.Rev()
 		ad := a.Done()
@@ -384,7 +369,7 @@ func TestRLockJoinEndsWithSession(t *testing.T) {
 	for _, tc := range []string{"waiting", "reading-slow", "reading-partitioned"} {
 		t.Run(tc, func(t *testing.T) {
 			ctx := ctxT(t)
-			cli, p, sent := sentClient(t, c)
+			cli, p, sent := faults.SentClient(t, c)
 			defer p.Blackhole(false)
 			defer p.SetLatency(0)
 			s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
@@ -392,23 +377,23 @@ func TestRLockJoinEndsWithSession(t *testing.T) {
 			name := "r12bsend-" + tc
 			a, b := etcdsync.NewRWMutex(s, name), etcdsync.NewRWMutex(s, name)
 			require.NoError(t, a.RLock(ctx))
-			drainSent(sent)
+			faults.DrainSent(sent)
 			var bgot <-chan error
 			switch tc {
 			case "waiting":
 				p.Blackhole(true)
 				async(func() error { return a.RUnlock(ctx) })
-				awaitSent(t, sent, "/etcdserverpb.KV/Txn")
+				faults.AwaitSent(t, sent, faults.TxnMethod)
 				bgot = async(func() error { return b.RLock(ctx) })
 				notYet(t, bgot, 200*time.Millisecond, "b joined a closing hold")
 			case "reading-slow":
 				p.SetLatency(time.Second)
 				bgot = async(func() error { return b.RLock(ctx) })
-				awaitSent(t, sent, "/etcdserverpb.KV/Range")
+				faults.AwaitSent(t, sent, faults.RangeMethod)
 			case "reading-partitioned":
 				p.Blackhole(true)
 				bgot = async(func() error { return b.RLock(ctx) })
-				awaitSent(t, sent, "/etcdserverpb.KV/Range")
+				faults.AwaitSent(t, sent, faults.RangeMethod)
 			}
 			orphaned := make(chan struct{})
 			go func() { s.Orphan(); close(orphaned) }()
@@ -430,9 +415,7 @@ func TestRLockJoinEndsWithSession(t *testing.T) {
 // for the Mutex (or fail), and the Mutex must keep its hold.
 func TestRLockDoesNotJoinMutexHold(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := singleClient(t)
 	s := session(t, c.Client(t))
 	m := etcdsync.NewMutex(s, "r12bmx/read")
 	require.NoError(t, m.Lock(ctx))

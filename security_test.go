@@ -2,6 +2,7 @@ package etcdsync_test
 
 import (
 	"context"
+	"crypto/tls"
 	"testing"
 	"time"
 
@@ -20,38 +21,26 @@ func secureCluster(t *testing.T) func(user string, dial ...grpc.DialOption) *cli
 	certs, err := etcdtest.MakeCerts(t.TempDir())
 	require.NoError(t, err)
 	c := etcdtest.Start(t, etcdtest.Options{TLS: certs})
-	connect := func(user string, dial ...grpc.DialOption) *clientv3.Client {
-		cfg := etcdtest.ClientConfig(c.Endpoints(), dial...)
-		cfg.TLS = certs.ClientTLS()
+	connect := authClients(t, c.Endpoints(), certs.ClientTLS())
+	etcdtest.EnableAuth(t, ctxT(t), connect(""), map[string]string{"root": "root", "rw": "locks-rw", "ro": "locks-ro", "none": ""})
+	return connect
+}
+
+// authClients returns a factory of clients of endpoints (over TLS with
+// tlsConfig, if non-nil) that log in as user (none if "") with its
+// etcdtest.EnableAuth password; each is closed in t's cleanup.
+func authClients(t *testing.T, endpoints []string, tlsConfig *tls.Config) func(user string, dial ...grpc.DialOption) *clientv3.Client {
+	return func(user string, dial ...grpc.DialOption) *clientv3.Client {
+		cfg := etcdtest.ClientConfig(endpoints, dial...)
+		cfg.TLS = tlsConfig
 		if user != "" {
-			cfg.Username, cfg.Password = user, user+"-password"
+			cfg.Username, cfg.Password = user, etcdtest.Password(user)
 		}
 		cli, err := clientv3.New(cfg)
 		require.NoError(t, err)
 		t.Cleanup(func() { cli.Close() })
 		return cli
 	}
-	ctx := ctxT(t)
-	admin := connect("")
-	for _, user := range []string{"root", "rw", "ro", "none"} {
-		_, err := admin.UserAdd(ctx, user, user+"-password")
-		require.NoError(t, err)
-	}
-	for role, perm := range map[string]clientv3.PermissionType{"locks-rw": clientv3.PermissionType(clientv3.PermReadWrite), "locks-ro": clientv3.PermissionType(clientv3.PermRead)} {
-		_, err := admin.RoleAdd(ctx, role)
-		require.NoError(t, err)
-		_, err = admin.RoleGrantPermission(ctx, role, "locks/", clientv3.GetPrefixRangeEnd("locks/"), perm)
-		require.NoError(t, err)
-	}
-	_, err = admin.RoleAdd(ctx, "root")
-	require.NoError(t, err)
-	for user, role := range map[string]string{"root": "root", "rw": "locks-rw", "ro": "locks-ro"} {
-		_, err := admin.UserGrantRole(ctx, user, role)
-		require.NoError(t, err)
-	}
-	_, err = admin.AuthEnable(ctx)
-	require.NoError(t, err)
-	return connect
 }
 
 func TestAuthAndTLS(t *testing.T) {
@@ -62,8 +51,7 @@ func TestAuthAndTLS(t *testing.T) {
 
 	// A read-write user locks, waits in the queue (the watch stream carries
 	// its credentials), elects and releases.
-	holder := etcdsync.NewMutex(session(t, rw), "locks/job")
-	require.NoError(t, holder.Lock(ctx))
+	holder := heldMutex(t, ctx, rw, "locks/job")
 	cnt := counter{created: make(chan struct{}, 4)}
 	waiter := etcdsync.NewMutex(session(t, connect("rw", cnt.dial()...)), "locks/job")
 	got := lockAsync(t, ctx, waiter)

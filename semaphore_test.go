@@ -91,8 +91,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		a := etcdsync.NewSemaphore(session(t, admin), "semfifo", 3)
 		require.NoError(t, a.Acquire(ctx, 1))
 		big := etcdsync.NewSemaphore(session(t, admin), "semfifo", 3)
-		bigGot := make(chan struct{})
-		go func() { defer close(bigGot); require.NoError(t, big.Acquire(ctx, 3)) }()
+		bigGot := doneAsync(t, "Acquire", func() error { return big.Acquire(ctx, 3) })
 		waitKeys(t, admin, "semfifo/", 2)
 
 		var cnt counter
@@ -104,8 +103,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		require.Equal(t, int64(1), n, "TryAcquire behind a waiter: %v", methods)
 		require.Equal(t, before, storeRev(t, admin), "TryAcquire wrote")
 
-		smallGot := make(chan struct{})
-		go func() { defer close(smallGot); require.NoError(t, small.Acquire(ctx, 1)) }()
+		smallGot := doneAsync(t, "Acquire", func() error { return small.Acquire(ctx, 1) })
 		waitKeys(t, admin, "semfifo/", 3)
 		notWithin(t, smallGot, 300*time.Millisecond, "a small request behind a waiting large one")
 		require.NoError(t, a.Release(ctx))
@@ -139,9 +137,7 @@ func TestSemaphoreReleaseOrderAndHerd(t *testing.T) {
 }
 
 func testSemaphoreHerd(t *testing.T, waiters int) {
-	c := kitSingle(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := kitSingleClient(t)
 	const capacity = 3
 	holders := make([]*etcdsync.Semaphore, capacity)
 	for i := range holders {
@@ -199,9 +195,7 @@ func testSemaphoreHerd(t *testing.T, waiters int) {
 // Bad input and another capacity: errors wrapping sentinels, no key left.
 func TestSemaphoreErrors(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli)
 	require.ErrorIs(t, etcdsync.NewSemaphore(nil, "x", 1).Acquire(ctx, 1), etcdsync.ErrInvalidArgument)
 	require.ErrorIs(t, etcdsync.NewSemaphore(s, "", 1).Acquire(ctx, 1), etcdsync.ErrInvalidName)
@@ -228,8 +222,7 @@ func TestSemaphoreErrors(t *testing.T) {
 	}
 	// A Mutex's key under the name is no semaphore participant.
 	require.NoError(t, sm.Release(ctx))
-	m := etcdsync.NewMutex(session(t, cli), "semerr")
-	require.NoError(t, m.Lock(ctx))
+	m := heldMutex(t, ctx, cli, "semerr")
 	require.ErrorIs(t, sm.Acquire(ctx, 1), etcdsync.ErrInvalidArgument)
 	require.Equal(t, []string{m.Key()}, keys(t, cli, "semerr/"))
 	require.NoError(t, m.Unlock(ctx))
@@ -239,33 +232,12 @@ func TestSemaphoreErrors(t *testing.T) {
 // ErrSessionExpired at once.
 func TestSemaphoreLeftovers(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	holder := etcdsync.NewSemaphore(session(t, cli), "semleft", 2)
 	require.NoError(t, holder.Acquire(ctx, 2))
 	sm := etcdsync.NewSemaphore(session(t, cli), "semleft", 2)
-	for i := 0; i < 60; i++ {
-		rctx, cancel := context.WithTimeout(ctx, time.Duration(i%12)*250*time.Microsecond)
-		require.Error(t, sm.Acquire(rctx, int64(i%2+1)))
-		cancel()
-		require.Equal(t, []string{holder.Key()}, keys(t, cli, "semleft/"), "trial %d", i)
-	}
-	got := make(chan error, 1)
-	go func() { got <- sm.Acquire(ctx, 1) }()
-	waitKeys(t, cli, "semleft/", 2)
-	for _, k := range keys(t, cli, "semleft/") {
-		if k != holder.Key() {
-			_, err := cli.Delete(ctx, k)
-			require.NoError(t, err)
-		}
-	}
-	select {
-	case err := <-got:
-		require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
-	case <-time.After(5 * time.Second):
-		t.Fatal("a waiter whose key was deleted did not return")
-	}
+	cancelsLeaveOnly(t, ctx, cli, "semleft/", holder.Key(), 60, 12, func(rctx context.Context, i int) error { return sm.Acquire(rctx, int64(i%2+1)) })
+	waiterLosesOwnKey(t, ctx, cli, "semleft/", holder.Key(), func() error { return sm.Acquire(ctx, 1) }, "a waiter")
 	require.NoError(t, holder.Release(ctx))
 	require.Empty(t, keys(t, cli, "semleft/"))
 }
@@ -274,9 +246,7 @@ func TestSemaphoreLeftovers(t *testing.T) {
 // keys ahead overflows and a waiter holds with a full hold ahead of it.
 func TestSemaphoreWeightsSaturate(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := singleClient(t)
 	const capacity = math.MaxInt64
 	const name = "r12overflow"
 	a := etcdsync.NewSemaphore(session(t, cli), name, capacity)
@@ -307,9 +277,7 @@ func TestSemaphoreWeightsSaturate(t *testing.T) {
 // waits for its Release, then holds at a later revision.
 func TestSemaphoreValueExcludesItsGoroutines(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	c, admin, ctx := singleClient(t)
 	sm := etcdsync.NewSemaphore(session(t, c.Client(t)), "r12two", 3)
 	g1 := async(func() error { return sm.Acquire(ctx, 1) })
 	g2 := async(func() error { return sm.Acquire(ctx, 2) })
@@ -354,9 +322,7 @@ func TestSemaphoreValueExcludesItsGoroutines(t *testing.T) {
 // waits until both are gone.
 func TestSemaphoreTryWeightsSaturate(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	admin := c.Client(t)
-	ctx := ctxT(t)
+	_, admin, ctx := singleClient(t)
 	const capacity = math.MaxInt64
 	const half = math.MaxInt64/2 + 1
 	name := "r12bsat"

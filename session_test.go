@@ -75,9 +75,7 @@ func TestSessionDeadlineMoved(t *testing.T) {
 // Orphan leaves it to expire.
 func TestSessionKeepAliveCloseOrphan(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli, etcdsync.WithTTL(time.Second))
 	notWithin(t, s.Done(), 3500*time.Millisecond, "session with keepalives ended")
 	ttl, err := cli.TimeToLive(ctx, s.Lease())
@@ -109,9 +107,7 @@ func TestSessionKeepAliveCloseOrphan(t *testing.T) {
 // keepalive; cancelling the WithContext context ends it at once.
 func TestSessionEnds(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli, etcdsync.WithTTL(12*time.Second))
 	_, err := cli.Revoke(ctx, s.Lease())
 	require.NoError(t, err)
@@ -149,26 +145,9 @@ func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
 		go func() { <-s.Done(); doneAt <- time.Now() }()
 		cut := time.Now()
 		link.Cut()
-		var deleted time.Time
-		for deleted.IsZero() {
-			wr, ok := <-wch
-			require.True(t, ok, "admin watch ended")
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					deleted = time.Now()
-				}
-			}
-		}
-		select {
-		case <-s.Done():
-		default:
-			t.Fatal("the server deleted the key before the session's Done closed")
-		}
-		select {
-		case <-holdDone:
-		default:
-			t.Fatal("the server deleted the key before the hold's Done closed")
-		}
+		deleted := awaitDelete(t, wch)
+		require.True(t, isClosed(s.Done()), "the server deleted the key before the session's Done closed")
+		require.True(t, isClosed(holdDone), "the server deleted the key before the hold's Done closed")
 		closed := <-doneAt
 		require.False(t, s.Deadline().After(cut.Add(s.TTL())), "deadline later than the cut plus the TTL")
 		require.False(t, closed.After(s.Deadline().Add(250*time.Millisecond)), "Done closed %v after the local deadline", closed.Sub(s.Deadline()))
@@ -234,9 +213,7 @@ func TestSessionSurvivesLeaderStop(t *testing.T) {
 // at the default TTL).
 func TestSessionEndsSoonAfterRevoke(t *testing.T) {
 	t.Parallel()
-	c := kitSingle(t)
-	cli := c.Client(t)
-	ctx := ctxT(t)
+	_, cli, ctx := kitSingleClient(t)
 	s := session(t, cli) // default 60s TTL
 	m := etcdsync.NewMutex(s, "revoke-soon")
 	require.NoError(t, m.Lock(ctx))

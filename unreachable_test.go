@@ -7,12 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
-	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -25,26 +24,14 @@ func TestLockWaitsThroughLongPartition(t *testing.T) {
 		t.Skip("7 s partition skipped in -short")
 	}
 	c := single(t)
-	u, err := url.Parse(c.Members()[0].Endpoint())
-	require.NoError(t, err)
-	p := etcdtest.NewProxy(t, u.Host)
-	s := session(t, etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(30*time.Second))
+	cli, p := faults.Proxied(t, c)
+	s := session(t, cli, etcdsync.WithTTL(30*time.Second))
 	m := etcdsync.NewMutex(s, "nodeadline")
 	p.Blackhole(true)
-	errc := make(chan error, 1)
-	go func() { errc <- m.Lock(context.Background()) }()
-	select {
-	case err := <-errc:
-		t.Fatalf("Lock(Background) returned during the partition: %v", err)
-	case <-time.After(7 * time.Second):
-	}
+	errc := async(func() error { return m.Lock(context.Background()) })
+	notYet(t, errc, 7*time.Second, "Lock(Background) during the partition")
 	p.Blackhole(false)
-	select {
-	case err := <-errc:
-		require.NoError(t, err)
-	case <-time.After(testTimeout):
-		t.Fatal("Lock did not return after the partition healed")
-	}
+	require.NoError(t, resultWithin(t, errc, testTimeout, "Lock after the partition healed"))
 	require.NoError(t, m.Unlock(ctxT(t)))
 }
 
@@ -55,10 +42,8 @@ func TestReleaseBoundedWhileEtcdUnreachable(t *testing.T) {
 	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
-	u, err := url.Parse(c.Members()[0].Endpoint())
-	require.NoError(t, err)
-	p := etcdtest.NewProxy(t, u.Host)
-	s := session(t, etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(2*time.Second))
+	cli, p := faults.Proxied(t, c)
+	s := session(t, cli, etcdsync.WithTTL(2*time.Second))
 	m := etcdsync.NewMutex(s, "down-m")
 	e := etcdsync.NewElection(s, "down-e")
 	require.NoError(t, m.Lock(ctx))
@@ -100,17 +85,15 @@ func TestReleaseBoundedWhileEtcdUnreachable(t *testing.T) {
 func TestLockOverrunBoundedWhileUnreachable(t *testing.T) {
 	t.Parallel()
 	c := single(t)
-	u, err := url.Parse(c.Members()[0].Endpoint())
-	require.NoError(t, err)
-	p := etcdtest.NewProxy(t, u.Host)
-	s := session(t, etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(30*time.Second))
+	cli, p := faults.Proxied(t, c)
+	s := session(t, cli, etcdsync.WithTTL(30*time.Second))
 	m := etcdsync.NewMutex(s, "r8-overrun")
 	p.Blackhole(true)
 	defer p.Blackhole(false)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err = m.Lock(ctx)
+	err := m.Lock(ctx)
 	took := time.Since(start)
 	t.Logf("Lock(300ms) returned after %v: %v", took, err)
 	require.ErrorIs(t, err, context.DeadlineExceeded)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 )
 
 // openWatches counts a client's open Watch gRPC streams: one opened is
@@ -227,23 +228,33 @@ func TestLockCancelledAsItWatchesLeavesNoWatchStream(t *testing.T) {
 	cli := etcdtest.NewClient(t, c.Endpoints(), ow.dial())
 	cw := &cancelOnWatch{Watcher: cli.Watcher}
 	cli.Watcher = cw
+	failedLocksLeaveNoWatch(t, c, cli, ow, "ws-leak", func(ctx context.Context) (context.Context, context.CancelFunc) {
+		lctx, cancel := context.WithTimeout(ctx, testTimeout)
+		cw.arm(cancel)
+		return lctx, cancel
+	}, context.Canceled, "cancelled Locks")
+}
+
+// failedLocksLeaveNoWatch has a Mutex on name of a session of c hold, and
+// a waiter on a session of cli Lock name 5 times, each under a context of
+// lockCtx that must end the Lock with want; then no Watch stream of a wait
+// of cli (ow counts them) may stay open. what names the failed Locks.
+func failedLocksLeaveNoWatch(t *testing.T, c *etcdtest.Cluster, cli *clientv3.Client, ow *openWatches, name string, lockCtx func(ctx context.Context) (context.Context, context.CancelFunc), want error, what string) {
+	t.Helper()
 	admin := c.Client(t)
 	ctx := ctxT(t)
-	const name = "ws-leak"
-	holder := etcdsync.NewMutex(session(t, admin), name)
-	require.NoError(t, holder.Lock(ctx))
+	holder := heldMutex(t, ctx, admin, name)
 	waiter := etcdsync.NewMutex(session(t, cli), name)
 	const tries = 5
 	for range tries {
-		lctx, cancel := context.WithTimeout(ctx, testTimeout)
-		cw.arm(cancel)
+		lctx, cancel := lockCtx(ctx)
 		err := waiter.Lock(lctx)
 		cancel()
-		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorIs(t, err, want)
 	}
 	waitCount(t, admin, name+"/", testTimeout, func(have int) bool { return have == 1 })
-	t.Logf("Watch streams opened by the %d cancelled Locks: %d", tries, ow.opened.Load())
-	ow.settleTo(t, 0, 5*time.Second, "after the cancelled Locks")
+	t.Logf("Watch streams opened by the %d %s: %d", tries, what, ow.opened.Load())
+	ow.settleTo(t, 0, 5*time.Second, "after the "+what)
 	require.NoError(t, holder.Unlock(ctx))
 }
 
@@ -258,32 +269,9 @@ func TestLocksTimingOutDuringTheVersionCheckLeaveNoWatchStream(t *testing.T) {
 	t.Parallel()
 	c := single(t)
 	ow := &openWatches{}
-	slowStatus := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == "/etcdserverpb.Maintenance/Status" {
-			select {
-			case <-time.After(300 * time.Millisecond):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	})
+	slowStatus := faults.Delay("/etcdserverpb.Maintenance/Status", 300*time.Millisecond)
 	cli := etcdtest.NewClient(t, c.Endpoints(), ow.dial(), slowStatus)
-	admin := c.Client(t)
-	ctx := ctxT(t)
-	const name = "ws-slowstatus"
-	holder := etcdsync.NewMutex(session(t, admin), name)
-	require.NoError(t, holder.Lock(ctx))
-	waiter := etcdsync.NewMutex(session(t, cli), name)
-	const tries = 5
-	for range tries {
-		lctx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
-		err := waiter.Lock(lctx)
-		cancel()
-		require.ErrorIs(t, err, context.DeadlineExceeded)
-	}
-	waitCount(t, admin, name+"/", testTimeout, func(have int) bool { return have == 1 })
-	t.Logf("Watch streams opened by the %d Locks that timed out: %d", tries, ow.opened.Load())
-	ow.settleTo(t, 0, 5*time.Second, "after the Locks that timed out")
-	require.NoError(t, holder.Unlock(ctx))
+	failedLocksLeaveNoWatch(t, c, cli, ow, "ws-slowstatus", func(ctx context.Context) (context.Context, context.CancelFunc) {
+		return context.WithTimeout(ctx, 150*time.Millisecond)
+	}, context.DeadlineExceeded, "Locks that timed out")
 }

@@ -1,21 +1,12 @@
 package etcdsynctest_test
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
-	"go.uber.org/goleak"
 )
 
 // Tests run 8 at a time unless -parallel says otherwise (see
 // etcdtest.DefaultParallel).
-func TestMain(m *testing.M) {
-	if err := etcdtest.DefaultParallel(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	goleak.VerifyTestMain(m, etcdsynctest.IgnoredGoroutines()...)
-}
+func TestMain(m *testing.M) { etcdtest.Main(m, etcdsynctest.IgnoredGoroutines()...) }

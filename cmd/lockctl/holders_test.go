@@ -217,9 +217,7 @@ func TestBadInput(t *testing.T) {
 func TestRunWritesWhoHolds(t *testing.T) {
 	t.Parallel()
 	name, dir := uniqueName(t), t.TempDir()
-	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
-	p := start(t, "run", name, "--", "sh", "-c", "echo up > "+started+"; "+waitFor(release))
-	readFile(t, started)
+	p, release := holding(t, dir, "run", name)
 	got := holdersOf(t, name)
 	require.Len(t, got, 1)
 	host, err := os.Hostname()

@@ -238,6 +238,17 @@ func leaseGone(t *testing.T, hex string) {
 	require.Equal(t, int64(-1), resp.TTL, "lease %s still exists", hex)
 }
 
+// holding starts lockctl with args (the last the lock's name) running a
+// command that waits until the file release, in dir, exists; it returns
+// once the command runs (lockctl holds), with release.
+func holding(t *testing.T, dir string, args ...string) (p *ctl, release string) {
+	t.Helper()
+	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
+	p = start(t, append(args, "--", "sh", "-c", fmt.Sprintf("echo x > %q; %s", started, waitFor(release)))...)
+	readFile(t, started)
+	return p, release
+}
+
 // readFile waits until path exists and is non-empty, and returns it.
 func readFile(t *testing.T, path string) string {
 	t.Helper()

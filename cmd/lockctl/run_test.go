@@ -179,9 +179,7 @@ func TestRunNoOverlap(t *testing.T) {
 func TestRunTryAndTimeout(t *testing.T) {
 	t.Parallel()
 	name, dir := uniqueName(t), t.TempDir()
-	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
-	holder := start(t, "run", name, "--", "sh", "-c", fmt.Sprintf("echo x > %q; %s", started, waitFor(release)))
-	readFile(t, started)
+	holder, release := holding(t, dir, "run", name)
 	held := keys(t, name+"/")
 	require.Len(t, held, 1)
 
@@ -212,9 +210,7 @@ func TestRunTryAndTimeout(t *testing.T) {
 func TestRunSignalWhileWaiting(t *testing.T) {
 	t.Parallel()
 	name, dir := uniqueName(t), t.TempDir()
-	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
-	holder := start(t, "run", name, "--", "sh", "-c", fmt.Sprintf("echo x > %q; %s", started, waitFor(release)))
-	readFile(t, started)
+	holder, release := holding(t, dir, "run", name)
 	waiter := start(t, "run", name, "--", "touch", filepath.Join(dir, "ran"))
 	waitKeys(t, name+"/", 2)
 	waiter.signal(t, syscall.SIGINT)
@@ -268,9 +264,7 @@ func TestRunNamespaceAndProxy(t *testing.T) {
 	name, dir := uniqueName(t), t.TempDir()
 	ns := name + "-ns/"
 	proxy := etcdtest.StartGRPCProxy(t, []string{endpoint})
-	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
-	holder := start(t, "--endpoints", proxy, "--namespace", ns, "run", name, "--", "sh", "-c", fmt.Sprintf("echo x > %q; %s", started, waitFor(release)))
-	readFile(t, started)
+	holder, release := holding(t, dir, "--endpoints", proxy, "--namespace", ns, "run", name)
 	require.Len(t, keys(t, ns+name+"/"), 1, "the holder's key, under the namespace")
 	require.Empty(t, keys(t, name+"/"), "nothing outside the namespace")
 

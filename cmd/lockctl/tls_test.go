@@ -28,27 +28,10 @@ func TestTLSAndAuth(t *testing.T) {
 	t.Cleanup(func() { root.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	for _, user := range []string{"root", "rw", "ro"} {
-		_, err := root.UserAdd(ctx, user, user+"-password")
-		require.NoError(t, err)
-	}
-	_, err = root.RoleAdd(ctx, "root")
-	require.NoError(t, err)
-	for role, perm := range map[string]clientv3.PermissionType{"locks-rw": clientv3.PermissionType(clientv3.PermReadWrite), "locks-ro": clientv3.PermissionType(clientv3.PermRead)} {
-		_, err := root.RoleAdd(ctx, role)
-		require.NoError(t, err)
-		_, err = root.RoleGrantPermission(ctx, role, "locks/", clientv3.GetPrefixRangeEnd("locks/"), perm)
-		require.NoError(t, err)
-	}
-	for user, role := range map[string]string{"root": "root", "rw": "locks-rw", "ro": "locks-ro"} {
-		_, err := root.UserGrantRole(ctx, user, role)
-		require.NoError(t, err)
-	}
-	_, err = root.AuthEnable(ctx)
-	require.NoError(t, err)
+	etcdtest.EnableAuth(t, ctx, root, map[string]string{"root": "root", "rw": "locks-rw", "ro": "locks-ro"})
 	// From now on, root must say who it is.
 	root.Close()
-	cfg.Username, cfg.Password = "root", "root-password"
+	cfg.Username, cfg.Password = "root", etcdtest.Password("root")
 	root, err = clientv3.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { root.Close() })

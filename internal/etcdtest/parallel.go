@@ -3,7 +3,11 @@ package etcdtest
 import (
 	"flag"
 	"fmt"
+	"os"
 	"strconv"
+	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // Parallel is how many tests of a package run at once (t.Parallel) unless
@@ -25,4 +29,16 @@ func DefaultParallel() error {
 		return fmt.Errorf("etcdtest: set -test.parallel: %w", err)
 	}
 	return nil
+}
+
+// Main is a package's TestMain: DefaultParallel, then the tests, then
+// goleak's check that no goroutine outlives them but the ignored ones (the
+// embedded members' own). It exits the process with the tests' status, or
+// 2 when the flags cannot be set.
+func Main(m *testing.M, ignored ...goleak.Option) {
+	if err := DefaultParallel(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	goleak.VerifyTestMain(m, ignored...)
 }
