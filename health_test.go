@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 )
 
@@ -58,7 +59,7 @@ func TestCheckFollowsTheHold(t *testing.T) {
 func TestSessionCheckOnLostContact(t *testing.T) {
 	t.Parallel()
 	c := single(t)
-	acli, p := proxied(t, c)
+	acli, p := faults.Proxied(t, c)
 	s := session(t, acli, etcdsync.WithTTL(2*time.Second))
 	e := etcdsync.NewElection(s, "health-lost")
 	require.NoError(t, e.Campaign(ctxT(t), "v"))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 )
 
@@ -20,7 +21,7 @@ func TestLockDelayAfterLostContact(t *testing.T) {
 	c := single(t)
 	ctx := ctxT(t)
 	const ttl, delay = 2 * time.Second, 3 * time.Second
-	acli, p := proxied(t, c)
+	acli, p := faults.Proxied(t, c)
 	as := session(t, acli, etcdsync.WithTTL(ttl), etcdsync.WithLockDelay(delay))
 	require.Equal(t, ttl, as.TTL())
 	ttlResp, err := acli.TimeToLive(ctx, as.Lease())
