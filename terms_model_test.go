@@ -13,12 +13,16 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
+	"google.golang.org/grpc"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
@@ -58,8 +62,8 @@ func isHexChild(prefix, key string) bool {
 	return true
 }
 
-// historyOf replays the events of prefix from revision from+1 to to over the
-// candidates at from, and returns each state at the revision it began,
+// historyOf replays the events of prefix from revision from+1 to to (the
+// revision of a write under prefix) over the candidates at from, and returns each state at the revision it began,
 // starting with the state at from.
 func historyOf(t *testing.T, admin *clientv3.Client, prefix string, from, to int64) []termState {
 	t.Helper()
@@ -113,7 +117,11 @@ func historyOf(t *testing.T, admin *clientv3.Client, prefix string, from, to int
 				states = append(states, st)
 			}
 		}
-		from = max(from, wr.Header.Revision)
+		// Not the header's revision: a catching-up watch gets its events in
+		// batches whose headers carry the store's current revision.
+		if len(evs) > 0 {
+			from = max(from, evs[len(evs)-1].Kv.ModRevision)
+		}
 	}
 	return states
 }
@@ -332,4 +340,124 @@ func TestTermsAcrossMemberRestartMissNone(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	rec.stop()
 	checkTermsAgainstHistory(t, admin, "restart-terms/", rec.states(), resp.Header.Revision)
+}
+
+// partialBatchBreaker ends, once armed, the first watch stream that delivers
+// a response whose header revision is past its last event (etcd sends a
+// catching-up watcher its events in batches of 1000 revisions, each with the
+// store's current revision in its header): once the reader has taken the
+// batch's last value (processed closes), its next receive fails as a member
+// that lost its raft leader fails a require-leader watch.
+type partialBatchBreaker struct {
+	armed     atomic.Bool
+	lastValue chan string   // the value of the partial batch's last event
+	processed chan struct{} // closed by the test once the reader has it
+}
+
+func (b *partialBatchBreaker) dial() grpc.DialOption {
+	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil || method != "/etcdserverpb.Watch/Watch" {
+			return s, err
+		}
+		return &partialBatchStream{ClientStream: s, b: b}, nil
+	})
+}
+
+type partialBatchStream struct {
+	grpc.ClientStream
+	b        *partialBatchBreaker
+	failNext bool
+}
+
+func (s *partialBatchStream) RecvMsg(m any) error {
+	if s.failNext {
+		select {
+		case <-s.b.processed:
+		case <-time.After(testTimeout):
+		}
+		return rpctypes.ErrGRPCNoLeader
+	}
+	err := s.ClientStream.RecvMsg(m)
+	wr, ok := m.(*pb.WatchResponse)
+	if err != nil || !ok || len(wr.Events) == 0 {
+		return err
+	}
+	last := wr.Events[len(wr.Events)-1].Kv
+	if wr.Header.Revision > last.ModRevision && s.b.armed.CompareAndSwap(true, false) {
+		s.failNext = true
+		s.b.lastValue <- string(last.Value)
+	}
+	return nil
+}
+
+// A Terms reader that fell behind, whose watch then catches up from an old
+// revision (etcd sends the backlog in batches of 1000 revisions, each header
+// carrying the store's current revision) and is ended by a lost raft leader
+// after the first batch: no change is missed without a compaction; the
+// terms after the first batch are still reported, from the history.
+func TestTermsAfterPartialCatchUpBatchMissNone(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	br := &partialBatchBreaker{lastValue: make(chan string, 1), processed: make(chan struct{})}
+	ocli := c.Client(t, br.dial())
+	tctx, stop := context.WithCancel(ctx)
+	defer stop()
+	terms := etcdsync.NewObserver(ocli, "batch-terms").Terms(tctx)
+	var got []termState
+	next := func() termState {
+		t.Helper()
+		select {
+		case tm, ok := <-terms:
+			require.True(t, ok)
+			st := termState{rev: tm.Rev}
+			if tm.Leader != nil {
+				st.key, st.create, st.md, st.value = string(tm.Leader.Key), tm.Leader.CreateRevision, tm.Leader.ModRevision, string(tm.Leader.Value)
+			}
+			got = append(got, st)
+			return st
+		case <-time.After(testTimeout):
+			t.Fatal("no term")
+		}
+		return termState{}
+	}
+	require.Empty(t, next().key)
+	a := etcdsync.NewElection(session(t, admin), "batch-terms")
+	require.NoError(t, a.Campaign(ctx, "a"))
+	require.Equal(t, "a", next().value)
+	b := etcdsync.NewElection(session(t, admin), "batch-terms")
+	bLeads := campaignAsync(ctx, b, "b")
+	waitKeys(t, admin, "batch-terms/", 2)
+	// The reader stops reading; the leader proclaims once (Terms blocks on
+	// it), resigns, and the next leader proclaims 1200 values.
+	require.NoError(t, a.Proclaim(ctx, "a2"))
+	require.NoError(t, a.Resign(ctx))
+	require.NoError(t, resultWithin(t, bLeads, testTimeout, "b leads"))
+	for i := range 1200 {
+		require.NoError(t, b.Proclaim(ctx, fmt.Sprintf("b%d", i)))
+	}
+	end, err := admin.Put(ctx, "batch-terms/nested/end", "x")
+	require.NoError(t, err)
+	br.armed.Store(true)
+	// The reader reads again, until the last value.
+	batchEnd := ""
+	for st := next(); st.value != "b1199"; st = next() {
+		if batchEnd == "" {
+			select {
+			case batchEnd = <-br.lastValue:
+				t.Logf("a partial batch ends with %q", batchEnd)
+			default:
+			}
+		}
+		if batchEnd != "" && st.value == batchEnd {
+			close(br.processed)
+		}
+	}
+	require.NotEmpty(t, batchEnd, "no partial batch was seen")
+	stop()
+	for range terms {
+	}
+	checkTermsAgainstHistory(t, admin, "batch-terms/", got, end.Header.Revision)
 }
