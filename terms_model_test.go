@@ -202,8 +202,9 @@ func electionChurn(t *testing.T, seed uint64, newClient func() *clientv3.Client,
 		c := cands[k]
 		switch op := rng.IntN(8); op {
 		case 0, 1: // campaign, bounded
+			d := time.Duration(50+rng.IntN(300)) * time.Millisecond
 			wg.Go(func() {
-				cctx, cancel := context.WithTimeout(ctx, time.Duration(50+rng.IntN(300))*time.Millisecond)
+				cctx, cancel := context.WithTimeout(ctx, d)
 				defer cancel()
 				_ = c.e.Campaign(cctx, fmt.Sprintf("c%d-%d", k, i))
 			})

@@ -32,7 +32,9 @@ func ticker(ticks, started string, ignoreTerm bool) string {
 }
 
 // stamp is a command that writes the time (ns) to path and exits.
-func stamp(path string) string { return fmt.Sprintf(`date +%%s%%N > %q.tmp && mv %q.tmp %q`, path, path, path) }
+func stamp(path string) string {
+	return fmt.Sprintf(`date +%%s%%N > %q.tmp && mv %q.tmp %q`, path, path, path)
+}
 
 func nanos(t *testing.T, s string) int64 {
 	t.Helper()
