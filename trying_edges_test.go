@@ -134,8 +134,8 @@ func TestCheckAfterEveryEnd(t *testing.T) {
 	admin := c.Client(t)
 	ctx := ctxT(t)
 	type prim struct {
-		name    string
-		take    func(s *etcdsync.Session, name string) (check func() error, release func() error)
+		name string
+		take func(s *etcdsync.Session, name string) (check func() error, release func() error)
 	}
 	prims := []prim{
 		{"mutex", func(s *etcdsync.Session, name string) (func() error, func() error) {
