@@ -158,7 +158,11 @@ func (e *Election) TryRun(ctx context.Context, val string, fn func(ctx context.C
 // work under Run still runs. Not leading, it returns nil at once. It blocks
 // until then, bounded by ctx: when ctx ends first it returns an error
 // wrapping ctx.Err(), and a Run that was asked to stop still resigns once its
-// fn returns. On a resign error the term lasts and Handover can be retried.
+// fn returns. A Run that gets the term as the Handover begins does not start
+// its fn (it returns an error wrapping ErrLockReleased). On a resign error
+// the term lasts, no Run under it starts its work, and Handover can be
+// retried. Called from inside a Run's fn, it waits for that fn: pass a ctx
+// that ends.
 func (e *Election) Handover(ctx context.Context) error {
 	if e.hr.bad != nil {
 		return e.hr.bad

@@ -111,12 +111,14 @@ func TestHandoverRacingRunStartNoTwoLeaders(t *testing.T) {
 		require.NoError(t, p.Resign(ctx))
 		require.NoError(t, resultWithin(t, handed, testTimeout, "the Handover"))
 		require.NoError(t, resultWithin(t, bLeads, testTimeout, "b leads"), "round %d", i)
-		require.NoError(t, resultWithin(t, run, testTimeout, "a's Run returns"))
+		runErr := resultWithin(t, run, testTimeout, "a's Run returns")
 		select {
 		case <-fnRan:
 			ran++
+			require.NoError(t, runErr)
 			require.Less(t, workEnd.Load(), bLeadAt.Load(), "round %d: b leads %v before a's Run fn returned", i, time.Duration(workEnd.Load()-bLeadAt.Load()))
-		default:
+		default: // handed over before fn began: fn never runs, and Run says so
+			require.ErrorIs(t, runErr, etcdsync.ErrLockReleased)
 		}
 		require.NoError(t, b.Resign(ctx))
 	}

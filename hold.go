@@ -32,12 +32,13 @@ type hold struct {
 	writing sync.Mutex // one write of the key's value (put) at a time
 	wrote   int64      // the key's mod revision after our last put (writing); 0: its create
 
-	mu    sync.Mutex
-	last  *pb.ResponseHeader      // of the last write through the hold (Proclaim)
-	cause error                   // why it ended, once over
-	ctx   context.Context         // ends with the hold; nil until asked for
-	end   context.CancelCauseFunc // ends ctx
-	runs  map[*running]struct{}   // the Runs under the hold (run.go); nil until one starts
+	mu      sync.Mutex
+	last    *pb.ResponseHeader      // of the last write through the hold (Proclaim)
+	cause   error                   // why it ended, once over
+	ctx     context.Context         // ends with the hold; nil until asked for
+	end     context.CancelCauseFunc // ends ctx
+	runs    map[*running]struct{}   // the Runs under the hold (run.go); nil until one starts
+	handing bool                    // a Handover has begun: no Run starts its work
 
 	once      sync.Once     // finish
 	watchOnce sync.Once     // start or forbid the watch

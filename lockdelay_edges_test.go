@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,7 +24,7 @@ func TestLockDelayHoldsWhenLostSessionIsClosed(t *testing.T) {
 	c := single(t)
 	ctx := ctxT(t)
 	const ttl, delay = 2 * time.Second, 6 * time.Second
-	acli, p := proxied(t, c)
+	acli, p := faults.Proxied(t, c)
 	as, err := etcdsync.NewSession(acli, etcdsync.WithTTL(ttl), etcdsync.WithLockDelay(delay))
 	require.NoError(t, err)
 	a := etcdsync.NewMutex(as, "delay-close-lost")
@@ -133,7 +134,7 @@ func TestLockDelayAdoptedLeaseAfterLostContact(t *testing.T) {
 	require.NoError(t, m.Lock(ctx))
 	first.Orphan() // the process restarts
 
-	acli, p := proxied(t, c)
+	acli, p := faults.Proxied(t, c)
 	as, err := etcdsync.NewSession(acli, etcdsync.WithLease(first.Lease()), etcdsync.WithLockDelay(delay))
 	require.NoError(t, err)
 	defer as.Orphan()

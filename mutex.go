@@ -76,6 +76,8 @@ func (m *Mutex) Run(ctx context.Context, fn func(ctx context.Context) error) err
 // TryRun is Run with TryLock: when the lock is held (also by this value) it
 // returns an error wrapping ErrLocked at once, without running fn, in one
 // RPC that writes nothing. Otherwise it runs fn and releases as Run does.
+// Given the context of a Run that holds this lock, it enters that hold, as
+// Run does.
 func (m *Mutex) TryRun(ctx context.Context, fn func(ctx context.Context) error) error {
 	return m.hr.run(ctx, 1, "", m.TryLock, m.Unlock, fn)
 }

@@ -227,8 +227,8 @@ func sameState(a, b Term) bool {
 
 // follow watches the prefix from after revision at, where leader was current
 // (nil: none yet), and delivers each leader and value. It returns the
-// revision of the leader's delete, or -(the last revision it saw) when the
-// watch ended.
+// revision of the leader's delete, or -(the revision of the last event it
+// was delivered, or at) when the watch ended.
 func (o *Observer) follow(ctx context.Context, at int64, leader *mvccpb.KeyValue, send func(*pb.ResponseHeader, Term) bool) int64 {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
@@ -249,8 +249,11 @@ func (o *Observer) follow(ctx context.Context, at int64, leader *mvccpb.KeyValue
 			case leader != nil && key == string(leader.Key):
 				return ev.Kv.ModRevision
 			}
+			// Only what was delivered counts as seen: a watch that
+			// catches up sends the backlog in batches whose header has
+			// the store's current revision, not the batch's last.
+			seen = max(seen, ev.Kv.ModRevision)
 		}
-		seen = max(seen, wr.Header.Revision)
 	}
 	return -seen
 }

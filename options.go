@@ -62,7 +62,8 @@ func WithContext(ctx context.Context) SessionOption {
 // local deadline (Deadline, Done, the end of Run's context) by the TTL alone,
 // so the server frees the session's keys no sooner than d after the holder was
 // told it lost them. A clean end hands over at once: Unlock, Resign and Close
-// (which revokes the lease). d is rounded up to whole seconds; a negative d
+// (which revokes the lease), but not a Close after the session ended for
+// lost contact (the delay stands). d is rounded up to whole seconds; a negative d
 // makes NewSession return an error wrapping ErrInvalidArgument. The default
 // is 0: off, and then nothing is sent or kept for it.
 //

@@ -47,7 +47,8 @@ func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release
 	defer cancel(nil)
 	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
 	defer stop()
-	defer h.addRun(cancel)() // after the release below: a Handover waits for both
+	leave, handedOver := h.addRun(cancel)
+	defer leave() // after the release below: a Handover waits for both
 	defer func() {
 		p := recover()
 		err = errors.Join(err, e.afterRun(ctx, release))
@@ -55,6 +56,9 @@ func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release
 			panic(p)
 		}
 	}()
+	if handedOver { // between the acquire and now: fn must not run beside the successor
+		return fmt.Errorf("%w: %s was handed over before fn ran", ErrLockReleased, h.key)
+	}
 	return fn(fctx)
 }
 
@@ -89,28 +93,33 @@ type running struct {
 }
 
 // addRun registers a Run under h, whose work stop cancels; the returned
-// function, called once the Run has released, unregisters it.
-func (h *hold) addRun(stop context.CancelCauseFunc) func() {
+// function, called once the Run has released, unregisters it. When a
+// Handover has begun on h (stopRuns), it reports handedOver: the Run must
+// not start its work.
+func (h *hold) addRun(stop context.CancelCauseFunc) (leave func(), handedOver bool) {
 	r := &running{stop: stop, over: make(chan struct{})}
 	h.mu.Lock()
 	if h.runs == nil {
 		h.runs = make(map[*running]struct{})
 	}
 	h.runs[r] = struct{}{}
+	handedOver = h.handing
 	h.mu.Unlock()
 	return func() {
 		h.mu.Lock()
 		delete(h.runs, r)
 		h.mu.Unlock()
 		close(r.over)
-	}
+	}, handedOver
 }
 
-// stopRuns cancels the work of every Run under h with cause, and returns
-// channels that close as each Run has released.
+// stopRuns begins a Handover of h: no Run registered from now on starts its
+// work, and the work of every Run under h is cancelled with cause. It
+// returns channels that close as each Run has released.
 func (h *hold) stopRuns(cause error) []chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.handing = true
 	var over []chan struct{}
 	for r := range h.runs {
 		r.stop(cause)

@@ -286,7 +286,9 @@ func (s *Session) Orphan() {
 // Close ends the session and revokes its lease, which deletes every key the
 // session holds. It blocks for the revoke, bounded by the TTL (by a second
 // once the session ended for lost contact); with the client closed it returns
-// at once (the lease is left to expire). It is idempotent: later calls return the
+// at once (the lease is left to expire). With WithLockDelay, a session that
+// ended for lost contact is not revoked: its lease runs out the delay on the
+// server. It is idempotent: later calls return the
 // first call's result. After Orphan it changes nothing in etcd. A lease the
 // server no longer has is not an error.
 func (s *Session) Close() error {
@@ -297,6 +299,9 @@ func (s *Session) Close() error {
 		switch {
 		case s.client.Ctx().Err() != nil:
 			s.closeErr = fmt.Errorf("etcdsync: revoke lease 0x%x: client closed; the lease is left to expire", int64(s.id))
+		case errors.Is(context.Cause(s.ctx), ErrSessionExpired) && !time.Now().Before(s.Deadline()) && s.delay > 0:
+			// Lost contact with a lock delay: the lease runs out the
+			// delay on the server (WithLockDelay); a revoke would end it.
 		case errors.Is(context.Cause(s.ctx), ErrSessionExpired) && !time.Now().Before(s.Deadline()):
 			// Lost contact: a revoke cannot beat the server's own expiry
 			// by more than a round trip; still try, briefly.
