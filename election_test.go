@@ -3,21 +3,19 @@ package etcdsync_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
-	"google.golang.org/grpc"
 )
 
 // campaignAsync campaigns in a goroutine; the channel gets Campaign's result.
@@ -580,48 +578,6 @@ func TestObserveAcrossCompactionAndSessionEnd(t *testing.T) {
 	require.NoError(t, b.Resign(ctx))
 }
 
-// A Proclaim that the server applies late, after a newer Proclaim of the same
-// leader, writes nothing: the newest value stays. When the late one lands
-// first, the newer one still writes over it.
-func TestLateProclaimNeverOverwritesNewer(t *testing.T) {
-	t.Parallel()
-	c := single(t)
-	ctx := ctxT(t)
-	var arm atomic.Bool
-	late := make(chan func() error, 1)
-	holdBack := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == "/etcdserverpb.KV/Txn" && arm.CompareAndSwap(true, false) {
-			// The request reaches the server only later, as one the
-			// server applies after its caller gave up.
-			late <- func() error { return invoker(context.Background(), method, req, reply, cc, opts...) }
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	})
-	cli := c.Client(t, holdBack)
-	e := etcdsync.NewElection(session(t, cli), "late-proclaim")
-	require.NoError(t, e.Campaign(ctx, "v1"))
-	proclaimLate := func(val string) func() error {
-		arm.Store(true)
-		pctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		defer cancel()
-		require.ErrorIs(t, e.Proclaim(pctx, val), context.DeadlineExceeded)
-		return <-late
-	}
-
-	send := proclaimLate("v2 (late)")
-	require.NoError(t, e.Proclaim(ctx, "v3"))
-	require.NoError(t, send())
-	require.Equal(t, "v3", leaderValue(t, e), "the late Proclaim wrote over the newer one")
-
-	send = proclaimLate("v4 (late)")
-	require.NoError(t, send())
-	require.Equal(t, "v4 (late)", leaderValue(t, e))
-	require.NoError(t, e.Proclaim(ctx, "v5"))
-	require.Equal(t, "v5", leaderValue(t, e))
-}
-
 // A candidate whose lease ends while it waits never leads: it returns
 // ErrSessionExpired at once, and nobody leads once the leader ahead of it
 // resigns right after (etcd-io/etcd#11456: a lock was reported held without
@@ -688,8 +644,6 @@ func TestCandidateKeepsPlaceAcrossCompaction(t *testing.T) {
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
-	u, err := url.Parse(c.Members()[0].Endpoint())
-	require.NoError(t, err)
 	// compactBreak compacts past every revision so far, then breaks every
 	// stream of the candidates' clients (the proxy drops its connections, as
 	// a member restart does).
@@ -705,7 +659,7 @@ func TestCandidateKeepsPlaceAcrossCompaction(t *testing.T) {
 	const name = "compact-campaign"
 	leader := etcdsync.NewElection(session(t, admin), name)
 	require.NoError(t, leader.Campaign(ctx, "l"))
-	p := etcdtest.NewProxy(t, u.Host)
+	p := faults.Proxy(t, c)
 	cnt := counter{created: make(chan struct{}, 16)}
 	cand := etcdsync.NewElection(session(t, etcdtest.NewClient(t, []string{p.Endpoint()}, cnt.dial()...)), name)
 	got := async(func() error { return cand.Campaign(ctx, "c") })
@@ -728,7 +682,7 @@ func TestCandidateKeepsPlaceAcrossCompaction(t *testing.T) {
 	t.Cleanup(func() { ls.Close() })
 	eleader := concurrency.NewElection(ls, theirs)
 	require.NoError(t, eleader.Campaign(ctx, "l"))
-	ep := etcdtest.NewProxy(t, u.Host)
+	ep := faults.Proxy(t, c)
 	ecnt := counter{created: make(chan struct{}, 16)}
 	es, err := concurrency.NewSession(etcdtest.NewClient(t, []string{ep.Endpoint()}, ecnt.dial()...))
 	require.NoError(t, err)

@@ -5,13 +5,13 @@ package etcdsync_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"regexp"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -269,9 +269,7 @@ func TestObserveAfterStallReportsOnlyLeaders(t *testing.T) {
 	admin := c.Client(t)
 	ctx := ctxT(t)
 	const name = "obs-stall"
-	u, err := url.Parse(c.Members()[0].Endpoint())
-	require.NoError(t, err)
-	p := etcdtest.NewProxy(t, u.Host)
+	p := faults.Proxy(t, c)
 	cnt := counter{created: make(chan struct{}, 16)}
 	ocli := etcdtest.NewClient(t, []string{p.Endpoint()}, cnt.dial()...)
 	es, err := concurrency.NewSession(ocli)

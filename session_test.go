@@ -2,13 +2,13 @@ package etcdsync_test
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/etcdsynctest"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -235,9 +235,7 @@ func TestCloseBoundedWhileEtcdUnreachable(t *testing.T) {
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
-	u, err := url.Parse(c.Members()[0].Endpoint())
-	require.NoError(t, err)
-	p := etcdtest.NewProxy(t, u.Host)
+	p := faults.Proxy(t, c)
 	s, err := etcdsync.NewSession(etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(2*time.Second))
 	require.NoError(t, err)
 	m := etcdsync.NewMutex(s, "close-unreachable")

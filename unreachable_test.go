@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"testing"
 	"time"
 
@@ -112,13 +111,11 @@ func TestCancelledWaitReturnsWhileUnreachable(t *testing.T) {
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
-	u, err := url.Parse(c.Members()[0].Endpoint())
-	require.NoError(t, err)
 	const name = "wait-unreachable"
 	holder := etcdsync.NewMutex(session(t, admin), name)
 	require.NoError(t, holder.Lock(ctx))
 
-	p := etcdtest.NewProxy(t, u.Host)
+	p := faults.Proxy(t, c)
 	cnt := counter{created: make(chan struct{}, 8)}
 	m := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{p.Endpoint()}, cnt.dial()...), etcdsync.WithTTL(30*time.Second)), name)
 	lctx, cancel := context.WithCancel(ctx)
@@ -139,7 +136,7 @@ func TestCancelledWaitReturnsWhileUnreachable(t *testing.T) {
 	const theirs = "wait-unreachable-etcd"
 	eholder := etcdsync.NewMutex(session(t, admin), theirs)
 	require.NoError(t, eholder.Lock(ctx))
-	ep := etcdtest.NewProxy(t, u.Host)
+	ep := faults.Proxy(t, c)
 	ecnt := counter{created: make(chan struct{}, 8)}
 	es, err := concurrency.NewSession(etcdtest.NewClient(t, []string{ep.Endpoint()}, ecnt.dial()...))
 	require.NoError(t, err)

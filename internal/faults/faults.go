@@ -490,10 +490,17 @@ func (w *lateWatch) RecvMsg(m any) error {
 // both end in t's cleanup. It returns once both are made.
 func Proxied(t testing.TB, c *etcdtest.Cluster, dial ...grpc.DialOption) (*clientv3.Client, *etcdtest.Proxy) {
 	t.Helper()
+	p := Proxy(t, c)
+	return etcdtest.NewClient(t, []string{p.Endpoint()}, dial...), p
+}
+
+// Proxy returns a new proxy to c's first member, for clients the test makes
+// through it; it ends in t's cleanup.
+func Proxy(t testing.TB, c *etcdtest.Cluster) *etcdtest.Proxy {
+	t.Helper()
 	u, err := url.Parse(c.Members()[0].Endpoint())
 	require.NoError(t, err)
-	p := etcdtest.NewProxy(t, u.Host)
-	return etcdtest.NewClient(t, []string{p.Endpoint()}, dial...), p
+	return etcdtest.NewProxy(t, u.Host)
 }
 
 // SentClient is Proxied with a client whose unary calls report their method
