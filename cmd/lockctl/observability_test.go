@@ -122,6 +122,7 @@ func TestElectHealthz(t *testing.T) {
 	require.Equal(t, "ok: waiting\n", body)
 	a.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, a.wait(t))
+	eventually(t, func() bool { return b.stdout.String() != "" }, "b leads after a handed over")
 	b.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, b.wait(t))
 	noKeys(t, name)
