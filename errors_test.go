@@ -73,6 +73,7 @@ func TestErrorTextsSayWhatWhichAndWhyOnce(t *testing.T) {
 // when no endpoint accepts a connection; with WithContext the context alone
 // bounds it.
 func TestNewSessionGivesUpOnUnreachableEndpoints(t *testing.T) {
+	slow(t)
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -31,6 +31,15 @@ func long(t *testing.T) {
 	}
 }
 
+// slow skips t in -short: a test that waits out TTLs or slow links for
+// several seconds (the whole run and CI run it).
+func slow(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("waits out TTLs for seconds: runs without -short")
+	}
+}
+
 func single(t *testing.T) *etcdtest.Cluster {
 	return etcdtest.Start(t, etcdtest.Options{})
 }

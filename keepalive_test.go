@@ -21,6 +21,7 @@ import (
 // A process that adopts its lease with less than a third of the TTL left
 // keeps it, and the holds it resumes: the first keepalive goes out at once.
 func TestLateAdoptionKeepsLease(t *testing.T) {
+	slow(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	_, cli, ctx := singleClient(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(3*time.Second))
@@ -55,6 +56,7 @@ func TestLateAdoptionKeepsLease(t *testing.T) {
 // before the server deletes its key, and within TTL + 1 s of the cut. On a
 // 3-member cluster the session reaches only the slow member.
 func TestSlowLinkIsNotLost(t *testing.T) {
+	slow(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
@@ -111,6 +113,7 @@ func cpuTime(t *testing.T) time.Duration {
 // The session (TTL 6 s) rightly lives on meanwhile; the process must not burn.
 // It measures the process's CPU time, so it does not run in parallel.
 func TestKeepaliveIdlesWhileStreamCannotOpen(t *testing.T) {
+	slow(t)
 	for _, tc := range []struct {
 		name  string
 		fault func(p *etcdtest.Proxy)

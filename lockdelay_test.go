@@ -102,6 +102,7 @@ func TestLockDelayOptions(t *testing.T) {
 // does once its Run returned on the loss), the next holder still waits the
 // delay from when the holder was told: the hold ended by loss, not release.
 func TestLockDelayHoldsWhenLostSessionIsClosed(t *testing.T) {
+	slow(t)
 	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
@@ -206,6 +207,7 @@ func TestLockDelayNotAfterRunOrHandover(t *testing.T) {
 // told by the adopted TTL less the delay; the next holder still waits the
 // delay after that.
 func TestLockDelayAdoptedLeaseAfterLostContact(t *testing.T) {
+	slow(t)
 	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)

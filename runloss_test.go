@@ -25,6 +25,7 @@ import (
 // (ErrLostContact) before a contender of another session gets the hold, and
 // Run's error carries the cause.
 func TestRunCutOffEndsFnFirstEveryKind(t *testing.T) {
+	slow(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	admin := c.Client(t)
@@ -146,6 +147,7 @@ func TestRunLossCarriesCauseEveryWay(t *testing.T) {
 // delayed TTL/2), it still happens, within the TTL, leaving no key, and Run
 // returns only fn's error.
 func TestRunReleasesOverSlowLink(t *testing.T) {
+	slow(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	admin := c.Client(t)
@@ -178,6 +180,7 @@ func TestRunReleasesOverSlowLink(t *testing.T) {
 // too): Run returns within about the TTL (not hanging on the release), says
 // the hold is lost, and the key goes when the lease expires.
 func TestRunReturnsWhenReleaseCutOff(t *testing.T) {
+	slow(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	admin := c.Client(t)
