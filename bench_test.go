@@ -836,8 +836,16 @@ func BenchmarkHold10k(b *testing.B) {
 // binary, running TestChildEtcd) and returns a client of it; both end in b's
 // cleanup.
 func clientOfChildEtcd(b *testing.B) *clientv3.Client {
+	return etcdtest.NewClient(b, childEtcd(b, false))
+}
+
+// childEtcd starts an embedded etcd member, with fsync on or off, in a child
+// process (this test binary, running TestChildEtcd), so that the heap and
+// goroutines of this process are the clients' only, and returns its
+// endpoints. The member ends in b's cleanup.
+func childEtcd(b *testing.B, fsync bool) []string {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestChildEtcd$")
-	cmd.Env = append(os.Environ(), "ETCDSYNC_CHILD_ETCD="+b.TempDir())
+	cmd.Env = append(os.Environ(), "ETCDSYNC_CHILD_ETCD="+b.TempDir(), fmt.Sprintf("ETCDSYNC_CHILD_FSYNC=%t", fsync))
 	stdin, err := cmd.StdinPipe()
 	must(b, err)
 	stdout, err := cmd.StdoutPipe()
@@ -848,21 +856,22 @@ func clientOfChildEtcd(b *testing.B) *clientv3.Client {
 	for sc.Scan() {
 		if ep, ok := strings.CutPrefix(sc.Text(), "ENDPOINT "); ok {
 			go io.Copy(io.Discard, stdout)
-			return etcdtest.NewClient(b, []string{ep})
+			return []string{ep}
 		}
 	}
 	b.Fatal("child etcd printed no endpoint")
 	return nil
 }
 
-// TestChildEtcd serves an embedded etcd for clientOfChildEtcd until its
-// standard input closes; without ETCDSYNC_CHILD_ETCD it is skipped.
+// TestChildEtcd serves an embedded etcd for childEtcd until its standard
+// input closes, with fsync on when ETCDSYNC_CHILD_FSYNC is true; without
+// ETCDSYNC_CHILD_ETCD it is skipped.
 func TestChildEtcd(t *testing.T) {
 	dir := os.Getenv("ETCDSYNC_CHILD_ETCD")
 	if dir == "" {
 		t.Skip("runs only as a benchmark's child process")
 	}
-	c, err := etcdtest.StartCluster(dir, etcdtest.Options{})
+	c, err := etcdtest.StartCluster(dir, etcdtest.Options{Fsync: os.Getenv("ETCDSYNC_CHILD_FSYNC") == "true"})
 	require.NoError(t, err)
 	defer c.Close()
 	fmt.Println("ENDPOINT " + c.Endpoints()[0])
