@@ -218,7 +218,7 @@ func closeSessions(b *testing.B, ss []scaleSession) time.Duration {
 //     reply-B/waiter: the bytes of their replies (protobuf encoding).
 //   - close-s: closing every waiter's session, 64 at a time.
 func BenchmarkWaiters10k(b *testing.B) {
-	for _, n := range []int{1000, 3000, 10000} {
+	for _, n := range scaleSizes([]int{100}, []int{1000, 3000, 10000}) {
 		for _, l := range scaleLibs {
 			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
 				for i := 0; i < b.N; i++ {
@@ -358,6 +358,19 @@ func waitWatches(b *testing.B, cnt *counter, k int, failed <-chan struct{}, fail
 
 // scaleProfiles, when set, is a directory where the scale benchmarks write
 // heap and goroutine profiles at the point they measure them.
+// scaleFull runs the scale benchmarks at their full sizes (10k waiters,
+// 100k holds: minutes, and about 14 GB at 10k waiters); without -scale they
+// run at a smoke size, as CI's one-iteration pass over every benchmark does.
+var scaleFull = flag.Bool("scale", false, "scale benchmarks at full size (10k waiters, 100k held locks); without it, a smoke size")
+
+// scaleSizes returns full with -scale, else smoke.
+func scaleSizes[T any](smoke, full []T) []T {
+	if *scaleFull {
+		return full
+	}
+	return smoke
+}
+
 var scaleProfiles = flag.String("scaleprofiles", "", "scale benchmarks: write heap and goroutine profiles into this directory")
 
 // writeProfiles writes the heap profile (as of the last collection) and the
@@ -389,7 +402,8 @@ func writeProfiles(b *testing.B, what string) {
 //   - sessions-lost: sessions that ended before the close; keys-left: keys
 //     under the names after the close.
 func BenchmarkHeld100k(b *testing.B) {
-	for _, sz := range []struct{ locks, sessions int }{{10000, 100}, {100000, 1000}} {
+	type size struct{ locks, sessions int }
+	for _, sz := range scaleSizes([]size{{1000, 10}}, []size{{10000, 100}, {100000, 1000}}) {
 		for _, l := range scaleLibs {
 			b.Run(fmt.Sprintf("locks=%d/sessions=%d/%s", sz.locks, sz.sessions, l.name), func(b *testing.B) {
 				for i := 0; i < b.N; i++ {
@@ -480,6 +494,13 @@ func BenchmarkGoroutinesBaseline(b *testing.B) {
 		{"uncontended", map[string]int{"etcdsync": 10000, "concurrency": 10000}},
 		{"contended", map[string]int{"etcdsync": 10000, "concurrency": 1000}},
 		{"cancelled", map[string]int{"etcdsync": 1000, "concurrency": 1000}},
+	}
+	if !*scaleFull {
+		for _, c := range cases {
+			for lib := range c.cycles {
+				c.cycles[lib] = 100
+			}
+		}
 	}
 	for _, c := range cases {
 		for _, l := range scaleLibs {
