@@ -29,6 +29,11 @@ type turn struct {
 	rev   int64
 	value []byte // our key's value when it already existed (non-nil), else nil
 	ahead []*mvccpb.KeyValue
+	// far and farN are the weight and number of blocking keys listed
+	// ahead that a waiter does not keep in ahead (see keepNearest): it
+	// watches only the nearest, so it keeps only those.
+	far   int64
+	farN  int
 	hdr   *pb.ResponseHeader
 	wrote bool // this call may have written the key
 	// gone is the latest delete of a key listed ahead seen since: one

@@ -100,4 +100,17 @@ func (t *turn) nearest() []*mvccpb.KeyValue {
 
 // blocked reports whether more weight that blocks us is listed ahead than
 // the rule leaves room for.
-func (t *turn) blocked() bool { return t.rule.weight(t.ahead) > t.rule.room }
+func (t *turn) blocked() bool { return addWeights(t.rule.weight(t.ahead), t.far) > t.rule.room }
+
+// keepNearest keeps of the keys listed ahead only those a waiter watches
+// (nearest), as small copies, and the weight and number of the others, so
+// that a waiter's memory does not grow with the queue ahead of it.
+func (t *turn) keepNearest() {
+	near := t.nearest()
+	t.far = addWeights(t.far, t.rule.weight(t.ahead[:len(t.ahead)-len(near)]))
+	t.farN += len(t.ahead) - len(near)
+	t.ahead = make([]*mvccpb.KeyValue, len(near))
+	for i, kv := range near {
+		t.ahead[i] = &mvccpb.KeyValue{Key: kv.Key, CreateRevision: kv.CreateRevision, Value: kv.Value}
+	}
+}

@@ -6,6 +6,7 @@ package etcdsync
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -113,6 +114,43 @@ func TestRulesNearestKeysWatched(t *testing.T) {
 			tn := &turn{slot: &slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
 			if got, want := keyNames(tn.nearest()), keyNames(queue(c.want...)); !slices.Equal(got, want) {
 				t.Fatalf("nearest = %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// A waiter keeps only the keys it watches, and the weight and number of
+// the others: its memory does not grow with the queue ahead, and it stays
+// blocked by what it no longer keeps.
+func TestRulesWaiterKeepsOnlyNearest(t *testing.T) {
+	long := make([]string, 1000)
+	for i := range long {
+		long[i] = fmt.Sprintf("%x", i+1)
+	}
+	for _, c := range []struct {
+		name    string
+		r       *rule
+		ahead   []string
+		kept    []string
+		far     int64
+		blocked bool
+	}{
+		{"a mutex behind 1000 keeps 2", &exclusive, long, long[998:], 998, true},
+		{"a semaphore keeps what fills the room and one behind", permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, []string{"2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, 1, true},
+		{"room left over the far keys", permits(4, 1), []string{"1a=1/4", "2b=1/4"}, []string{"1a=1/4", "2b=1/4"}, 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tn := &turn{slot: &slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
+			tn.keepNearest()
+			if got, want := keyNames(tn.ahead), keyNames(queue(c.kept...)); !slices.Equal(got, want) {
+				t.Fatalf("kept %v, want %v", got, want)
+			}
+			if tn.far != c.far || tn.farN != len(c.ahead)-len(c.kept) || tn.blocked() != c.blocked {
+				t.Fatalf("far %d (%d keys), blocked %v; want %d (%d keys), %v", tn.far, tn.farN, tn.blocked(), c.far, len(c.ahead)-len(c.kept), c.blocked)
+			}
+			tn.keepNearest() // again: nothing changes
+			if got := len(tn.ahead); got != len(c.kept) || tn.far != c.far {
+				t.Fatalf("a second keepNearest kept %d keys, far %d", got, tn.far)
 			}
 		})
 	}

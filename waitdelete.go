@@ -102,6 +102,7 @@ func (t *turn) watch(ctx context.Context) error {
 	st.own = st.add(t.key)
 	defer st.close()
 	defer st.stopProbe()
+	t.keepNearest()
 	for t.blocked() {
 		st.watchNearest()
 		key, gone, err := st.next(ctx)
@@ -116,9 +117,9 @@ func (t *turn) watch(ctx context.Context) error {
 			rest := slices.DeleteFunc(slices.Clone(t.ahead), func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
 			t.gone = max(t.gone, gone)
 			switch {
-			case t.rule.weight(rest) <= t.rule.room:
+			case addWeights(t.rule.weight(rest), t.far) <= t.rule.room:
 				err = st.confirm(ctx, t.gone)
-			case st.watchesAll(rest):
+			case t.farN == 0 && st.watchesAll(rest):
 				t.ahead = rest // still blocked: nothing to undo if a watch fails
 			default:
 				err = t.settle(ctx, gone)
@@ -222,7 +223,7 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 			if r.wr.Header.Revision < rev { // a member behind the delete (after a reconnect): wait on
 				continue
 			}
-			t.ahead = nil
+			t.ahead, t.far, t.farN = nil, 0, 0
 			h := r.wr.Header
 			t.hdr = &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: rev, RaftTerm: h.RaftTerm}
 			return nil
@@ -272,7 +273,8 @@ func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	if err != nil {
 		return err
 	}
-	t.ahead, t.hdr = ahead, resp.Header
+	t.ahead, t.far, t.farN, t.hdr = ahead, 0, 0, resp.Header
+	t.keepNearest()
 	return nil
 }
 
