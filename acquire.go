@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -32,10 +33,14 @@ type turn struct {
 	// far and farN are the weight and number of blocking keys listed
 	// ahead that a waiter does not keep in ahead (see keepNearest): it
 	// watches only the nearest, so it keeps only those.
-	far   int64
-	farN  int
-	hdr   *pb.ResponseHeader
-	wrote bool // this call may have written the key
+	far  int64
+	farN int
+	// unlisted: a limited list (rule.newest) did not reach the oldest key:
+	// older keys may block us too. far and farN then count one such key,
+	// unseen, so that only a read that lists them lets the turn come.
+	unlisted bool
+	hdr      *pb.ResponseHeader
+	wrote    bool // this call may have written the key
 	// gone is the latest delete of a key listed ahead seen since: one
 	// stream delivers the deletes of different watches out of revision
 	// order (a watch's events wait until the server has sent its creation),
@@ -58,15 +63,18 @@ func (sl *slot) enqueue(ctx context.Context, val string) (turn, error) {
 		return turn{slot: sl, wrote: unsure(err)}, err
 	}
 	t := turn{slot: sl, hdr: resp.Header, wrote: resp.Succeeded, rev: resp.Header.Revision}
-	err = t.queued(resp, val)
+	err = t.queued(ctx, resp, val)
 	return t, err
 }
 
 // queued fills t from an enqueue's response: our key as it already was, if
 // the response has it (it must have our lease and, under a rule that weighs
 // keys, the value val asks for), and the keys ahead of it (t.rev: our key's
-// create revision if it is new).
-func (t *turn) queued(resp *clientv3.TxnResponse, val string) error {
+// create revision if it is new). When a limited list leaves it unsure
+// whether anything blocks us (only keys that do not block, or keys newer
+// than our existing key, were listed), it lists them all (one more RPC,
+// bounded by ctx).
+func (t *turn) queued(ctx context.Context, resp *clientv3.TxnResponse, val string) error {
 	var own *mvccpb.KeyValue
 	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
 		own = kvs[0]
@@ -78,12 +86,36 @@ func (t *turn) queued(resp *clientv3.TxnResponse, val string) error {
 		}
 		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
-	var err error
-	if t.ahead, err = t.blocking(resp.Responses[1].GetResponseRange().Kvs, t.rev); err != nil {
+	rr := resp.Responses[1].GetResponseRange()
+	if err := t.list(rr.Kvs, rr.More); err != nil {
 		return err
+	}
+	if t.unlisted && (own != nil || t.wrote && len(t.ahead) == 0) {
+		if err := t.relist(ctx, t.hdr.Revision, true); err != nil {
+			return err
+		}
 	}
 	if own != nil {
 		t.wrote = t.mine(own) // after t.ahead: a waiting key is ours to withdraw
+	}
+	return nil
+}
+
+// list sets the keys ahead from kvs, a list of the keys under the prefix
+// (listOpts: under a limited list, newest first; more: keys it did not
+// reach exist).
+func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
+	if t.rule.newest && len(kvs) > 0 && kvs[0].CreateRevision > kvs[len(kvs)-1].CreateRevision {
+		kvs = slices.Clone(kvs)
+		slices.Reverse(kvs)
+	}
+	ahead, err := t.blocking(kvs, t.rev)
+	if err != nil {
+		return err
+	}
+	t.ahead, t.far, t.farN, t.unlisted = ahead, 0, 0, t.rule.newest && more
+	if t.unlisted && len(ahead) > 0 {
+		t.far, t.farN = 1, 1
 	}
 	return nil
 }
@@ -118,7 +150,7 @@ func (sl *slot) tryEnqueue(ctx context.Context, val string) (turn, error) {
 	}
 	// Without a key of ours, every direct child is ahead of where ours would be.
 	t := turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
-	if err := t.queued(resp, val); err != nil {
+	if err := t.queued(ctx, resp, val); err != nil {
 		return t, err
 	}
 	if !t.blocked() && t.value == nil {
@@ -263,7 +295,7 @@ func (sl *slot) enter(ctx context.Context, val string, m mode) (*hold, []byte, e
 	case wctx.Err() != nil:
 		err = wctx.Err()
 	case t.blocked() && m == tryTurn:
-		err = fmt.Errorf("%w: %s is held by %s (create revision %d)", ErrLocked, sl.name(), t.ahead[0].Key, t.ahead[0].CreateRevision)
+		err = fmt.Errorf("%w: %s is taken: %s (create revision %d) is ahead", ErrLocked, sl.name(), t.ahead[0].Key, t.ahead[0].CreateRevision)
 	case t.blocked():
 		hdr, err = t.wait(wctx)
 	}

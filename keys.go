@@ -67,16 +67,29 @@ func isChild(prefix, key string) bool {
 	return true
 }
 
-// listOp lists the keys under the prefix in create-revision order, with
-// their values only when the rule weighs them.
+// listOp lists the keys under the prefix (see listOpts), limited when the
+// rule needs only the newest.
 func (sl *slot) listOp() clientv3.Op {
-	return clientv3.OpGet(sl.prefix, sl.listOpts()...)
+	return clientv3.OpGet(sl.prefix, sl.listOpts(false)...)
 }
 
-func (sl *slot) listOpts() []clientv3.OpOption {
+// listOpts lists the keys under the prefix in create-revision order, with
+// their values only when the rule weighs them; unless full, under a rule
+// that needs only the newest keys (rule.newest), the newest listLimit of
+// them, newest first (see turn.list), so that a reply does not grow with
+// the queue.
+func (sl *slot) listOpts(full bool) []clientv3.OpOption {
+	if sl.rule.newest && !full {
+		return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(listLimit)}
+	}
 	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
 	if sl.rule.weigh == nil {
 		opts = append(opts, clientv3.WithKeysOnly())
 	}
 	return opts
 }
+
+// listLimit is how many of the newest keys a limited list has: ours and
+// three before it, of which a waiter watches two.
+const listLimit = 4

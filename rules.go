@@ -25,11 +25,15 @@ type rule struct {
 	// them, so that a release reaches only waiters it may let in; a waiter
 	// whose nearest key goes while older ones were listed then reads once.
 	exact bool
+	// newest: every direct child blocks with weight 1 and none may remain,
+	// so the newest few keys up to ours tell a waiter all it watches:
+	// lists are limited to those (listLimit), not the whole queue.
+	newest bool
 }
 
 // exclusive is the rule of a Mutex or an Election: every direct child of the
 // prefix created before ours blocks, and none may remain.
-var exclusive = rule{blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return isChild(prefix, string(kv.Key)) }}
+var exclusive = rule{blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return isChild(prefix, string(kv.Key)) }, newest: true}
 
 // blocking returns the keys of kvs (sorted by create revision) created before
 // rev that block, oldest first. A key whose weight the rule cannot read is an

@@ -249,8 +249,21 @@ func (t *turn) deleted(wr clientv3.WatchResponse) int64 {
 // is too old it does not count), else linearizable; linearizable at once on
 // a client whose serializable reads come from that cache (caps.cached). It returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
+	err := t.relist(ctx, atLeast, false)
+	if err == nil && t.unlisted && len(t.ahead) == 0 { // only keys that do not block were listed
+		err = t.relist(ctx, atLeast, true)
+	}
+	if err != nil {
+		return err
+	}
+	t.keepNearest()
+	return nil
+}
+
+// relist is settle's read: limited (listOpts) unless full.
+func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 	atLeast = max(atLeast, t.gone) // a list from before a delete seen would wait for it again
-	opts := append(t.listOpts(), clientv3.WithMaxCreateRev(t.rev))
+	opts := append(t.listOpts(full), clientv3.WithMaxCreateRev(t.rev))
 	var resp *clientv3.GetResponse
 	var err error
 	if !t.s.caps.cached() {
@@ -269,12 +282,10 @@ func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	if !mine {
 		return errOwnKeyGone
 	}
-	ahead, err := t.blocking(resp.Kvs, t.rev)
-	if err != nil {
+	if err := t.list(resp.Kvs, resp.More); err != nil {
 		return err
 	}
-	t.ahead, t.far, t.farN, t.hdr = ahead, 0, 0, resp.Header
-	t.keepNearest()
+	t.hdr = resp.Header
 	return nil
 }
 
