@@ -6,6 +6,8 @@ package etcdsync_test
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,3 +199,96 @@ func TestTryOnAHeldNameIsOneRPCWithNestedKeys(t *testing.T) {
 
 // listLimitForTests is the library's listLimit (keys.go).
 const listLimitForTests = 4
+
+// Waiters with keys of nested names and non-hex children between them at
+// every position, and waiters giving up at every position (the nearest keys
+// go in every order, the 3rd and 4th newest included): at most one holds at
+// a time, the ones that stay hold in create order, nothing is left behind.
+func TestInterleavedNestedKeysAndCancelsKeepExclusionAndOrder(t *testing.T) {
+	t.Parallel()
+	_, admin, _ := singleClient(t)
+	for trial, pattern := range []struct{ nested, cancel []int }{
+		{nested: []int{0, 1, 2, 3, 0, 2, 1, 3}, cancel: []int{2, 3}},
+		{nested: []int{3, 0, 0, 3, 0, 0, 3, 0}, cancel: []int{1, 4, 5}},
+		{nested: []int{1, 1, 1, 1, 1, 1, 1, 1}, cancel: []int{6, 5, 4}},
+		{nested: []int{0, 0, 0, 0, 4, 0, 0, 0}, cancel: []int{3, 2, 1}},
+		{nested: []int{2, 2, 2, 2, 2, 2, 2, 2}, cancel: []int{0, 7}},
+	} {
+		t.Run(fmt.Sprintf("%d", trial), func(t *testing.T) {
+			ctx := ctxT(t)
+			name := fmt.Sprintf("interleave%d", trial)
+			holder := heldMutex(t, ctx, admin, name)
+			n := len(pattern.nested)
+			ms := make([]*etcdsync.Mutex, n)
+			got := make([]chan error, n)
+			cancels := make([]context.CancelFunc, n)
+			var order []int
+			var mu sync.Mutex
+			var inside atomic.Int32
+			release := make([]chan struct{}, n)
+			put := 0
+			for i := range ms {
+				for j := range pattern.nested[i] {
+					k := fmt.Sprintf("%s/n%d/%d", name, i, j)
+					if j%2 == 1 {
+						k = fmt.Sprintf("%s/zz%d-%d", name, i, j) // a direct child, not hex
+					}
+					_, err := admin.Put(ctx, k, "x")
+					require.NoError(t, err)
+					put++
+				}
+				ms[i] = etcdsync.NewMutex(session(t, admin), name)
+				cctx, cancel := context.WithCancel(ctx)
+				cancels[i] = cancel
+				got[i] = make(chan error, 1)
+				release[i] = make(chan struct{})
+				go func() {
+					err := ms[i].Lock(cctx)
+					if err == nil {
+						if inside.Add(1) != 1 {
+							t.Errorf("waiter %d holds with another holding", i)
+						}
+						mu.Lock()
+						order = append(order, i)
+						mu.Unlock()
+						got[i] <- nil
+						<-release[i]
+						inside.Add(-1)
+						err = ms[i].Unlock(ctx)
+						if err != nil {
+							t.Errorf("waiter %d: unlock: %v", i, err)
+						}
+						return
+					}
+					got[i] <- err
+				}()
+				waitKeys(t, admin, name+"/", 1+put+i+1)
+			}
+			cancelled := map[int]bool{}
+			for _, i := range pattern.cancel {
+				cancels[i]()
+				require.ErrorIs(t, resultWithin(t, got[i], testTimeout, fmt.Sprintf("cancelled waiter %d", i)), context.Canceled)
+				cancelled[i] = true
+			}
+			require.NoError(t, holder.Unlock(ctx))
+			for i := range ms {
+				if cancelled[i] {
+					continue
+				}
+				require.NoError(t, resultWithin(t, got[i], testTimeout, fmt.Sprintf("waiter %d holds", i)))
+				time.Sleep(20 * time.Millisecond) // let anyone wrongly woken show up
+				close(release[i])
+			}
+			var want []int
+			for i := range ms {
+				if !cancelled[i] {
+					want = append(want, i)
+				}
+			}
+			mu.Lock()
+			require.Equal(t, want, order)
+			mu.Unlock()
+			waitCount(t, admin, name+"/", testTimeout, func(have int) bool { return have == put })
+		})
+	}
+}
