@@ -292,3 +292,50 @@ func TestInterleavedNestedKeysAndCancelsKeepExclusionAndOrder(t *testing.T) {
 		})
 	}
 }
+
+// Under every deployment (namespace, gRPC proxy, in-process client, wrapped
+// client) a queue longer than listLimit with keys of nested names between
+// the waiters is served in order, one at a time, and TryLock on it is
+// refused; nothing is left.
+func TestLimitedListsUnderEveryDeployment(t *testing.T) {
+	t.Parallel()
+	for _, rig := range compatRigs() {
+		if rig.name == "etcd34" {
+			continue
+		}
+		t.Run(rig.name, func(t *testing.T) {
+			t.Parallel()
+			d := rig.start(t)
+			ctx := ctxT(t)
+			cli := d.newClient(t)
+			const name = "limited"
+			holder := etcdsync.NewMutex(session(t, cli), name)
+			require.NoError(t, holder.Lock(ctx))
+			const n = 6
+			ms := make([]*etcdsync.Mutex, n)
+			got := make([]<-chan error, n)
+			for i := range ms {
+				for j := range 2 {
+					_, err := cli.Put(ctx, fmt.Sprintf("%s/x%d/%d", name, i, j), "nested")
+					require.NoError(t, err)
+				}
+				ms[i] = etcdsync.NewMutex(session(t, d.newClient(t)), name)
+				got[i] = async(func() error { return ms[i].Lock(ctx) })
+				waitKeys(t, cli, name+"/", 1+3*(i+1))
+			}
+			require.ErrorIs(t, etcdsync.NewMutex(session(t, cli), name).TryLock(ctx), etcdsync.ErrLocked)
+			notYet(t, got[0], 200*time.Millisecond, "waiter 0 holds while the holder holds")
+			require.NoError(t, holder.Unlock(ctx))
+			for i := range ms {
+				require.NoError(t, resultWithin(t, got[i], testTimeout, fmt.Sprintf("waiter %d holds", i)))
+				for j := i + 1; j < n; j++ {
+					notYet(t, got[j], 0, fmt.Sprintf("waiter %d holds with waiter %d holding", j, i))
+				}
+				require.NoError(t, ms[i].Unlock(ctx))
+			}
+			_, err := cli.Delete(ctx, name+"/", clientv3.WithPrefix())
+			require.NoError(t, err)
+			require.Empty(t, rawKeys(t, d, name))
+		})
+	}
+}
