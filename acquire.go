@@ -90,7 +90,7 @@ func (t *turn) queued(ctx context.Context, resp *clientv3.TxnResponse, val strin
 	if err := t.list(rr.Kvs, rr.More); err != nil {
 		return err
 	}
-	if t.unlisted && (own != nil || t.wrote && len(t.ahead) == 0) {
+	if t.unlisted && (own != nil || len(t.ahead) < t.needs()) {
 		if err := t.relist(ctx, t.hdr.Revision, true); err != nil {
 			return err
 		}
@@ -99,6 +99,16 @@ func (t *turn) queued(ctx context.Context, resp *clientv3.TxnResponse, val strin
 		t.wrote = t.mine(own) // after t.ahead: a waiting key is ours to withdraw
 	}
 	return nil
+}
+
+// needs is how many blocking keys a limited list of an enqueue must show
+// to be enough: a waiter watches the nearest two; a try that wrote nothing
+// needs one (the name is taken).
+func (t *turn) needs() int {
+	if !t.wrote {
+		return 1
+	}
+	return 2
 }
 
 // list sets the keys ahead from kvs, a list of the keys under the prefix

@@ -38,8 +38,9 @@ func (m *Mutex) Lock(ctx context.Context) error {
 
 // TryLock takes the lock if nobody holds it, else returns an error wrapping
 // ErrLocked, also when this value itself holds it. On a held lock it costs one
-// RPC and writes nothing. When the name has only nested keys under it
-// (NAME/x/…), it falls back to one more RPC to enqueue. ctx bounds the call.
+// RPC and writes nothing (two, a read, when keys of nested names NAME/x/… are
+// the newest under it). When the name has only nested keys under it, it
+// falls back to one more RPC to enqueue. ctx bounds the call.
 func (m *Mutex) TryLock(ctx context.Context) error {
 	_, err := m.hr.acquire(ctx, "", tryTurn)
 	return err

@@ -250,7 +250,7 @@ func (t *turn) deleted(wr clientv3.WatchResponse) int64 {
 // a client whose serializable reads come from that cache (caps.cached). It returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	err := t.relist(ctx, atLeast, false)
-	if err == nil && t.unlisted && len(t.ahead) == 0 { // only keys that do not block were listed
+	if err == nil && t.unlisted && len(t.ahead) < 2 { // keys that do not block filled the list: a waiter watches two
 		err = t.relist(ctx, atLeast, true)
 	}
 	if err != nil {
@@ -275,7 +275,7 @@ func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 	if err != nil {
 		return err
 	}
-	mine := false
+	mine := t.value == nil && !t.wrote // a try that wrote nothing has no key to find
 	for _, kv := range resp.Kvs {
 		mine = mine || string(kv.Key) == t.key && kv.CreateRevision == t.rev
 	}
