@@ -29,20 +29,43 @@ type hold struct {
 	over      atomic.Bool  // finish ran
 	closing   bool         // its last share is releasing it: nobody joins (s.mu)
 
+	mu    sync.Mutex
+	cause error      // why it ended, once over
+	x     *holdExtra // what only some holds need; nil until one does (extra)
+	once  sync.Once  // finish
+}
+
+// holdExtra is the part of a hold that only a hold someone asked about
+// needs (Done, Run, Proclaim, Handover), kept apart so that a plain held
+// lock stays small.
+type holdExtra struct {
 	writing sync.Mutex // one write of the key's value (put) at a time
 	wrote   int64      // the key's mod revision after our last put (writing); 0: its create
 
-	mu      sync.Mutex
+	// under hold.mu:
 	last    *pb.ResponseHeader      // of the last write through the hold (Proclaim)
-	cause   error                   // why it ended, once over
 	ctx     context.Context         // ends with the hold; nil until asked for
 	end     context.CancelCauseFunc // ends ctx
 	runs    map[*running]struct{}   // the Runs under the hold (run.go); nil until one starts
 	handing bool                    // a Handover has begun: no Run starts its work
 
-	once      sync.Once     // finish
 	watchOnce sync.Once     // start or forbid the watch
 	watched   chan struct{} // closed when the watch returns; nil if never started
+}
+
+// extraLocked returns h's extra part, made on first use. h.mu is held.
+func (h *hold) extraLocked() *holdExtra {
+	if h.x == nil {
+		h.x = &holdExtra{}
+	}
+	return h.x
+}
+
+// extra is extraLocked for a caller without h.mu.
+func (h *hold) extra() *holdExtra {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.extraLocked()
 }
 
 // newHold makes the hold of a key this session reserved (claimKey); the hold
@@ -100,15 +123,16 @@ func (h *hold) check(ctx context.Context) (int64, error) {
 func (h *hold) context() context.Context {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	x := h.extraLocked()
 	switch {
-	case h.ctx != nil:
+	case x.ctx != nil:
 	case h.over.Load(): // with its own cause, whether or not the session ended since
-		h.ctx, h.end = context.WithCancelCause(context.WithoutCancel(h.s.ctx))
-		h.end(h.cause)
+		x.ctx, x.end = context.WithCancelCause(context.WithoutCancel(h.s.ctx))
+		x.end(h.cause)
 	default:
-		h.ctx, h.end = context.WithCancelCause(h.s.ctx)
+		x.ctx, x.end = context.WithCancelCause(h.s.ctx)
 	}
-	return h.ctx
+	return x.ctx
 }
 
 // resume returns a hold of the slot's key at rev without touching etcd, for a
@@ -139,8 +163,8 @@ func (sl *slot) resume(rev int64) (*hold, error) {
 func (h *hold) advance(hdr *pb.ResponseHeader) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.last == nil || hdr.Revision > h.last.Revision {
-		h.last = hdr
+	if x := h.extraLocked(); x.last == nil || hdr.Revision > x.last.Revision {
+		x.last = hdr
 	}
 }
 
@@ -156,8 +180,8 @@ type startHeader struct {
 func (h *hold) header() *pb.ResponseHeader {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.last != nil && h.last.Revision > h.start.rev {
-		return h.last
+	if h.x != nil && h.x.last != nil && h.x.last.Revision > h.start.rev {
+		return h.x.last
 	}
 	return &pb.ResponseHeader{ClusterId: h.start.cluster, MemberId: h.start.member, Revision: h.start.rev, RaftTerm: h.start.term}
 }
@@ -182,7 +206,10 @@ func (h *hold) finish(cause error) {
 		}
 		h.cause = cause
 		h.over.Store(true)
-		end := h.end
+		var end context.CancelCauseFunc
+		if h.x != nil {
+			end = h.x.end
+		}
 		h.mu.Unlock()
 		if rep := h.s.rep; rep != nil {
 			rep.holdEnded(h, cause) // before Done closes
@@ -197,9 +224,15 @@ func (h *hold) finish(cause error) {
 // stop finishes the hold and waits for its watch, if any.
 func (h *hold) stop(cause error) {
 	h.finish(cause)
-	h.watchOnce.Do(func() {})
-	if h.watched != nil {
-		<-h.watched
+	h.mu.Lock()
+	x := h.x
+	h.mu.Unlock()
+	if x == nil { // never asked about: no watch; a later done finds the hold over
+		return
+	}
+	x.watchOnce.Do(func() {})
+	if x.watched != nil {
+		<-x.watched
 	}
 }
 
@@ -207,13 +240,14 @@ func (h *hold) stop(cause error) {
 // notices a key deleted behind our back.
 func (h *hold) done() <-chan struct{} {
 	ctx := h.context()
-	h.watchOnce.Do(func() {
+	x := h.extra()
+	x.watchOnce.Do(func() {
 		if ctx.Err() != nil {
 			return
 		}
 		watched := make(chan struct{})
 		if h.s.goWatch(func() { defer close(watched); h.watchKey(ctx) }) {
-			h.watched = watched
+			x.watched = watched
 		}
 	})
 	return ctx.Done()
@@ -307,17 +341,18 @@ func (h *hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespons
 // someone else's), the newer put writes over it. Puts run one at a time.
 // When the hold is gone it ends h and returns an error wrapping ErrNotHeld.
 func (h *hold) put(ctx context.Context, val string) (*pb.ResponseHeader, error) {
-	h.writing.Lock()
-	defer h.writing.Unlock()
-	if h.wrote == 0 {
-		h.wrote = h.rev
+	x := h.extra()
+	x.writing.Lock()
+	defer x.writing.Unlock()
+	if x.wrote == 0 {
+		x.wrote = h.rev
 	}
 	for range putTries {
 		if !h.live() {
 			return nil, fmt.Errorf("%w: no current hold", ErrNotHeld)
 		}
 		resp, err := h.s.client.Txn(ctx).
-			If(h.guard(h.prefix), clientv3.Compare(clientv3.ModRevision(h.key), "=", h.wrote)).
+			If(h.guard(h.prefix), clientv3.Compare(clientv3.ModRevision(h.key), "=", x.wrote)).
 			Then(clientv3.OpPut(h.key, val, clientv3.WithLease(h.s.Lease()))).
 			Else(clientv3.OpGet(h.key)).
 			Commit()
@@ -325,7 +360,7 @@ func (h *hold) put(ctx context.Context, val string) (*pb.ResponseHeader, error) 
 			return nil, fmt.Errorf("etcdsync: set the value of %s: %w", h.key, err)
 		}
 		if resp.Succeeded {
-			h.wrote = resp.Header.Revision
+			x.wrote = resp.Header.Revision
 			return resp.Header, nil
 		}
 		kvs := resp.Responses[0].GetResponseRange().GetKvs()
@@ -333,7 +368,7 @@ func (h *hold) put(ctx context.Context, val string) (*pb.ResponseHeader, error) 
 			h.lost(resp.Header.Revision)
 			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
 		}
-		h.wrote = kvs[0].ModRevision
+		x.wrote = kvs[0].ModRevision
 	}
 	return nil, fmt.Errorf("etcdsync: set the value of %s: it changed under each of %d tries", h.key, putTries)
 }

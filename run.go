@@ -99,15 +99,16 @@ type running struct {
 func (h *hold) addRun(stop context.CancelCauseFunc) (leave func(), handedOver bool) {
 	r := &running{stop: stop, over: make(chan struct{})}
 	h.mu.Lock()
-	if h.runs == nil {
-		h.runs = make(map[*running]struct{})
+	x := h.extraLocked()
+	if x.runs == nil {
+		x.runs = make(map[*running]struct{})
 	}
-	h.runs[r] = struct{}{}
-	handedOver = h.handing
+	x.runs[r] = struct{}{}
+	handedOver = x.handing
 	h.mu.Unlock()
 	return func() {
 		h.mu.Lock()
-		delete(h.runs, r)
+		delete(x.runs, r)
 		h.mu.Unlock()
 		close(r.over)
 	}, handedOver
@@ -119,9 +120,10 @@ func (h *hold) addRun(stop context.CancelCauseFunc) (leave func(), handedOver bo
 func (h *hold) stopRuns(cause error) []chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.handing = true
+	x := h.extraLocked()
+	x.handing = true
 	var over []chan struct{}
-	for r := range h.runs {
+	for r := range x.runs {
 		r.stop(cause)
 		over = append(over, r.over)
 	}
