@@ -7,6 +7,7 @@ package etcdsync
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,9 +47,12 @@ func newSlot(s *Session, name, kind string) (slot, error) {
 	return slot{s: s, prefix: name + "/", kind: kind}.with(&exclusive), nil
 }
 
-// with returns the slot under rule r, its key in r's directory.
+// with returns the slot under rule r, its key in r's directory. The prefix
+// is the start of the key's string, so a slot holds one string, not two.
 func (sl slot) with(r *rule) slot {
-	sl.rule, sl.key = r, fmt.Sprintf("%s%s%x", sl.prefix, r.dir, int64(sl.s.Lease()))
+	n := len(sl.prefix)
+	sl.rule, sl.key = r, sl.prefix+r.dir+strconv.FormatInt(int64(sl.s.Lease()), 16)
+	sl.prefix = sl.key[:n]
 	return sl
 }
 
