@@ -99,12 +99,14 @@ func slowBackedGRPCProxy(t *testing.T, c *etcdtest.Cluster) (string, *etcdtest.P
 }
 
 // Through etcd's gRPC proxy on a slow link between the proxy and etcd (the
-// round trip well within the TTL), a session's local deadline is never later
-// than the last renewal the server received plus the TTL. The proxy keeps
-// one keepalive per lease for all its streams: a beat whose round reaches
-// it while an earlier beat's renewal is on its way is answered with that
-// earlier renewal's reply.
-func TestDeadlineThroughGRPCProxyNeverAfterServerRenewal(t *testing.T) {
+// round trip well within the TTL), a session's local deadline runs at most
+// one proxy tick (its keepalive resends every 500 ms) past the last renewal
+// the server received plus the TTL — a known limit (README, Where it runs):
+// the proxy keeps one keepalive per lease for all its streams and answers a
+// beat with whichever of its own renewals replies next, which may have been
+// sent before the beat; the server meanwhile has the proxy's resends, at
+// most a tick apart.
+func TestDeadlineThroughGRPCProxyWithinOneProxyTick(t *testing.T) {
 	slow(t)
 	t.Parallel()
 	c := single(t)
@@ -113,7 +115,8 @@ func TestDeadlineThroughGRPCProxyNeverAfterServerRenewal(t *testing.T) {
 	cli := etcdtest.NewClient(t, []string{addr})
 	s := session(t, cli, etcdsync.WithTTL(ttl))
 	link.SetLatency(latency)
-	const margin = 100 * time.Millisecond // the server renews within this of the proxy's send
+	// One proxy tick, and the server renewing within 100 ms of the proxy's send.
+	const margin = 500*time.Millisecond + 100*time.Millisecond
 	var worst time.Duration
 	for end := time.Now().Add(4 * ttl); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		require.NoError(t, s.Err(), "a slow but working link lost the session")
@@ -127,7 +130,7 @@ func TestDeadlineThroughGRPCProxyNeverAfterServerRenewal(t *testing.T) {
 		}
 	}
 	t.Logf("worst lead of the local deadline over the last renewal the server got plus the TTL: %v", worst)
-	require.LessOrEqual(t, worst, margin, "local deadline later than the server's expiry")
+	require.LessOrEqual(t, worst, margin, "local deadline later than the server's expiry by more than one proxy tick")
 }
 
 // Many sessions of one client with different TTLs, two of them adopting
