@@ -5,9 +5,7 @@ package etcdsync_test
 // expiry of its lease, and a slow but working link does not lose it.
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -17,8 +15,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
-	"go.etcd.io/etcd/server/v3/proxy/grpcproxy"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/etcdsync/etcdsync"
@@ -40,13 +36,7 @@ func (r *renewals) at(id clientv3.LeaseID) time.Time {
 }
 
 func (r *renewals) dial() grpc.DialOption {
-	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		s, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return &renewingStream{ClientStream: s, r: r}, nil
-	})
+	return faults.WrapStreams("", func(s grpc.ClientStream) grpc.ClientStream { return &renewingStream{ClientStream: s, r: r} })
 }
 
 type renewingStream struct {
@@ -74,28 +64,7 @@ func slowBackedGRPCProxy(t *testing.T, c *etcdtest.Cluster) (string, *etcdtest.P
 	t.Helper()
 	link := faults.Proxy(t, c)
 	rec := &renewals{}
-	back := etcdtest.NewClient(t, []string{link.Endpoint()}, rec.dial())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	leasep, leaseDone := grpcproxy.NewLeaseProxy(ctx, back)
-	kvp, _ := grpcproxy.NewKvProxy(back)
-	watchp, watchDone := grpcproxy.NewWatchProxy(ctx, zap.NewNop(), back)
-	srv := grpc.NewServer()
-	pb.RegisterKVServer(srv, kvp)
-	pb.RegisterWatchServer(srv, watchp)
-	pb.RegisterLeaseServer(srv, leasep)
-	pb.RegisterMaintenanceServer(srv, grpcproxy.NewMaintenanceProxy(back))
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		cancel()
-		srv.Stop()
-		<-served
-		<-watchDone
-		<-leaseDone
-	})
-	return ln.Addr().String(), link, rec
+	return etcdtest.StartGRPCProxy(t, []string{link.Endpoint()}, rec.dial()), link, rec
 }
 
 // Through etcd's gRPC proxy on a slow link between the proxy and etcd (the

@@ -26,6 +26,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 )
 
@@ -356,13 +357,7 @@ type partialBatchBreaker struct {
 }
 
 func (b *partialBatchBreaker) dial() grpc.DialOption {
-	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		s, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil || method != "/etcdserverpb.Watch/Watch" {
-			return s, err
-		}
-		return &partialBatchStream{ClientStream: s, b: b}, nil
-	})
+	return faults.WrapStreams(faults.WatchMethod, func(s grpc.ClientStream) grpc.ClientStream { return &partialBatchStream{ClientStream: s, b: b} })
 }
 
 type partialBatchStream struct {

@@ -15,10 +15,11 @@ import (
 )
 
 // StartGRPCProxy serves etcd's gRPC proxy of endpoints on a free port of
-// 127.0.0.1 until tb's cleanup, and returns its address (host:port).
-func StartGRPCProxy(tb TB, endpoints []string) string {
+// 127.0.0.1 until tb's cleanup, and returns its address (host:port). dial
+// are options of the proxy's own client of the endpoints.
+func StartGRPCProxy(tb TB, endpoints []string, dial ...grpc.DialOption) string {
 	tb.Helper()
-	back := NewClient(tb, endpoints)
+	back := NewClient(tb, endpoints, dial...)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatalf("etcdtest: grpc proxy: %v", err)

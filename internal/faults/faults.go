@@ -345,12 +345,19 @@ func NewStreamBreaker() *StreamBreaker {
 
 // Dial returns the interceptor to dial the client with.
 func (b *StreamBreaker) Dial() grpc.DialOption {
-	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		s, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil || method != WatchMethod {
+	return WrapStreams(WatchMethod, func(s grpc.ClientStream) grpc.ClientStream { return &breakingStream{ClientStream: s, b: b} })
+}
+
+// WrapStreams returns a dial option under which every stream of method (""
+// for every method) that opens is wrapped by wrap, so a test can see or
+// change what it sends and receives. It does not block.
+func WrapStreams(method string, wrap func(grpc.ClientStream) grpc.ClientStream) grpc.DialOption {
+	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, m string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		s, err := streamer(ctx, desc, cc, m, opts...)
+		if err != nil || method != "" && m != method {
 			return s, err
 		}
-		return &breakingStream{ClientStream: s, b: b}, nil
+		return wrap(s), nil
 	})
 }
 
