@@ -22,11 +22,12 @@ import (
 // sessions fall on one grid, at most an eighth of the pace early), or, on a
 // client without a connection of its own or with a Lease the user wrapped,
 // one KeepAliveOnce through that Lease; each runs in a goroutine of its own,
-// bounded by the TTL. Beats are paced from their send times, every TTL/3,
-// one in flight at a time (see beatGap): while the server acknowledges each
-// beat within about half the TTL of its sending, the session lives. Each
-// acknowledgement moves the local deadline to its beat's send time plus the
-// TTL the server granted. The first beat goes at first. keepAlive
+// bounded by the TTL. Beats are paced from their send times, every TTL/3
+// whatever the replies do, so on a slow link several may be in flight: while
+// the server acknowledges a beat within the TTL of its sending the session
+// lives. Each acknowledgement moves the local deadline to its beat's send
+// time plus the TTL the server granted; a beat knows its own send time, so
+// replies may come in any order. The first beat goes at first. keepAlive
 // owns the beats' goroutines (joined on return) and the end of the session
 // by lost contact or a lease that vanished.
 func (s *Session) keepAlive(first time.Time) {
@@ -44,18 +45,13 @@ func (s *Session) keepAlive(first time.Time) {
 	defer stopBeats()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	inFlight := false // one beat at a time (see beatGap)
 	for {
 		deadline := s.Deadline()
 		if !time.Now().Before(deadline) {
 			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending; the server may expire the lease now", ErrSessionExpired, ErrLostContact, s.ttl))
 			return
 		}
-		wake := deadline
-		if !inFlight {
-			wake = earliest(next, deadline)
-		}
-		timer.Reset(time.Until(wake))
+		timer.Reset(time.Until(earliest(next, deadline)))
 		select {
 		case <-s.ctx.Done():
 			return
@@ -63,8 +59,6 @@ func (s *Session) keepAlive(first time.Time) {
 			next = time.Now() // a hold lost its key: is the lease gone?
 			continue
 		case r := <-replies:
-			inFlight = false
-			next = later(next, time.Now().Add(beatGap))
 			switch {
 			case errors.Is(r.err, rpctypes.ErrLeaseNotFound):
 				s.cancel(fmt.Errorf("%w: lease 0x%x not found (expired or revoked)", ErrSessionExpired, int64(s.id)))
@@ -83,10 +77,9 @@ func (s *Session) keepAlive(first time.Time) {
 			continue
 		case <-timer.C:
 		}
-		if inFlight || time.Now().Before(next) {
+		if time.Now().Before(next) {
 			continue
 		}
-		inFlight = true
 		beats.Add(1)
 		go func() {
 			defer beats.Done()
@@ -117,26 +110,6 @@ func (s *Session) beat(ctx context.Context) reply {
 		return reply{sent: sent, err: fmt.Errorf("etcdsync: keepalive: %w", err)}
 	}
 	return reply{sent: sent, ttl: resp.TTL}
-}
-
-// beatGap is how long after a beat's reply the next beat goes, at the
-// soonest. A session has one beat in flight at a time because of etcd's gRPC
-// proxy: it keeps a lease alive with one keepalive of its own (resent every
-// 500 ms until answered) for every stream that asks about it, and answers
-// each with that keepalive's next reply, so a beat sent while another of
-// the lease is in flight could get a reply to a renewal sent up to a pace
-// before it. With one in flight (and the gap, which lets the last beat's
-// stream close reach the proxy first), a reply comes from a renewal at most
-// one proxy tick older than the beat. The price: a session lives on a slow
-// link while replies come within about half the TTL (two round trips per
-// TTL), not the whole TTL.
-const beatGap = 20 * time.Millisecond
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }
 
 func earliest(a, b time.Time) time.Time {
