@@ -68,14 +68,13 @@ func slowBackedGRPCProxy(t *testing.T, c *etcdtest.Cluster) (string, *etcdtest.P
 }
 
 // Through etcd's gRPC proxy on a slow link between the proxy and etcd (the
-// round trip well within the TTL), a session's local deadline runs at most
-// one proxy tick (its keepalive resends every 500 ms) past the last renewal
-// the server received plus the TTL — a known limit (README, Where it runs):
-// the proxy keeps one keepalive per lease for all its streams and answers a
-// beat with whichever of its own renewals replies next, which may have been
-// sent before the beat; the server meanwhile has the proxy's resends, at
-// most a tick apart.
-func TestDeadlineThroughGRPCProxyWithinOneProxyTick(t *testing.T) {
+// round trip well within the TTL), a session's local deadline can run past
+// the last renewal the server received plus the TTL, by at most the proxy's
+// own keepalive pace (TTL/3) and one of its 500 ms resend ticks — a known
+// limit (README, Where it runs): the proxy keeps one keepalive per lease for
+// all its streams and answers a beat with whichever of its own renewals
+// replies next, which may have been sent before the beat. The session lives.
+func TestDeadlineThroughGRPCProxyWithinAProxyPace(t *testing.T) {
 	slow(t)
 	t.Parallel()
 	c := single(t)
@@ -84,8 +83,10 @@ func TestDeadlineThroughGRPCProxyWithinOneProxyTick(t *testing.T) {
 	cli := etcdtest.NewClient(t, []string{addr})
 	s := session(t, cli, etcdsync.WithTTL(ttl))
 	link.SetLatency(latency)
-	// One proxy tick, and the server renewing within 100 ms of the proxy's send.
-	const margin = 500*time.Millisecond + 100*time.Millisecond
+	// The proxy's pace and tick, and slack for the server's renewal after
+	// the proxy's send (measured: 0.27–0.49 s idle, 1.85 s under -race with
+	// the whole suite).
+	const margin = ttl/3 + 500*time.Millisecond + 250*time.Millisecond
 	var worst time.Duration
 	for end := time.Now().Add(4 * ttl); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		require.NoError(t, s.Err(), "a slow but working link lost the session")
@@ -99,7 +100,7 @@ func TestDeadlineThroughGRPCProxyWithinOneProxyTick(t *testing.T) {
 		}
 	}
 	t.Logf("worst lead of the local deadline over the last renewal the server got plus the TTL: %v", worst)
-	require.LessOrEqual(t, worst, margin, "local deadline later than the server's expiry by more than one proxy tick")
+	require.LessOrEqual(t, worst, margin, "local deadline later than the server's expiry by more than a proxy pace and tick")
 }
 
 // Many sessions of one client with different TTLs, two of them adopting

@@ -5,10 +5,10 @@ package etcdsync
 // of its own, one request per lease, each reply matched to its request by
 // the lease (one request per lease per stream), closed once every reply is
 // in. A beat keeps its own send time, so the local deadline stays exact on
-// a connection to etcd. (Through etcd's gRPC proxy it can run up to one
-// proxy tick late: the proxy keeps each lease alive with one keepalive of
-// its own and answers a beat with whichever of its renewals replies next;
-// see README, Where it runs.) The
+// a connection to etcd. (Through etcd's gRPC proxy it can run late by up
+// to the proxy's own keepalive pace and a tick: the proxy keeps each lease
+// alive with one keepalive of its own and answers a beat with whichever of
+// its renewals replies next; see README, Where it runs.) The
 // sessions of a client align their beats on a grid (beatGrid), so that a
 // client with many sessions opens a few streams per TTL, not three per
 // session.
