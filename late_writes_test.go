@@ -97,20 +97,29 @@ func valueOf(t *testing.T, cli *clientv3.Client, key string) (string, bool) {
 	return string(resp.Kvs[0].Value), true
 }
 
+// proclaimedLate makes a leader of name (value v0) whose Proclaim of v1
+// failed on the client (its ctx ended) while the request is held back: late
+// sends it on when the test says. It returns the leader, an admin client,
+// late and a test context.
+func proclaimedLate(t *testing.T, name string) (*etcdsync.Election, *clientv3.Client, *lateTxns, context.Context) {
+	t.Helper()
+	c := single(t)
+	cli, late := lateTxnClient(t, c)
+	ctx := ctxT(t)
+	e := etcdsync.NewElection(session(t, cli), name)
+	require.NoError(t, e.Campaign(ctx, "v0"))
+	late.hold("v1")
+	pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, e.Proclaim(pctx, "v1"), context.DeadlineExceeded)
+	return e, c.Client(t), late, ctx
+}
+
 // A Proclaim that failed on the client and lands after a newer one writes
 // nothing: the newer value stays.
 func TestProclaimAppliedLateAfterNewerWritesNothing(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli, late := lateTxnClient(t, c)
-	admin := c.Client(t)
-	ctx := ctxT(t)
-	e := etcdsync.NewElection(session(t, cli), "late-proclaim")
-	require.NoError(t, e.Campaign(ctx, "v0"))
-	late.hold("v1")
-	pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	require.ErrorIs(t, e.Proclaim(pctx, "v1"), context.DeadlineExceeded)
-	cancel()
+	e, admin, late, ctx := proclaimedLate(t, "late-proclaim")
 	require.NoError(t, e.Proclaim(ctx, "v2"))
 	late.release(t)
 	v, ok := valueOf(t, admin, e.Key())
@@ -125,16 +134,7 @@ func TestProclaimAppliedLateAfterNewerWritesNothing(t *testing.T) {
 // next one still writes its value over it.
 func TestProclaimAfterLateOneLandedWins(t *testing.T) {
 	t.Parallel()
-	c := single(t)
-	cli, late := lateTxnClient(t, c)
-	admin := c.Client(t)
-	ctx := ctxT(t)
-	e := etcdsync.NewElection(session(t, cli), "late-proclaim-first")
-	require.NoError(t, e.Campaign(ctx, "v0"))
-	late.hold("v1")
-	pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	require.Error(t, e.Proclaim(pctx, "v1"))
-	cancel()
+	e, admin, late, ctx := proclaimedLate(t, "late-proclaim-first")
 	late.release(t)
 	v, _ := valueOf(t, admin, e.Key())
 	require.Equal(t, "v1", v, "the late one landed")
