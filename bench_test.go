@@ -302,7 +302,7 @@ func BenchmarkFloor(b *testing.B) {
 	watcher, _, admin := benchEtcd(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ws, err := pb.NewWatchClient(watcher.ActiveConnection()).Watch(ctx)
+	ws, err := pb.NewWatchClient(etcdtest.Conn(b, watcher.Endpoints()[0])).Watch(ctx)
 	must(b, err)
 	must(b, ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
 		Key: []byte("floor"), Filters: []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT}}}}))

@@ -24,16 +24,6 @@ type caps struct {
 	// busy or lagging for a moment) does not mark the client.
 	answered atomic.Bool
 	reprobe  atomic.Int64 // when a client marked unanswered asks again, UnixNano (see probing)
-
-	pulseOnce sync.Once
-	pulse     *pulse // the client's keepalive rounds (pulse.go); nil: through its Lease
-}
-
-// pulseOf returns cli's pulse, made on first use, or nil when its
-// keepalives go through its Lease (see newPulse).
-func (c *caps) pulseOf(cli *clientv3.Client) *pulse {
-	c.pulseOnce.Do(func() { c.pulse = newPulse(cli) })
-	return c.pulse
 }
 
 const (

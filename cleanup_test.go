@@ -72,7 +72,7 @@ func TestLateWithdrawNeverDeletesLaterHold(t *testing.T) {
 	c, f, u := faults.PeerRig(t)
 	ctx := ctxT(t)
 	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
-	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
+	viaF := etcdtest.Conn(t, f.Endpoint())
 	var sc faults.Script
 	s := session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, sc.Dial()), etcdsync.WithTTL(30*time.Second))
 	m := etcdsync.NewMutex(s, "r8-late")
@@ -85,7 +85,7 @@ func TestLateWithdrawNeverDeletesLaterHold(t *testing.T) {
 		}
 	}()
 	// The create commits on u, its reply is lost; the cleanup goes to f.
-	sc.Arm(faults.TxnMethod, faults.ReplyLost, faults.Via(viaF.ActiveConnection()))
+	sc.Arm(faults.TxnMethod, faults.ReplyLost, faults.Via(viaF))
 	start := time.Now()
 	err := m.Lock(ctx)
 	require.Error(t, err)
@@ -295,8 +295,8 @@ func TestLateCreateIsSwept(t *testing.T) {
 	c, f, u := faults.PeerRig(t)
 	ctx := ctxT(t)
 	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
-	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
-	red := &faults.UnaryVia{Conn: viaF.ActiveConnection()}
+	viaF := etcdtest.Conn(t, f.Endpoint())
+	red := &faults.UnaryVia{Conn: viaF}
 	s := session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, red.Dial()))
 	m := etcdsync.NewMutex(s, "late")
 	from, err := admin.Get(ctx, "late/")

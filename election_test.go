@@ -444,8 +444,8 @@ func TestCampaignCost(t *testing.T) {
 // Interop: the server's election API sees our leader, and we see its leader.
 func TestElectionInteropServerAPI(t *testing.T) {
 	t.Parallel()
-	_, cli, ctx := kitSingleClient(t)
-	srv := v3electionpb.NewElectionClient(cli.ActiveConnection())
+	c, cli, ctx := kitSingleClient(t)
+	srv := v3electionpb.NewElectionClient(etcdtest.Conn(t, c.Endpoints()[0]))
 	ours := etcdsync.NewElection(session(t, cli), "srv-elect")
 	require.NoError(t, ours.Campaign(ctx, "ours"))
 	resp, err := srv.Leader(ctx, &v3electionpb.LeaderRequest{Name: []byte("srv-elect")})

@@ -29,7 +29,7 @@ type faultWorker struct {
 	r       *faultRun // in the fault suite
 	proxies []*etcdtest.Proxy
 	cli     *clientv3.Client
-	members []*clientv3.Client // one client per member, through proxies
+	members []*grpc.ClientConn // one connection per member, through proxies
 	router  faults.Router
 
 	mu sync.Mutex
@@ -50,7 +50,7 @@ func newFaultWorker(t *testing.T, c *etcdtest.Cluster, id int) *faultWorker {
 	// through this worker's own proxy to one member.
 	w.cli = etcdtest.NewClient(t, eps, w.router.Dial()...)
 	for _, p := range w.proxies {
-		w.members = append(w.members, etcdtest.NewClient(t, []string{p.Endpoint()}))
+		w.members = append(w.members, etcdtest.Conn(t, p.Endpoint()))
 	}
 	return w
 }
@@ -62,7 +62,7 @@ func (w *faultWorker) route(watch, unary int) {
 		if i < 0 {
 			return nil
 		}
-		return w.members[i].ActiveConnection()
+		return w.members[i]
 	}
 	w.router.Route(conn(watch), conn(unary))
 }

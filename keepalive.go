@@ -1,10 +1,9 @@
 package etcdsync
 
-// Keepalive: the session's loop that refreshes its lease, a beat every TTL/3
-// (in the client's rounds, pulse.go, or one KeepAliveOnce through the
-// client's Lease when that must see every call), and the local deadline
-// each acknowledged beat moves (never later than the server's expiry: a
-// beat's deadline counts from its send time).
+// Keepalive: the session's loop that refreshes its lease, one KeepAliveOnce
+// per beat through the client's Lease, and the local deadline each
+// acknowledged beat moves (never later than the server's expiry: a beat's
+// deadline counts from its send time).
 
 import (
 	"context"
@@ -17,11 +16,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// keepAlive refreshes the lease until the session ends: each beat is a
-// request in the client's next round (pulse.go; the beats of a client's
-// sessions fall on one grid, at most an eighth of the pace early), or, on a
-// client without a connection of its own or with a Lease the user wrapped,
-// one KeepAliveOnce through that Lease; each runs in a goroutine of its own,
+// keepAlive refreshes the lease until the session ends: each beat is one
+// KeepAliveOnce through the client's Lease (so a wrapper, a namespace, an
+// in-process client or a proxy sees it), run in a goroutine of its own and
 // bounded by the TTL. Beats are paced from their send times, every TTL/3
 // whatever the replies do, so on a slow link several may be in flight: while
 // the server acknowledges a beat within the TTL of its sending the session
@@ -90,18 +87,12 @@ func (s *Session) keepAlive(first time.Time) {
 			}
 		}()
 		next = time.Now().Add(pace)
-		if s.pulse != nil { // beat with the client's other sessions
-			next = onGrid(next, beatGrid(pace), time.Now())
-		}
 	}
 }
 
 // beat sends one keepalive and waits for its reply, bounded by ctx and the
 // TTL (a later reply could not extend the deadline).
 func (s *Session) beat(ctx context.Context) reply {
-	if s.pulse != nil {
-		return s.pulse.beat(ctx, s.id, s.ttl)
-	}
 	ctx, cancel := context.WithTimeout(ctx, s.ttl)
 	defer cancel()
 	sent := time.Now()

@@ -5,7 +5,6 @@ package etcdsync_test
 
 import (
 	"fmt"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -220,50 +219,4 @@ func TestQuorumLossShorterThanTTLKeepsSessionAndWaiter(t *testing.T) {
 	require.NoError(t, resultWithin(t, w, testTimeout, "the waiter after the failover"))
 	require.NoError(t, waiter.Unlock(ctx))
 	waitNoKeys(t, admin, name+"/")
-}
-
-// The sessions of one client beat together: 40 sessions (TTL 3 s) open a
-// few LeaseKeepAlive streams per TTL between them, not three each, and every
-// session lives on; a session of a client whose Lease is wrapped still beats
-// through that Lease.
-func TestSessionsOfOneClientShareKeepaliveStreams(t *testing.T) {
-	slow(t)
-	t.Parallel()
-	c := single(t)
-	var cnt counter
-	cli := c.Client(t, cnt.dial()...)
-	const sessions, ttl = 40, 3 * time.Second
-	ss := make([]*etcdsync.Session, sessions)
-	for i := range ss {
-		ss[i] = session(t, cli, etcdsync.WithTTL(ttl))
-	}
-	// Two TTLs, with every session past its first beat.
-	time.Sleep(ttl / 3)
-	streams0, beats0 := cnt.streams.Load(), cnt.keepalives.Load()
-	time.Sleep(2 * ttl)
-	streams, beats := cnt.streams.Load()-streams0, cnt.keepalives.Load()-beats0
-	t.Logf("%d sessions, %v: %d keepalive requests on %d streams", sessions, 2*ttl, beats, streams)
-	require.GreaterOrEqual(t, beats, int64(sessions*5), "each session beats every TTL/3")
-	require.LessOrEqual(t, streams, int64(2*3*8+8), "streams: at most one per grid point (TTL/24), not one per beat")
-	for _, s := range ss {
-		require.NoError(t, s.Err())
-	}
-
-	wrapped := c.Client(t)
-	var calls atomic.Int64
-	wrapped.Lease = countedLease{Lease: wrapped.Lease, calls: &calls}
-	s := session(t, wrapped, etcdsync.WithTTL(ttl))
-	require.Eventually(t, func() bool { return calls.Load() > 0 }, testTimeout, 10*time.Millisecond, "beats through the wrapped Lease")
-	require.NoError(t, s.Err())
-}
-
-// countedLease counts the KeepAliveOnce calls through a client's Lease.
-type countedLease struct {
-	clientv3.Lease
-	calls *atomic.Int64
-}
-
-func (l countedLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
-	l.calls.Add(1)
-	return l.Lease.KeepAliveOnce(ctx, id)
 }

@@ -26,10 +26,10 @@ func TestWaiterIgnoresLaggingFollowerReplays(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c, f, u := faults.PeerRig(t)
 	ctx := ctxT(t)
-	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
+	viaF := etcdtest.Conn(t, f.Endpoint())
 	created := make(chan struct{}, 16)
 	a := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()})), "lag")
-	b := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, faults.WatchVia(viaF.ActiveConnection(), created))), "lag")
+	b := etcdsync.NewMutex(session(t, etcdtest.NewClient(t, []string{u.Endpoint()}, faults.WatchVia(viaF, created))), "lag")
 	cut := func() { require.NoError(t, c.CutPeers(f)) }
 	// b queues behind a while f lags; f heals and replays what it missed to
 	// b's watches; b must still wait for a's real release.

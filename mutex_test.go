@@ -10,6 +10,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/etcdsynctest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -571,12 +572,12 @@ func handOver(t *testing.T, ctx context.Context, from, to *etcdsync.Mutex, got <
 // uses through the gateway) and our Mutex exclude each other.
 func TestInteropWithServerLockAPI(t *testing.T) {
 	t.Parallel()
-	_, cli, ctx := kitSingleClient(t)
+	c, cli, ctx := kitSingleClient(t)
 	lease, err := cli.Grant(ctx, 30)
 	require.NoError(t, err)
 	// The server's API keeps this lease alive in-process; end it.
 	t.Cleanup(func() { cli.Revoke(context.Background(), lease.ID) })
-	srv := v3lockpb.NewLockClient(cli.ActiveConnection())
+	srv := v3lockpb.NewLockClient(etcdtest.Conn(t, c.Endpoints()[0]))
 	held, err := srv.Lock(ctx, &v3lockpb.LockRequest{Name: []byte("srv-lock"), Lease: int64(lease.ID)})
 	require.NoError(t, err)
 	require.Equal(t, fmt.Sprintf("srv-lock/%x", int64(lease.ID)), string(held.Key))

@@ -155,7 +155,7 @@ func resumeAdoptedViaLaggingMember(t *testing.T, lagging bool) {
 	c, f, u := faults.PeerRig(t)
 	ctx := ctxT(t)
 	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
-	viaF := etcdtest.NewClient(t, []string{f.Endpoint()})
+	viaF := etcdtest.Conn(t, f.Endpoint())
 	var sc faults.Script
 	var inj faults.Injector
 	cli := etcdtest.NewClient(t, []string{u.Endpoint()}, sc.Dial(), inj.Dial())
@@ -177,7 +177,7 @@ func resumeAdoptedViaLaggingMember(t *testing.T, lagging bool) {
 	require.Less(t, f.Rev(), r.rev, "f does not lag")
 	// The restarted process adopts its lease; its TimeToLive is served by f.
 	if lagging {
-		sc.Arm("/etcdserverpb.Lease/LeaseTimeToLive", faults.Via(viaF.ActiveConnection()))
+		sc.Arm("/etcdserverpb.Lease/LeaseTimeToLive", faults.Via(viaF))
 	}
 	start := time.Now()
 	s2 := session(t, cli, etcdsync.WithLease(s1.Lease()))

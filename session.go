@@ -28,8 +28,7 @@ import (
 // no later than the server may hand the lock to someone else.
 type Session struct {
 	client *clientv3.Client
-	caps   *caps  // what is learned of the client's servers (caps.go)
-	pulse  *pulse // the client's keepalive rounds (pulse.go); nil: KeepAliveOnce per beat
+	caps   *caps // what is learned of the client's servers (caps.go)
 	id     clientv3.LeaseID
 	ttl    time.Duration // granted TTL less the lock delay: sets the deadline and the keepalive pace
 	delay  time.Duration // WithLockDelay: the part of the lease's TTL past the local deadline
@@ -85,7 +84,6 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		unlink: stop,
 		client: client,
 		caps:   capsOf(client),
-		pulse:  capsOf(client).pulseOf(client),
 		ctx:    ctx,
 		cancel: cancel,
 		loop:   make(chan struct{}),

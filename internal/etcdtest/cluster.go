@@ -24,6 +24,7 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // TB is the part of testing.TB the rig uses.
@@ -332,6 +333,20 @@ func ClientConfig(endpoints []string, dial ...grpc.DialOption) clientv3.Config {
 func (c *Cluster) Client(tb TB, dial ...grpc.DialOption) *clientv3.Client {
 	tb.Helper()
 	return NewClient(tb, c.Endpoints(), dial...)
+}
+
+// Conn returns a gRPC connection of its own to endpoint (a plain http://
+// member or proxy), for a test that routes calls to one member or calls a
+// server API the client has no interface for; closed in tb's cleanup. It
+// does not block: it connects on first use.
+func Conn(tb TB, endpoint string) *grpc.ClientConn {
+	tb.Helper()
+	conn, err := grpc.NewClient(strings.TrimPrefix(endpoint, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatalf("etcdtest: connection to %s: %v", endpoint, err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // NewClient returns a client of endpoints, closed in tb's cleanup.

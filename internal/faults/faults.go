@@ -176,14 +176,14 @@ func (r *Router) Dial() []grpc.DialOption {
 // RoutedClient returns a client of c whose Watch streams go to member watch
 // and whose unary calls go to member unary (-1: balanced over all), with
 // the extra dial options (a counter's interceptors, say) outside the
-// routing: a Router set once. It and the clients of the two members it
+// routing: a Router set once. It and the connections to the two members it
 // routes to are closed in t's cleanup; it returns once they are made.
 func RoutedClient(t testing.TB, c *etcdtest.Cluster, watch, unary int, dial ...grpc.DialOption) *clientv3.Client {
 	t.Helper()
-	wconn := etcdtest.NewClient(t, []string{c.Member(watch).Endpoint()}).ActiveConnection()
+	wconn := etcdtest.Conn(t, c.Member(watch).Endpoint())
 	var uconn *grpc.ClientConn
 	if unary >= 0 {
-		uconn = etcdtest.NewClient(t, []string{c.Member(unary).Endpoint()}).ActiveConnection()
+		uconn = etcdtest.Conn(t, c.Member(unary).Endpoint())
 	}
 	var r Router
 	r.Route(wconn, uconn)

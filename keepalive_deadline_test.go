@@ -1,7 +1,7 @@
 package etcdsync_test
 
-// The keepalive rounds (pulse.go) against invariant 8, "Holders learn of
-// loss": a session's local deadline is never later than the server's
+// Keepalive against invariant 8, "Holders learn of loss": a session's
+// local deadline is never later than the server's
 // expiry of its lease, and a slow but working link does not lose it.
 
 import (
@@ -104,12 +104,12 @@ func TestDeadlineThroughGRPCProxyWithinAProxyPace(t *testing.T) {
 }
 
 // Many sessions of one client with different TTLs, two of them adopting
-// the leases of others (two beats of one lease in one round), on a link
-// whose replies are slower than the gather window: none ends while the link
-// works; a lease revoked by another client ends exactly the sessions on it,
-// as expired (not lost contact), within its pace plus the link's latency;
-// Close and Orphan of others mid-round leave the rest alive.
-func TestRoundsOnSlowLinkEndOnlyTheRevokedLease(t *testing.T) {
+// the leases of others (two sessions beating one lease), on a slow link:
+// none ends while the link works; a lease revoked by another client ends
+// exactly the sessions on it, as expired (not lost contact), within its pace
+// plus the link's latency; Close and Orphan of others while their beats are
+// in flight leave the rest alive.
+func TestSlowLinkRevokeEndsOnlyItsSessions(t *testing.T) {
 	slow(t)
 	t.Parallel()
 	c := single(t)
@@ -156,10 +156,10 @@ func TestRoundsOnSlowLinkEndOnlyTheRevokedLease(t *testing.T) {
 }
 
 // Sessions with TTLs of 2 s start, Close, Orphan and adopt each other's
-// leases concurrently on one client, many of them mid-round (-race); then the
-// client closes while rounds are in flight: every session ends promptly as
+// leases concurrently on one client, many of them mid-beat (-race); then the
+// client closes while beats are in flight: every session ends promptly as
 // closed, and no goroutine is left (goleak in TestMain).
-func TestConcurrentSessionsAndClientCloseMidRound(t *testing.T) {
+func TestConcurrentSessionsAndClientCloseMidBeat(t *testing.T) {
 	t.Parallel()
 	c := single(t)
 	cli := etcdtest.NewClient(t, c.Endpoints())
@@ -209,7 +209,7 @@ func TestConcurrentSessionsAndClientCloseMidRound(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	// The client closes while its sessions' rounds are in flight.
+	// The client closes while its sessions' beats are in flight.
 	cli2 := etcdtest.NewClient(t, c.Endpoints())
 	var ss []*etcdsync.Session
 	for range 30 {
@@ -227,9 +227,8 @@ func TestConcurrentSessionsAndClientCloseMidRound(t *testing.T) {
 	require.Error(t, err, "a session on a closed client")
 }
 
-// Where a client's beats cannot go in rounds (an in-process v3client, a
-// namespaced Lease), or go on a raw stream that must carry the client's
-// credentials (auth over TLS), a session lives for several TTLs and ends as
+// On every kind of client (an in-process v3client, a namespaced Lease, auth
+// over TLS), a session lives for several TTLs and ends as
 // expired soon after its lease is revoked.
 func TestSessionLivesAndSeesRevokeOnEveryKindOfClient(t *testing.T) {
 	slow(t)
@@ -272,9 +271,8 @@ func TestSessionLivesAndSeesRevokeOnEveryKindOfClient(t *testing.T) {
 	})
 }
 
-// The same on a direct link, slow the same way: each round's stream carries
-// its own requests only, so every deadline counts from a renewal the server
-// got.
+// The same on a direct link, slow the same way: each beat's reply answers
+// that beat, so every deadline counts from a renewal the server got.
 func TestDeadlineOnSlowLinkNeverAfterServerRenewal(t *testing.T) {
 	slow(t)
 	t.Parallel()
