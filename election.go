@@ -178,10 +178,7 @@ func (e *Election) Handover(ctx context.Context) error {
 			return fmt.Errorf("etcdsync: hand over %s: %w", e.hr.slot.name(), ctx.Err())
 		}
 	}
-	if err := h.unhold(ctx); err != nil && !errors.Is(err, ErrLockReleased) {
-		return err
-	}
-	return nil
+	return resign(ctx, h)
 }
 
 // Proclaim sets the leader's value without a new election. It blocks for one
@@ -218,15 +215,18 @@ func (e *Election) Resign(ctx context.Context) error {
 	if e.hr.bad != nil {
 		return e.hr.bad
 	}
-	h := e.hr.current()
+	return resign(ctx, e.hr.current())
+}
+
+// resign ends the term of h (nil: none) as Resign does.
+func resign(ctx context.Context, h *hold) error {
 	if h == nil {
 		return nil
 	}
-	err := h.unhold(ctx)
-	if errors.Is(err, ErrLockReleased) {
-		return nil
+	if err := h.unhold(ctx); err != nil && !errors.Is(err, ErrLockReleased) {
+		return err
 	}
-	return err
+	return nil
 }
 
 // Leader returns the current leader's key and value (one KeyValue), or an

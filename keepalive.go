@@ -23,7 +23,8 @@ import (
 // whatever the replies do, so on a slow link several may be in flight: while
 // the server acknowledges a beat within the TTL of its sending the session
 // lives. Each acknowledgement moves the local deadline to its beat's send
-// time plus the TTL the server granted; a beat knows its own send time, so
+// time plus the TTL the server granted, less the lock delay (WithLockDelay);
+// a beat knows its own send time, so
 // replies may come in any order. The first beat goes at first. keepAlive
 // owns the beats' goroutines (joined on return) and the end of the session
 // by lost contact or a lease that vanished.

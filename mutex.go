@@ -113,7 +113,7 @@ func (m *Mutex) Header() *pb.ResponseHeader { return m.hr.header() }
 // lock: nil while this value holds it and the hold is current (its session
 // alive, its key there), else why not (ErrNotHeld before any hold). The first
 // call for a hold starts its loss watch, as Done does. It does not block and
-// sends nothing.
+// sends no request.
 func (m *Mutex) Check() error { return m.hr.check() }
 
 // Done returns a channel closed when the current hold ends: Unlock committed,

@@ -179,11 +179,13 @@ func (s *Session) unreachable(ctx context.Context, what string, err error) error
 // none of the client's endpoints has accepted a connection in checks over
 // unreachableFor, rather than letting it wait for the whole TTL: the cause
 // names each endpoint and why it could not be dialled. A client with no
-// endpoints (an in-process one) is never given up on. It checks only while
+// endpoints (an in-process one), or with one only its own resolver knows
+// (dns:///…), is never given up on; a client with a dialer of its own that
+// reaches what a plain dial cannot is the case this cannot tell. It checks only while
 // the first request is pending, every reachCheck from reachCheck on, and the
 // returned function stops it and waits for it.
 func (s *Session) giveUpUnreachable(ctx context.Context, giveUp context.CancelCauseFunc) (stop func()) {
-	done := make(chan struct{})
+	cctx, done := context.WithCancel(ctx) // a check in progress ends with stop
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		tick := time.NewTicker(reachCheck)
@@ -191,13 +193,14 @@ func (s *Session) giveUpUnreachable(ctx context.Context, giveUp context.CancelCa
 		var since time.Time // of the first check in a row that reached nothing
 		for {
 			select {
-			case <-done:
-				return
-			case <-ctx.Done():
+			case <-cctx.Done():
 				return
 			case <-tick.C:
 			}
-			why, none := reach.None(s.client.Endpoints(), reachCheck)
+			why, none := reach.None(cctx, s.client.Endpoints(), reachCheck)
+			if cctx.Err() != nil {
+				return
+			}
 			switch {
 			case !none:
 				since = time.Time{}
@@ -209,7 +212,7 @@ func (s *Session) giveUpUnreachable(ctx context.Context, giveUp context.CancelCa
 			}
 		}
 	})
-	return func() { close(done); wg.Wait() }
+	return func() { done(); wg.Wait() }
 }
 
 // reachCheck is the pace and bound of the checks of giveUpUnreachable;

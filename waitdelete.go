@@ -250,7 +250,7 @@ func (t *turn) deleted(wr clientv3.WatchResponse) int64 {
 // a client whose serializable reads come from that cache (caps.cached). It returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	err := t.relist(ctx, atLeast, false)
-	if err == nil && t.unlisted && len(t.ahead) < 2 { // keys that do not block filled the list: a waiter watches two
+	if err == nil && t.unlisted && len(t.ahead) < t.needs() { // keys that do not block filled the list
 		err = t.relist(ctx, atLeast, true)
 	}
 	if err != nil {

@@ -2,7 +2,8 @@
 // messages on a failed first call: it dials each endpoint's address (TCP, or
 // a Unix socket; and TLS when told the client's configuration) without
 // speaking gRPC, so it needs nothing of the client
-// (a namespaced, proxied or in-process client alike) and decides nothing.
+// (a namespaced, proxied or in-process client alike). None tells a caller
+// that nothing can be dialled at all (NewSession then stops waiting).
 package reach
 
 import (
@@ -24,20 +25,41 @@ import (
 // endpoints, so that a certificate the client refuses is named. It blocks
 // for at most timeout.
 func Why(endpoints []string, tc *tls.Config, timeout time.Duration) string {
-	why, _ := dialAll(endpoints, tc, timeout)
+	why, _ := dialAll(context.Background(), endpoints, tc, timeout)
 	return why
 }
 
-// None is Why (without TLS), and also reports whether none of the
-// endpoints could be dialled (false with no endpoints).
-func None(endpoints []string, timeout time.Duration) (why string, none bool) {
-	return dialAll(endpoints, nil, timeout)
+// None is Why (without TLS, ending early with ctx), and also reports
+// whether none of the endpoints could be dialled: false with no endpoints,
+// and false when one is not an address this package can dial (a resolver
+// target such as dns:///host, which only the client's own resolver knows).
+func None(ctx context.Context, endpoints []string, timeout time.Duration) (why string, none bool) {
+	for _, ep := range endpoints {
+		if !dialable(ep) {
+			return "", false
+		}
+	}
+	return dialAll(ctx, endpoints, nil, timeout)
+}
+
+// dialable reports whether ep is a bare host:port or an http(s)/unix(s)
+// URL, the forms address knows.
+func dialable(ep string) bool {
+	u, err := url.Parse(ep)
+	if err != nil || !strings.Contains(ep, "://") {
+		return true // a bare host:port
+	}
+	switch u.Scheme {
+	case "http", "https", "unix", "unixs":
+		return true
+	}
+	return false
 }
 
 // dialAll dials every endpoint (see Why) and returns what failed and
 // whether every one did.
-func dialAll(endpoints []string, tc *tls.Config, timeout time.Duration) (string, bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+func dialAll(parent context.Context, endpoints []string, tc *tls.Config, timeout time.Duration) (string, bool) {
+	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
 	why := make([]string, len(endpoints))
 	var wg sync.WaitGroup

@@ -1,6 +1,7 @@
 package reach
 
 import (
+	"context"
 	"crypto/tls"
 	"net"
 	"net/http"
@@ -32,14 +33,18 @@ func TestWhySaysWhichEndpointRefuses(t *testing.T) {
 	if why := Why(nil, nil, time.Second); why != "" {
 		t.Fatalf("Why of no endpoints = %q", why)
 	}
-	if _, none := None([]string{"http://" + up.Addr().String(), downAddr}, time.Second); none {
+	ctx := context.Background()
+	if _, none := None(ctx, []string{"http://" + up.Addr().String(), downAddr}, time.Second); none {
 		t.Fatal("None with one endpoint listening")
 	}
-	if why, none := None([]string{downAddr}, time.Second); !none || !strings.Contains(why, downAddr) {
+	if why, none := None(ctx, []string{downAddr}, time.Second); !none || !strings.Contains(why, downAddr) {
 		t.Fatalf("None of a refusing endpoint = %q, %v", why, none)
 	}
-	if _, none := None(nil, time.Second); none {
+	if _, none := None(ctx, nil, time.Second); none {
 		t.Fatal("None of no endpoints")
+	}
+	if _, none := None(ctx, []string{"dns:///" + downAddr}, time.Second); none {
+		t.Fatal("None of a resolver target it cannot dial")
 	}
 }
 
