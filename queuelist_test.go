@@ -346,6 +346,17 @@ func TestInterleavedNestedKeysAndCancelsKeepExclusionAndOrder(t *testing.T) {
 			var mu sync.Mutex
 			var inside atomic.Int32
 			release := make([]chan struct{}, n)
+			var waiters sync.WaitGroup // every Unlock returns before the sessions close
+			released := make([]bool, n)
+			defer func() { // also after a failed check: nobody is left waiting
+				for i := range release {
+					if release[i] != nil && !released[i] {
+						cancels[i]()
+						close(release[i])
+					}
+				}
+				waiters.Wait()
+			}()
 			put := 0
 			for i := range ms {
 				for j := range pattern.nested[i] {
@@ -362,7 +373,7 @@ func TestInterleavedNestedKeysAndCancelsKeepExclusionAndOrder(t *testing.T) {
 				cancels[i] = cancel
 				got[i] = make(chan error, 1)
 				release[i] = make(chan struct{})
-				go func() {
+				waiters.Go(func() {
 					err := ms[i].Lock(cctx)
 					if err == nil {
 						if inside.Add(1) != 1 {
@@ -381,7 +392,7 @@ func TestInterleavedNestedKeysAndCancelsKeepExclusionAndOrder(t *testing.T) {
 						return
 					}
 					got[i] <- err
-				}()
+				})
 				waitKeys(t, admin, name+"/", 1+put+i+1)
 			}
 			cancelled := map[int]bool{}
@@ -398,6 +409,7 @@ func TestInterleavedNestedKeysAndCancelsKeepExclusionAndOrder(t *testing.T) {
 				require.NoError(t, resultWithin(t, got[i], testTimeout, fmt.Sprintf("waiter %d holds", i)))
 				time.Sleep(20 * time.Millisecond) // let anyone wrongly woken show up
 				close(release[i])
+				released[i] = true
 			}
 			var want []int
 			for i := range ms {
