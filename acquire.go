@@ -48,35 +48,79 @@ type turn struct {
 	gone int64
 }
 
-// enqueue writes our key if absent and reads the queue, in one transaction.
-// A key that already exists with our lease is ours: a resumed hold after a
-// restart with WithLease, or a create the client retried after it committed.
-func (sl *slot) enqueue(ctx context.Context, val string) (turn, error) {
-	lease := sl.s.Lease()
-	list := sl.listOp()
-	resp, err := sl.s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)).
-		Then(clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)), list).
-		Else(clientv3.OpGet(sl.key), list).
-		Commit()
-	if err != nil {
-		return turn{slot: sl, wrote: unsure(err)}, err
+// enqueue writes our keys if absent and reads their queues, in one
+// transaction: every key, or (when one exists) none, so that the keys of
+// one call share one create revision. A key that already exists with our
+// lease is ours: a resumed hold after a restart with WithLease, or a create
+// the client retried after it committed. It returns one turn per slot, in
+// the slots' order, also with an error (for the cleanup).
+func enqueue(ctx context.Context, sls []*slot, val string) ([]turn, error) {
+	lease := sls[0].s.Lease()
+	cmps := make([]clientv3.Cmp, 0, len(sls))
+	then := make([]clientv3.Op, 0, 2*len(sls))
+	els := make([]clientv3.Op, 0, 2*len(sls))
+	for _, sl := range sls {
+		list := sl.listOp()
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0))
+		then = append(then, clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)), list)
+		els = append(els, clientv3.OpGet(sl.key), list)
 	}
-	t := turn{slot: sl, hdr: resp.Header, wrote: resp.Succeeded, rev: resp.Header.Revision}
-	err = t.queued(ctx, resp, val)
-	return t, err
+	resp, err := sls[0].s.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	return turns(ctx, sls, resp, err, val, true)
 }
 
-// queued fills t from an enqueue's response: our key as it already was, if
+// turns makes the turns of an enqueue's response (see queued), and checks
+// that the keys of one call share one create revision: those this session
+// had on some of the names but not all (a restarted process's, WithLease),
+// or from different calls, are an error wrapping ErrInvalidArgument (the
+// caller withdraws those it may).
+//
+// Where the transaction wrote, every key has the response's revision; where
+// it did not, a key of ours that exists has its own, and one that does not
+// would come after every key listed. listed says whether the response has,
+// per slot, the get of our key (empty after a put) and the list.
+func turns(ctx context.Context, sls []*slot, resp *clientv3.TxnResponse, err error, val string, listed bool) ([]turn, error) {
+	ts := make([]turn, len(sls))
+	for i, sl := range sls {
+		switch {
+		case err != nil:
+			ts[i] = turn{slot: sl, wrote: unsure(err)}
+		case resp.Succeeded:
+			ts[i] = turn{slot: sl, hdr: resp.Header, wrote: true, rev: resp.Header.Revision}
+		default:
+			ts[i] = turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
+		}
+	}
+	if err != nil || !listed {
+		return ts, err
+	}
+	var errs []error
+	for i := range ts {
+		errs = append(errs, ts[i].queued(ctx, resp.Responses[2*i:2*i+2], val))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return ts, err
+	}
+	for i := range ts[1:] {
+		if (ts[i].value == nil) != (ts[i+1].value == nil) || ts[i].rev != ts[i+1].rev {
+			return ts, fmt.Errorf("%w: this session's keys on %s (create revision %d) and %s (%d) are not from one acquire: release them first",
+				ErrInvalidArgument, ts[i].key, ts[i].rev, ts[i+1].key, ts[i+1].rev)
+		}
+	}
+	return ts, nil
+}
+
+// queued fills t from an enqueue's responses for its slot (rs: the get of
+// our key, empty after a put, and the list): our key as it already was, if
 // the response has it (it must have our lease and, under a rule that weighs
 // keys, the value val asks for), and the keys ahead of it (t.rev: our key's
 // create revision if it is new). When a limited list leaves it unsure
 // whether anything blocks us (only keys that do not block, or keys newer
 // than our existing key, were listed), it lists them all (one more RPC,
 // bounded by ctx).
-func (t *turn) queued(ctx context.Context, resp *clientv3.TxnResponse, val string) error {
+func (t *turn) queued(ctx context.Context, rs []*pb.ResponseOp, val string) error {
 	var own *mvccpb.KeyValue
-	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
+	if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
 		own = kvs[0]
 		if lease := t.s.Lease(); clientv3.LeaseID(own.Lease) != lease {
 			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.key, own.Lease, int64(lease))
@@ -86,7 +130,7 @@ func (t *turn) queued(ctx context.Context, resp *clientv3.TxnResponse, val strin
 		}
 		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
-	rr := resp.Responses[1].GetResponseRange()
+	rr := rs[1].GetResponseRange()
 	if err := t.list(rr.Kvs, rr.More); err != nil {
 		return err
 	}
@@ -138,35 +182,29 @@ func (t *turn) mine(kv *mvccpb.KeyValue) bool {
 	return t.s.made(kv) || t.blocked()
 }
 
-// tryEnqueue writes our key only if nothing at all is under NAME/ (under
-// NAME/<rule.free>): one RPC and no write when the name is held. When the
-// compare fails although nothing blocks us (only nested keys NAME/x/…, or
-// keys that leave us room), it falls back to enqueue. The returned turn has
-// keys ahead when the name is held; the caller then withdraws the key if it
-// wrote one.
-func (sl *slot) tryEnqueue(ctx context.Context, val string) (turn, error) {
-	lease := sl.s.Lease()
-	resp, err := sl.s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(sl.prefix+sl.rule.free), "=", 0).WithPrefix(),
-			clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)). // ours may lie outside rule.free
-		Then(clientv3.OpPut(sl.key, val, clientv3.WithLease(lease))).
-		Else(clientv3.OpGet(sl.key), sl.listOp()).
-		Commit()
-	if err != nil {
-		return turn{slot: sl, wrote: unsure(err)}, err
+// tryEnqueue writes our keys only if nothing at all is under any NAME/
+// (under NAME/<rule.free>): one RPC and no write when a name is held. When
+// a compare fails although nothing blocks us (only nested keys NAME/x/…, or
+// keys that leave us room), it falls back to enqueue. The returned turns
+// have keys ahead where a name is held; the caller then withdraws the keys
+// it wrote.
+func tryEnqueue(ctx context.Context, sls []*slot, val string) ([]turn, error) {
+	lease := sls[0].s.Lease()
+	cmps := make([]clientv3.Cmp, 0, 2*len(sls))
+	then := make([]clientv3.Op, 0, len(sls))
+	els := make([]clientv3.Op, 0, 2*len(sls))
+	for _, sl := range sls {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.prefix+sl.rule.free), "=", 0).WithPrefix(),
+			clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)) // ours may lie outside rule.free
+		then = append(then, clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)))
+		els = append(els, clientv3.OpGet(sl.key), sl.listOp())
 	}
-	if resp.Succeeded {
-		return turn{slot: sl, hdr: resp.Header, wrote: true, rev: resp.Header.Revision}, nil
+	resp, qerr := sls[0].s.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	ts, err := turns(ctx, sls, resp, qerr, val, qerr == nil && !resp.Succeeded)
+	if err != nil || resp.Succeeded || slices.ContainsFunc(ts, func(t turn) bool { return t.blocked() || t.value != nil }) {
+		return ts, err
 	}
-	// Without a key of ours, every direct child is ahead of where ours would be.
-	t := turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
-	if err := t.queued(ctx, resp, val); err != nil {
-		return t, err
-	}
-	if !t.blocked() && t.value == nil {
-		return sl.enqueue(ctx, val)
-	}
-	return t, nil
+	return enqueue(ctx, sls, val)
 }
 
 // withdraw deletes the key this call may have written: the one at rev, or
@@ -243,23 +281,39 @@ const createGrace = time.Second
 // session lives. Under a shared rule, a live hold of the key in the session
 // is joined (counted) without touching etcd.
 func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
-	rep := sl.s.rep
-	if rep == nil {
-		return sl.enter(ctx, val, m)
-	}
-	began := time.Now()
-	h, value, err := sl.enter(ctx, val, m)
+	hs, value, err := acquire(ctx, []*slot{sl}, val, m)
 	if err != nil {
-		rep.acquireFailed(sl, err)
-	} else {
-		rep.holdBegan(h, time.Since(began))
+		return nil, nil, err
 	}
-	return h, value, err
+	return hs[0], value, nil
 }
 
-// enter is acquire, unreported: it enters the queue and comes out holding,
+// acquire is slot.acquire for the keys of several slots of one session at
+// once (a MultiLock), all or none: one transaction writes them all, at one
+// create revision, so that two callers of overlapping sets wait for each
+// other in one order, whatever order they name them in; the turn of each
+// is then waited for in turn. Only the first may be under a shared rule,
+// when it is the only one. The value returned is the first key's.
+func acquire(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byte, error) {
+	rep := sls[0].s.rep
+	if rep == nil {
+		return enter(ctx, sls, val, m)
+	}
+	began := time.Now()
+	hs, value, err := enter(ctx, sls, val, m)
+	if err != nil {
+		rep.acquireFailed(sls[0], err)
+	}
+	for _, h := range hs {
+		rep.holdBegan(h, time.Since(began))
+	}
+	return hs, value, err
+}
+
+// enter is acquire, unreported: it enters the queues and comes out holding,
 // or with nothing left behind.
-func (sl *slot) enter(ctx context.Context, val string, m mode) (*hold, []byte, error) {
+func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byte, error) {
+	sl := sls[0]
 	if err := ctx.Err(); err != nil {
 		return nil, nil, sl.why(ctx, err)
 	}
@@ -267,14 +321,17 @@ func (sl *slot) enter(ctx context.Context, val string, m mode) (*hold, []byte, e
 		return nil, nil, sl.s.endedErr()
 	}
 	if sl.rule.shared {
-		if h, err := sl.s.shareKey(ctx, sl.key, m == waitTurn); err != nil || h != nil {
-			return h, nil, err
+		switch h, err := sl.s.shareKey(ctx, sl.key, m == waitTurn); {
+		case err != nil:
+			return nil, nil, err
+		case h != nil:
+			return []*hold{h}, nil, nil
 		}
-	} else if err := sl.s.claimKey(ctx, sl.key, m == waitTurn); err != nil {
+	} else if err := claimKeys(ctx, sls, m == waitTurn); err != nil {
 		return nil, nil, err
 	}
-	if err := ctx.Err(); err != nil { // it ended as the key was freed
-		sl.s.releaseKey(sl.key)
+	if err := ctx.Err(); err != nil { // it ended as the keys were freed
+		releaseKeys(sls)
 		return nil, nil, sl.why(ctx, err)
 	}
 	wctx, cancel := sl.s.bound(ctx)
@@ -288,49 +345,78 @@ func (sl *slot) enter(ctx context.Context, val string, m mode) (*hold, []byte, e
 	defer ecancel()
 	stopGrace := context.AfterFunc(wctx, func() { time.AfterFunc(createGrace, ecancel) })
 	defer stopGrace()
-	var t turn
-	var err error
+	var ts []turn
+	var qerr error
 	if m == tryTurn {
-		t, err = sl.tryEnqueue(ectx, val)
+		ts, qerr = tryEnqueue(ectx, sls, val)
 	} else {
-		t, err = sl.enqueue(ectx, val)
+		ts, qerr = enqueue(ectx, sls, val)
 	}
-	unknown := err != nil && t.wrote && t.hdr == nil // the create failed, and may yet be applied
-	if err == nil && t.wrote && t.value == nil {
-		sl.s.created(sl.key, t.rev) // a sweeper of the key leaves it to us
+	for _, t := range ts {
+		if qerr == nil && t.wrote && t.value == nil {
+			t.s.created(t.key, t.rev) // a sweeper of the key leaves it to us
+		}
 	}
-	hdr := t.hdr
-	switch {
-	case err != nil:
-	case wctx.Err() != nil:
-		err = wctx.Err()
-	case t.blocked() && m == tryTurn:
-		err = fmt.Errorf("%w: %s is taken: %s (create revision %d) is ahead", ErrLocked, sl.name(), t.ahead[0].Key, t.ahead[0].CreateRevision)
-	case t.blocked():
-		hdr, err = t.wait(wctx)
-	}
-	var h *hold
+	err := qerr
 	if err == nil {
-		if h = newHold(sl, t.rev, hdr); !h.live() { // the session ended at this instant
+		err = wctx.Err()
+	}
+	if i := slices.IndexFunc(ts, func(t turn) bool { return t.blocked() }); err == nil && i >= 0 && m == tryTurn {
+		err = fmt.Errorf("%w: %s is taken: %s (create revision %d) is ahead", ErrLocked, ts[i].name(), ts[i].ahead[0].Key, ts[i].ahead[0].CreateRevision)
+	}
+	for i := range ts { // the keys share one revision: those ahead of one are older than all
+		if t := &ts[i]; err == nil && t.blocked() {
+			_, err = t.wait(wctx)
+		}
+	}
+	hs := make([]*hold, 0, len(ts))
+	for _, t := range ts {
+		if err != nil {
+			break
+		}
+		h := newHold(t.slot, t.rev, t.hdr)
+		hs = append(hs, h)
+		if !h.live() { // the session ended at this instant
 			err = sl.s.endedErr()
 		}
 	}
 	if err == nil {
-		return h, t.value, nil
+		return hs, ts[0].value, nil
 	}
 	err = sl.why(ctx, err)
-	switch {
-	case unknown: // the session removes the key if it was, or will be, created
-		sl.s.sweep(sl.key)
-	case t.wrote:
-		err = errors.Join(err, sl.withdraw(t.rev))
-	}
-	if h != nil {
-		h.finish(err)
-	} else {
-		sl.s.releaseKey(sl.key)
+	for i, t := range ts {
+		switch {
+		case qerr != nil && t.wrote && t.hdr == nil: // the create failed, and may yet be applied: the session removes the key if it was, or will be, created
+			t.s.sweep(t.key)
+		case t.wrote:
+			err = errors.Join(err, t.withdraw(t.rev))
+		}
+		if i < len(hs) {
+			hs[i].finish(err)
+		} else {
+			t.s.releaseKey(t.key)
+		}
 	}
 	return nil, nil, err
+}
+
+// claimKeys reserves the slots' keys in their session (claimKey), in order;
+// on error it frees those it reserved.
+func claimKeys(ctx context.Context, sls []*slot, wait bool) error {
+	for i, sl := range sls {
+		if err := sl.s.claimKey(ctx, sl.key, wait); err != nil {
+			releaseKeys(sls[:i])
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseKeys frees the slots' reservations.
+func releaseKeys(sls []*slot) {
+	for _, sl := range sls {
+		sl.s.releaseKey(sl.key)
+	}
 }
 
 // unsure reports whether a write that failed with err may have been applied,
