@@ -168,11 +168,13 @@ type counter struct {
 	keepalives             atomic.Int64  // LeaseKeepAlive requests sent
 	created                chan struct{} // one send per watch created, if non-nil
 	returned               chan struct{} // one send per unary RPC returned, if non-nil
-	// ownApart leaves out of events those on the key of a stream's first
-	// watch: a wait's own key, on the stream of its own (a delete of it
-	// that reaches its former waiter, whose watch's cancel the release
-	// overtook, is not a release reaching a waiter).
+	// ownApart leaves out of events those that reach the first watch of
+	// their key: a wait's own key, which it watches before anyone behind
+	// it does (a delete of it that reaches its former waiter, whose
+	// watch's cancel the release overtook, is not a release reaching a
+	// waiter).
 	ownApart bool
+	watched  sync.Map // key -> true once a watch of it was created
 	mu       sync.Mutex
 	methods  []string
 }
@@ -212,8 +214,13 @@ func (c *counter) take() (int64, []string) {
 
 type countingStream struct {
 	grpc.ClientStream
-	c   *counter
-	own atomic.Pointer[string] // the key of the stream's first watch
+	c  *counter
+	mu sync.Mutex
+	// creating is the keys of the watches asked for and not yet created,
+	// in order (the client's Watcher creates one at a time per stream);
+	// firsts, the IDs of the watches that were their key's first.
+	creating []string
+	firsts   map[int64]bool
 }
 
 func (s *countingStream) SendMsg(m any) error {
@@ -221,9 +228,10 @@ func (s *countingStream) SendMsg(m any) error {
 	case *pb.LeaseKeepAliveRequest:
 		s.c.keepalives.Add(1)
 	case *pb.WatchRequest:
-		if cr := m.GetCreateRequest(); cr != nil && s.own.Load() == nil {
-			key := string(cr.Key)
-			s.own.Store(&key)
+		if cr := m.GetCreateRequest(); cr != nil {
+			s.mu.Lock()
+			s.creating = append(s.creating, string(cr.Key))
+			s.mu.Unlock()
 		}
 	}
 	return s.ClientStream.SendMsg(m)
@@ -231,15 +239,28 @@ func (s *countingStream) SendMsg(m any) error {
 
 func (s *countingStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
-	if wr, ok := m.(*pb.WatchResponse); ok && err == nil {
-		for _, ev := range wr.Events {
-			if own := s.own.Load(); !s.c.ownApart || own == nil || string(ev.Kv.Key) != *own {
-				s.c.events.Add(1)
+	wr, ok := m.(*pb.WatchResponse)
+	if !ok || err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if wr.Created && len(s.creating) > 0 {
+		key := s.creating[0]
+		s.creating = s.creating[1:]
+		if _, seen := s.c.watched.LoadOrStore(key, true); !seen {
+			if s.firsts == nil {
+				s.firsts = map[int64]bool{}
 			}
+			s.firsts[wr.WatchId] = true
 		}
-		if wr.Created && s.c.created != nil {
-			s.c.created <- struct{}{}
-		}
+	}
+	first := s.firsts[wr.WatchId]
+	s.mu.Unlock()
+	if !s.c.ownApart || !first {
+		s.c.events.Add(int64(len(wr.Events)))
+	}
+	if wr.Created && s.c.created != nil {
+		s.c.created <- struct{}{}
 	}
 	return err
 }

@@ -1,0 +1,317 @@
+package etcdsync
+
+// MultiLock: several names locked as one hold. Its keys are Mutex keys
+// (NAME/<lease-hex> under each name), written by one transaction at one
+// create revision (acquire), so that every contender of any of the names
+// waits only for keys older than its own: two MultiLocks that name the same
+// locks in any order, or a MultiLock and Mutexes, never wait for each other
+// in a circle.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// MultiLock is a distributed lock on several names at once: Lock holds
+// them all or none. Each name's key is the one a Mutex on that name writes,
+// so Mutexes, etcd's concurrency.Mutex and etcdctl lock on any of the names
+// exclude it, and each name has its own fencing token (Rev). The keys are
+// written in one transaction, at one revision, and a contender waits only
+// for keys older than its own: no two MultiLocks deadlock, whatever order
+// their names are given in. While it waits for a later name it keeps its
+// place on the names it already holds, as ordered locking does. A hold that
+// ends on any name (key deleted, session expired) ends the MultiLock's hold:
+// Done closes, and the keys of the other names are released. Within one
+// Session, a MultiLock and a Mutex on a shared name exclude each other as
+// two Mutexes do; a goroutine that holds a Mutex and then locks a MultiLock
+// naming it waits for itself, as with two Mutexes. All methods are safe for
+// concurrent use.
+type MultiLock struct {
+	names []string // sorted, distinct
+	hrs   []holder // one per name, in names' order
+	bad   error
+
+	mu   sync.Mutex
+	cur  *multiHold // the current hold, or nil
+	last error      // why the previous hold ended
+}
+
+// multiHold is one hold of a MultiLock: a hold per name, and the context
+// that ends when the first of them ends.
+type multiHold struct {
+	hs  []*hold
+	ctx context.Context
+	end context.CancelCauseFunc // ends ctx
+	// relays end ctx when a hold ends, and release the others when it
+	// ended otherwise than by a release; Unlock joins them.
+	relays sync.WaitGroup
+}
+
+// NewMultiLock returns a MultiLock on names for session s. It does not touch
+// etcd. A name given twice counts once. No name, an invalid name or a nil
+// session is reported by every call, with an error wrapping ErrInvalidName
+// or ErrInvalidArgument.
+func NewMultiLock(s *Session, names ...string) *MultiLock {
+	names = slices.Compact(slices.Sorted(slices.Values(names)))
+	ml := &MultiLock{names: names, hrs: make([]holder, len(names))}
+	for i, name := range names {
+		ml.hrs[i] = newHolder(s, name, "multilock")
+		if ml.bad == nil {
+			ml.bad = ml.hrs[i].bad
+		}
+	}
+	if len(names) == 0 {
+		ml.bad = fmt.Errorf("%w: a MultiLock needs at least one name", ErrInvalidArgument)
+	}
+	return ml
+}
+
+// Lock blocks until every name is held, ctx ends (the error wraps ctx.Err())
+// or the session ends (ErrSessionExpired; ErrSessionClosed once it was
+// closed). It costs one RPC when no name is taken, whatever the number of
+// names. A waiter whose own key on any name vanishes returns
+// ErrSessionExpired at once. On error no key is left behind, on any name. A
+// MultiLock is not reentrant: Lock on a held one waits for Unlock.
+func (ml *MultiLock) Lock(ctx context.Context) error { return ml.lock(ctx, waitTurn) }
+
+// TryLock takes every name if none is held, else returns an error wrapping
+// ErrLocked, also when this value holds them. It costs one RPC and writes
+// nothing when a name is held; ctx bounds the call.
+func (ml *MultiLock) TryLock(ctx context.Context) error { return ml.lock(ctx, tryTurn) }
+
+func (ml *MultiLock) lock(ctx context.Context, md mode) error {
+	if ml.bad != nil {
+		return ml.bad
+	}
+	sls := make([]*slot, len(ml.hrs))
+	for i := range ml.hrs {
+		sls[i] = &ml.hrs[i].slot
+	}
+	hs, _, err := acquire(ctx, sls, "", md)
+	if err != nil {
+		return err
+	}
+	mh := &multiHold{hs: hs}
+	mh.ctx, mh.end = context.WithCancelCause(context.WithoutCancel(ctx))
+	for i, h := range hs {
+		ml.hrs[i].addShare(h)
+		mh.relays.Add(1)
+		context.AfterFunc(h.context(), func() {
+			defer mh.relays.Done()
+			cause := h.err()
+			mh.end(cause)
+			if !errors.Is(cause, ErrLockReleased) { // the others go too: the set is no longer held
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(h.s.ctx), h.s.ttl)
+				defer cancel()
+				mh.release(ctx)
+			}
+		})
+	}
+	ml.mu.Lock()
+	ml.cur = mh
+	ml.mu.Unlock()
+	return nil
+}
+
+// release releases every live hold of the set at once, each bounded by
+// ctx, and returns their errors joined.
+func (mh *multiHold) release(ctx context.Context) error {
+	errs := make([]error, len(mh.hs))
+	var wg sync.WaitGroup
+	for i, h := range mh.hs {
+		if h.live() {
+			wg.Go(func() { errs[i] = h.unhold(ctx) })
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// current returns the current hold, or nil.
+func (ml *MultiLock) current() *multiHold {
+	ml.mu.Lock()
+	defer ml.mu.Unlock()
+	return ml.cur
+}
+
+// Unlock releases every name, each key deleted only at the revision this
+// hold created it (fenced, as Mutex.Unlock), all at once: one RPC per name,
+// in parallel, each bounded by ctx and by its hold. When a release fails
+// with its hold still there, the others are released all the same and
+// Unlock can be retried for the rest. With nothing to release it returns an
+// error wrapping ErrLockReleased without an RPC; when the hold had ended on
+// some name (see Done), it releases the others and returns the cause.
+func (ml *MultiLock) Unlock(ctx context.Context) error {
+	if ml.bad != nil {
+		return ml.bad
+	}
+	mh := ml.current()
+	if mh == nil {
+		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, strings.Join(ml.names, ", "))
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("etcdsync: release %s: %w", strings.Join(ml.names, ", "), err)
+	}
+	lost := context.Cause(mh.ctx)
+	err := mh.release(ctx)
+	if slices.ContainsFunc(mh.hs, (*hold).live) { // a release failed: retry it
+		return err
+	}
+	mh.relays.Wait()
+	ml.mu.Lock()
+	if ml.cur == mh {
+		ml.cur, ml.last = nil, context.Cause(mh.ctx)
+	}
+	ml.mu.Unlock()
+	if lost != nil && !errors.Is(lost, ErrLockReleased) {
+		return fmt.Errorf("%w: the hold had ended: %w", ErrLockReleased, lost)
+	}
+	return err
+}
+
+// Run takes the locks (as Lock, bounded by ctx), calls fn with a context
+// that is cancelled the moment the hold ends on any name (context.Cause
+// says why), and releases them after fn returns, bounded by the session's
+// TTL even if ctx has ended. A panic in fn releases the locks and goes on.
+// It returns Lock's error, or fn's error joined with the cause when the
+// hold ended before fn returned, and with the release's error, if any.
+// Given the context of a Run that holds every name (of this session), it
+// runs fn within that hold; one that holds some of them is an error
+// wrapping ErrInvalidArgument, not a deadlock.
+func (ml *MultiLock) Run(ctx context.Context, fn func(ctx context.Context) error) error {
+	return ml.run(ctx, ml.Lock, fn)
+}
+
+// TryRun is Run with TryLock: when a name is held (also by this value) it
+// returns an error wrapping ErrLocked at once, without running fn, in one
+// RPC that writes nothing.
+func (ml *MultiLock) TryRun(ctx context.Context, fn func(ctx context.Context) error) error {
+	return ml.run(ctx, ml.TryLock, fn)
+}
+
+func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, fn func(context.Context) error) (err error) {
+	if ml.bad != nil {
+		return ml.bad
+	}
+	entered := 0
+	for i := range ml.hrs {
+		e, err := ml.hrs[i].reenter(ctx, 1, "")
+		if err != nil {
+			return err
+		}
+		if e != nil {
+			entered++
+		}
+	}
+	switch entered {
+	case len(ml.hrs):
+		return fn(ctx)
+	case 0:
+	default:
+		return fmt.Errorf("%w: a Run of %s inside a Run that holds only some of them", ErrInvalidArgument, strings.Join(ml.names, ", "))
+	}
+	if err := lock(ctx); err != nil {
+		return err
+	}
+	mh := ml.current()
+	if mh == nil { // ended as it began
+		return ml.Err()
+	}
+	ml.Done() // watch the keys: a delete behind our back ends fn's context
+	e := holdIn(ctx)
+	for _, h := range mh.hs {
+		e = &ctxHold{h: h, n: 1, outer: e}
+	}
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, e))
+	defer cancel(nil)
+	stop := context.AfterFunc(mh.ctx, func() { cancel(context.Cause(mh.ctx)) })
+	defer stop()
+	defer func() {
+		p := recover()
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].s.ttl)
+		defer rcancel()
+		released := ml.Unlock(rctx)
+		if cause := context.Cause(mh.ctx); cause != nil && !errors.Is(cause, ErrLockReleased) {
+			released = cause // the hold ended before fn returned: Unlock found it gone
+		}
+		err = errors.Join(err, released)
+		if p != nil {
+			panic(p)
+		}
+	}()
+	return fn(fctx)
+}
+
+// Rev returns the fencing token of name: the create revision of its key in
+// the current hold, or 0 when the value does not hold it (or name is not
+// one of its names).
+func (ml *MultiLock) Rev(name string) int64 {
+	if i, ok := slices.BinarySearch(ml.names, name); ok {
+		return ml.hrs[i].rev()
+	}
+	return 0
+}
+
+// Key returns the key of name in the current hold, or "" (as Rev).
+func (ml *MultiLock) Key(name string) string {
+	if i, ok := slices.BinarySearch(ml.names, name); ok {
+		return ml.hrs[i].key()
+	}
+	return ""
+}
+
+// Done returns a channel closed when the hold ends on any name (released,
+// key deleted, session ended); closed at once when the value does not
+// hold. The first call for a hold starts the watch of its keys. It does
+// not block.
+func (ml *MultiLock) Done() <-chan struct{} {
+	mh := ml.current()
+	if mh == nil {
+		return closed
+	}
+	for _, h := range mh.hs {
+		h.done()
+	}
+	return mh.ctx.Done()
+}
+
+// Err returns nil while the value holds every name, else why the hold ended
+// (the cause of the first name's hold to end), or ErrNotHeld when it never
+// held.
+func (ml *MultiLock) Err() error {
+	if ml.bad != nil {
+		return ml.bad
+	}
+	ml.mu.Lock()
+	defer ml.mu.Unlock()
+	switch {
+	case ml.cur != nil:
+		return context.Cause(ml.cur.ctx)
+	case ml.last != nil:
+		return ml.last
+	}
+	return ErrNotHeld
+}
+
+// Check is nil while the value holds every name, each hold is current and
+// the session passes its Check; else why not. The first call for a hold
+// starts the watch of its keys (as Done). It does not block.
+func (ml *MultiLock) Check() error {
+	mh := ml.current()
+	if mh == nil {
+		return ml.Err()
+	}
+	if err := context.Cause(mh.ctx); err != nil {
+		return err
+	}
+	for i := range ml.hrs {
+		if err := ml.hrs[i].check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
