@@ -118,7 +118,7 @@ func TestFaults(t *testing.T) {
 		f.name, f.kind = "election-"+f.name, kindElection
 		faults = append(faults, f)
 	}
-	for _, k := range []primKind{kindRWMutex, kindSemaphore} {
+	for _, k := range []primKind{kindRWMutex, kindSemaphore, kindMultiLock} {
 		for _, f := range mutexFaults {
 			f.name, f.kind = k.String()+"-"+f.name, k
 			faults = append(faults, f)
@@ -148,12 +148,13 @@ func TestFaults(t *testing.T) {
 	for _, line := range report {
 		t.Log(line)
 	}
-	t.Logf("guarded increments: mutex and election %d, rwmutex (writers) %d, semaphore %d",
-		total[kindMutex]+total[kindElection], total[kindRWMutex], total[kindSemaphore])
+	t.Logf("guarded increments: mutex and election %d, rwmutex (writers) %d, semaphore %d, multilock %d",
+		total[kindMutex]+total[kindElection], total[kindRWMutex], total[kindSemaphore], total[kindMultiLock])
 	if !t.Failed() && len(report) == len(faults) {
 		require.GreaterOrEqual(t, total[kindMutex]+total[kindElection], 1000)
 		require.GreaterOrEqual(t, total[kindRWMutex], 1000)
 		require.GreaterOrEqual(t, total[kindSemaphore], 1000)
+		require.GreaterOrEqual(t, total[kindMultiLock], 1000)
 	}
 }
 
@@ -165,12 +166,13 @@ const (
 	kindElection
 	kindRWMutex   // writers weigh faultWorkers, readers 1
 	kindSemaphore // faultPermits permits; requests of 1 or 2
+	kindMultiLock // NAME/lock and NAME/lock2 at once; the checks watch NAME/lock
 )
 
 const faultPermits = 2
 
 func (k primKind) String() string {
-	return [...]string{"mutex", "election", "rwmutex", "semaphore"}[k]
+	return [...]string{"mutex", "election", "rwmutex", "semaphore", "multilock"}[k]
 }
 
 // capacity is the weight of holds that may hold at once (checkHolds).

@@ -284,7 +284,21 @@ func newPrimitive(kind primKind, s *etcdsync.Session, name string, i int) primit
 		n := int64(i%2 + 1)
 		return primitive{held: sm, release: sm.Release, guard: sm.IsOwner, weight: n, role: permitRole,
 			acquire: func(ctx context.Context) error { return sm.Acquire(ctx, n) }}
+	case kindMultiLock:
+		ml := etcdsync.NewMultiLock(s, name, name+"2")
+		guard := func() clientv3.Cmp { // the first name's key, for a paused holder's stale write
+			return clientv3.Compare(clientv3.CreateRevision(ml.Key(name)), "=", ml.Rev(name))
+		}
+		return primitive{held: firstOf{ml, name}, acquire: ml.Lock, release: ml.Unlock, guard: guard, weight: 1}
 	}
 	m := etcdsync.NewMutex(s, name)
 	return primitive{held: m, acquire: m.Lock, release: m.Unlock, guard: m.IsOwner, weight: 1}
 }
+
+// firstOf is a MultiLock whose Rev is its first name's.
+type firstOf struct {
+	*etcdsync.MultiLock
+	first string
+}
+
+func (f firstOf) Rev() int64 { return f.MultiLock.Rev(f.first) }

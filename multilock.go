@@ -14,6 +14,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // MultiLock is a distributed lock on several names at once: Lock holds
@@ -46,8 +49,9 @@ type multiHold struct {
 	hs  []*hold
 	ctx context.Context
 	end context.CancelCauseFunc // ends ctx
-	// relays end ctx when a hold ends, and release the others when it
-	// ended otherwise than by a release; Unlock joins them.
+	// relays end ctx when a hold ends otherwise than by a release (a
+	// loss), and release the others; Unlock joins them, and ends ctx once
+	// it has released every name.
 	relays sync.WaitGroup
 }
 
@@ -102,9 +106,8 @@ func (ml *MultiLock) lock(ctx context.Context, md mode) error {
 		mh.relays.Add(1)
 		context.AfterFunc(h.context(), func() {
 			defer mh.relays.Done()
-			cause := h.err()
-			mh.end(cause)
-			if !errors.Is(cause, ErrLockReleased) { // the others go too: the set is no longer held
+			if cause := h.err(); !errors.Is(cause, ErrLockReleased) { // lost: the others go too
+				mh.end(cause)
 				ctx, cancel := context.WithTimeout(context.WithoutCancel(h.s.ctx), h.s.ttl)
 				defer cancel()
 				mh.release(ctx)
@@ -156,12 +159,13 @@ func (ml *MultiLock) Unlock(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("etcdsync: release %s: %w", strings.Join(ml.names, ", "), err)
 	}
-	lost := context.Cause(mh.ctx)
 	err := mh.release(ctx)
-	if slices.ContainsFunc(mh.hs, (*hold).live) { // a release failed: retry it
+	if slices.ContainsFunc(mh.hs, (*hold).live) { // a release failed: the value still holds, retry it
 		return err
 	}
-	mh.relays.Wait()
+	mh.relays.Wait() // every hold has ended: a loss among them has ended ctx
+	mh.end(fmt.Errorf("%w: %s released by this value", ErrLockReleased, strings.Join(ml.names, ", ")))
+	lost := context.Cause(mh.ctx)
 	ml.mu.Lock()
 	if ml.cur == mh {
 		ml.cur, ml.last = nil, context.Cause(mh.ctx)
@@ -262,6 +266,55 @@ func (ml *MultiLock) Key(name string) string {
 		return ml.hrs[i].key()
 	}
 	return ""
+}
+
+// Header returns the header of the revision at which the value came to
+// hold every name, or nil when it does not hold.
+func (ml *MultiLock) Header() *pb.ResponseHeader {
+	var latest *pb.ResponseHeader
+	for i := range ml.hrs {
+		h := ml.hrs[i].header()
+		if h == nil {
+			return nil
+		}
+		if latest == nil || h.Revision > latest.Revision {
+			latest = h
+		}
+	}
+	return latest
+}
+
+// Do runs ops in one transaction (one RPC, bounded by ctx) only while the
+// value holds every name: each key at the revision this hold created it.
+// When a key is gone, nothing is written, the hold ends (as Done says) and
+// the error wraps ErrNotHeld.
+func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	if ml.bad != nil {
+		return nil, ml.bad
+	}
+	mh := ml.current()
+	if mh == nil || context.Cause(mh.ctx) != nil {
+		return nil, fmt.Errorf("%w: %s not held by this value", ErrNotHeld, strings.Join(ml.names, ", "))
+	}
+	cmps := make([]clientv3.Cmp, len(mh.hs))
+	gets := make([]clientv3.Op, len(mh.hs))
+	for i, h := range mh.hs {
+		cmps[i], gets[i] = h.guard(h.prefix), clientv3.OpGet(h.key, clientv3.WithKeysOnly())
+	}
+	resp, err := mh.hs[0].s.client.Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", strings.Join(ml.names, ", "), err)
+	}
+	if resp.Succeeded {
+		return resp, nil
+	}
+	for i, h := range mh.hs {
+		if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != h.rev {
+			h.lost(resp.Header.Revision)
+			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+		}
+	}
+	return nil, fmt.Errorf("%w: %s not held by this value", ErrNotHeld, strings.Join(ml.names, ", "))
 }
 
 // Done returns a channel closed when the hold ends on any name (released,

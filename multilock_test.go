@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -269,4 +270,31 @@ func TestMultiLockCancelAndBadInputLeaveNothing(t *testing.T) {
 	resp, err := cli.Get(ctx, "ok", clientv3.WithPrefix())
 	require.NoError(t, err)
 	require.Empty(t, resp.Kvs)
+}
+
+// A release that fails on one name leaves the value holding that name, with
+// Done open and Err nil, as a failed Mutex.Unlock does: Unlock again
+// releases the rest.
+func TestMultiLockFailedReleaseCanBeRetried(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	var inj faults.Injector
+	cli := c.Client(t, inj.Dial())
+	s := session(t, cli)
+	ml := etcdsync.NewMultiLock(s, "ml8/a", "ml8/b")
+	require.NoError(t, ml.Lock(ctx))
+	done := ml.Done()
+	inj.Arm(faults.TxnMethod, 1)
+	err := ml.Unlock(ctx)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, etcdsync.ErrLockReleased)
+	left := append(keys(t, cli, "ml8/a/"), keys(t, cli, "ml8/b/")...)
+	require.Len(t, left, 1, "one release failed, the other went through")
+	require.NoError(t, ml.Err())
+	require.False(t, isClosed(done), "Done while a name is still held")
+	require.NoError(t, ml.Unlock(ctx))
+	within(t, done, testTimeout, "Done after the retried Unlock")
+	require.ErrorIs(t, ml.Err(), etcdsync.ErrLockReleased)
+	require.Empty(t, append(keys(t, cli, "ml8/a/"), keys(t, cli, "ml8/b/")...))
 }

@@ -33,8 +33,11 @@ type hold struct {
 	release func(ctx context.Context) error
 	// label writes v as the held key's value, guarded by the hold (one
 	// RPC); nil where the value means something (a Semaphore's permits, a
-	// leader's value).
+	// leader's value), or for several keys.
 	label func(ctx context.Context, v string) error
+	// keys returns the held keys, in name order, where there are several
+	// (a MultiLock); else it is nil.
+	keys func() []string
 }
 
 // labelOf returns a label function for the primitive that holds through d
@@ -54,6 +57,33 @@ func mutexHold(s *etcdsync.Session, name string) hold {
 	m := etcdsync.NewMutex(s, name)
 	return hold{held: m, what: "lock", take: m.Lock, try: m.TryLock, release: m.Unlock, label: labelOf(m)}
 }
+
+// multiHold is a lock on every one of names (a MultiLock). Key and Rev are
+// the first name's. It does not touch etcd.
+func multiHold(s *etcdsync.Session, names []string) hold {
+	ml := etcdsync.NewMultiLock(s, names...)
+	return hold{
+		held: multiHeld{ml, names[0]},
+		what: "locks",
+		take: ml.Lock, try: ml.TryLock, release: ml.Unlock,
+		keys: func() []string {
+			keys := make([]string, len(names))
+			for i, name := range names {
+				keys[i] = ml.Key(name)
+			}
+			return keys
+		},
+	}
+}
+
+// multiHeld is a MultiLock as a held: Key and Rev are those of first.
+type multiHeld struct {
+	*etcdsync.MultiLock
+	first string
+}
+
+func (m multiHeld) Key() string { return m.MultiLock.Key(m.first) }
+func (m multiHeld) Rev() int64  { return m.MultiLock.Rev(m.first) }
 
 // readHold is a read hold of an RWMutex on name. It does not touch etcd.
 func readHold(s *etcdsync.Session, name string) hold {

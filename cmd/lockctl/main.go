@@ -49,6 +49,7 @@ var (
 	errMissingDash  = errors.New("missing -- before the command")
 	errNoCmdAfter   = errors.New("no command after --")
 	errHoldExclude  = errors.New("--read, --write and --sem exclude each other")
+	errSeveralNames = errors.New("several names take a lock on each (a MultiLock): --read, --write and --sem take one name")
 	errTryTimeout   = errors.New("--try and --timeout exclude each other")
 	errPermitsNoSem = errors.New("--permits needs --sem")
 	errUserPassword = errors.New("--user needs a password: --user NAME:PASSWORD, --password or ETCDCTL_PASSWORD")

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -98,8 +100,8 @@ type runFlags struct {
 func newRunCmd(conn *connFlags) *cobra.Command {
 	f := &runFlags{}
 	cmd := &cobra.Command{
-		Use:   "run [flags] NAME -- CMD [ARG...]",
-		Short: "Run a command while holding a lock on NAME",
+		Use:   "run [flags] NAME [NAME...] -- CMD [ARG...]",
+		Short: "Run a command while holding a lock on NAME (or on every NAME)",
 		Long: `Run CMD while holding a lock on NAME, and release the lock when CMD ends.
 
 By default the lock is an etcdsync Mutex: its key is NAME/<lease-hex>, the
@@ -107,26 +109,39 @@ key etcdctl lock and etcd's concurrency package use, so they exclude each
 other. --read and --write take an RWMutex's read or write hold (many readers
 or one writer); --sem N takes --permits (default 1) of a semaphore of N.
 
+With several names, lockctl holds a lock on every one of them (an etcdsync
+MultiLock: the same keys as a Mutex on each name, written at once), or on
+none: two lockctl runs that name the same locks in any order never wait for
+each other in a circle. The command then also gets ETCDSYNC_NAMES and
+ETCDSYNC_KEYS (one per line, names sorted); ETCDSYNC_NAME and ETCDSYNC_KEY
+are the first name's, and ETCDSYNC_REV is the fencing token of every name
+(their keys share one create revision). Losing the lock on any name is
+losing the hold.
+
 ` + childHelp + "\n\n" + exitCodesHelp,
 		Example: `  lockctl run nightly-report -- /usr/local/bin/report --since yesterday
   lockctl run --try --endpoints 10.0.0.1:2379 backup -- sh -c 'tar c /data | upload'
-  lockctl run --sem 3 --timeout 10m downloads -- fetch.sh`,
+  lockctl run --sem 3 --timeout 10m downloads -- fetch.sh
+  lockctl run accounts/alice accounts/bob -- transfer alice bob 10`,
 		Args: cobra.ArbitraryArgs,
 		RunE: withCode(func(cmd *cobra.Command, args []string) error {
-			name, argv, err := splitArgs(cmd, args, 1)
+			names, argv, err := splitArgs(cmd, args, 1, -1)
 			if err != nil {
 				return err
 			}
 			if argv == nil {
 				return usage(fmt.Errorf("%w (see '%s --help')", errMissingDash, cmd.CommandPath()))
 			}
-			if err := f.check(cmd); err != nil {
+			if err := f.check(cmd, len(names)); err != nil {
 				return err
 			}
-			if err := checkName(cmd, name[0]); err != nil {
-				return err
+			for _, name := range names {
+				if err := checkName(cmd, name); err != nil {
+					return err
+				}
 			}
-			return runHeld(conn, name[0], f.holdFlags, f.try, f.newHold, argv)
+			names = slices.Compact(slices.Sorted(slices.Values(names)))
+			return runHeld(conn, names, f.holdFlags, f.try, f.newHold, argv)
 		}),
 	}
 	f.holdFlags.register(cmd)
@@ -140,7 +155,7 @@ or one writer); --sem N takes --permits (default 1) of a semaphore of N.
 }
 
 // check reports a bad combination of run's flags as a usage error.
-func (f *runFlags) check(cmd *cobra.Command) error {
+func (f *runFlags) check(cmd *cobra.Command, names int) error {
 	fs := cmd.Flags()
 	kinds := 0
 	for _, set := range []bool{f.read, f.write, fs.Changed("sem")} {
@@ -151,6 +166,8 @@ func (f *runFlags) check(cmd *cobra.Command) error {
 	switch {
 	case kinds > 1:
 		return usage(errHoldExclude)
+	case kinds > 0 && names > 1:
+		return usage(errSeveralNames)
 	case f.try && fs.Changed("timeout"):
 		return usage(errTryTimeout)
 	case fs.Changed("sem") && f.sem < 1:
@@ -164,8 +181,11 @@ func (f *runFlags) check(cmd *cobra.Command) error {
 }
 
 // newHold returns the hold the flags ask for.
-func (f *runFlags) newHold(s *etcdsync.Session, name string) hold {
+func (f *runFlags) newHold(s *etcdsync.Session, names []string) hold {
+	name := names[0]
 	switch {
+	case len(names) > 1:
+		return multiHold(s, names)
 	case f.read:
 		return readHold(s, name)
 	case f.write:
@@ -176,21 +196,22 @@ func (f *runFlags) newHold(s *etcdsync.Session, name string) hold {
 	return mutexHold(s, name)
 }
 
-// splitArgs splits args at "--" into the want arguments before it and the
-// command after it. With no "--", all of args must be the want arguments
-// and the command is nil (elect without a command); run asks for one.
-func splitArgs(cmd *cobra.Command, args []string, want int) (before, command []string, err error) {
+// splitArgs splits args at "--" into the arguments before it, from least
+// to most of them (-1: any number), and the command after it. With no
+// "--", all of args must be the arguments before it and the command is nil
+// (elect without a command); run asks for one.
+func splitArgs(cmd *cobra.Command, args []string, least, most int) (before, command []string, err error) {
 	dash := cmd.ArgsLenAtDash()
 	if dash < 0 {
-		if len(args) > want {
+		if most >= 0 && len(args) > most {
 			return nil, nil, usage(fmt.Errorf("%w (see '%s --help')", errMissingDash, cmd.CommandPath()))
 		}
 		before = args
 	} else {
 		before, command = args[:dash], args[dash:]
 	}
-	if len(before) != want {
-		return nil, nil, usage(fmt.Errorf("want %s before --, got %d argument(s) (see '%s --help')", argNames[want], len(before), cmd.CommandPath()))
+	if len(before) < least || most >= 0 && len(before) > most {
+		return nil, nil, usage(fmt.Errorf("want %s before --, got %d argument(s) (see '%s --help')", argNames[most], len(before), cmd.CommandPath()))
 	}
 	if dash >= 0 && len(command) == 0 {
 		return nil, nil, usage(errNoCmdAfter)
@@ -198,7 +219,7 @@ func splitArgs(cmd *cobra.Command, args []string, want int) (before, command []s
 	return before, command, nil
 }
 
-var argNames = map[int]string{1: "NAME", 2: "NAME VALUE"}
+var argNames = map[int]string{-1: "NAME [NAME...]", 2: "NAME VALUE"}
 
 // conn is a client and a session (a lease kept alive) on it.
 type conn struct {
@@ -259,12 +280,13 @@ func (c *conn) close(h *hold) error {
 // it (see acquire), as --timeout and sigs allow. It blocks until then. On
 // error it has closed the session and holds nothing; a hold lost as it
 // began is an error (exit 1). The caller closes c (withClose).
-func openHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*etcdsync.Session, string) hold, sigs <-chan os.Signal) (*conn, hold, error) {
-	c, err := open(cf, name, f)
+func openHeld(cf *connFlags, names []string, f holdFlags, try bool, newHold func(*etcdsync.Session, []string) hold, sigs <-chan os.Signal) (*conn, hold, error) {
+	c, err := open(cf, names[0], f)
 	if err != nil {
 		return nil, hold{}, err
 	}
-	h := newHold(c.s, name)
+	h := newHold(c.s, names)
+	name := strings.Join(names, ", ")
 	if err := acquire(h, name, try, f.timeout, sigs); err != nil {
 		return nil, hold{}, withClose(err, c, nil)
 	}
@@ -308,23 +330,24 @@ func joinExit(err error, cleanups ...error) error {
 // the hold and ends the session. It blocks until all that is done: the
 // wait as --timeout and signals allow, the command as long as it runs,
 // the clean-up bounded by the TTL.
-func runHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*etcdsync.Session, string) hold, argv []string) error {
+func runHeld(cf *connFlags, names []string, f holdFlags, try bool, newHold func(*etcdsync.Session, []string) hold, argv []string) error {
 	path, err := lookCommand(argv[0])
 	if err != nil {
 		return err
 	}
 	sigs, stopSignals := notifySignals()
 	defer stopSignals()
-	c, h, err := openHeld(cf, name, f, try, newHold, sigs)
+	name := strings.Join(names, ", ")
+	c, h, err := openHeld(cf, names, f, try, newHold, sigs)
 	if err != nil {
 		return err
 	}
 	if err := labelHold(h, name, cf.dialTimeout); err != nil {
 		return withClose(err, c, &h)
 	}
-	key, rev, lost := h.Key(), h.Rev(), h.Done()
+	lost := h.Done()
 	becomeSubreaper() // best effort: should the guard die, lockctl reaps the group
-	ch, err := startChild(path, argv, childEnv(name, key, rev, c.s.Lease()), f.grace, c.s.Deadline())
+	ch, err := startChild(path, argv, childEnv(names, h, c.s.Lease()), f.grace, c.s.Deadline())
 	if err != nil {
 		return withClose(err, c, &h)
 	}
@@ -352,17 +375,22 @@ func runHeld(cf *connFlags, name string, f holdFlags, try bool, newHold func(*et
 	return withClose(exitStatus(out.code()), c, &h)
 }
 
-// childEnv is lockctl's environment plus the hold's variables.
-func childEnv(name, key string, rev int64, lease clientv3.LeaseID) []string {
-	r := strconv.FormatInt(rev, 10)
-	return append(os.Environ(),
-		"ETCDSYNC_NAME="+name,
+// childEnv is lockctl's environment plus the hold's variables; with
+// several names, the first name's, and every name and key.
+func childEnv(names []string, h hold, lease clientv3.LeaseID) []string {
+	key, r := h.Key(), strconv.FormatInt(h.Rev(), 10)
+	env := append(os.Environ(),
+		"ETCDSYNC_NAME="+names[0],
 		"ETCDSYNC_KEY="+key,
 		"ETCDSYNC_REV="+r,
 		fmt.Sprintf("ETCDSYNC_LEASE=%x", int64(lease)),
 		"ETCD_LOCK_KEY="+key,
 		"ETCD_LOCK_REV="+r,
 	)
+	if h.keys != nil {
+		env = append(env, "ETCDSYNC_NAMES="+strings.Join(names, "\n"), "ETCDSYNC_KEYS="+strings.Join(h.keys(), "\n"))
+	}
+	return env
 }
 
 // newElectCmd is "lockctl elect".
@@ -392,7 +420,7 @@ once rather than after the TTL, and never while the command still runs.
   lockctl elect billing-leader host-a      # hold leadership until Ctrl-C`,
 		Args: cobra.ArbitraryArgs,
 		RunE: withCode(func(cmd *cobra.Command, args []string) error {
-			nv, argv, err := splitArgs(cmd, args, 2)
+			nv, argv, err := splitArgs(cmd, args, 2, 2)
 			if err != nil {
 				return err
 			}
@@ -403,14 +431,14 @@ once rather than after the TTL, and never while the command still runs.
 			if err := checkName(cmd, name); err != nil {
 				return err
 			}
-			newHold := func(s *etcdsync.Session, name string) hold { return electionHold(s, name, value) }
+			newHold := func(s *etcdsync.Session, names []string) hold { return electionHold(s, names[0], value) }
 			if try && cmd.Flags().Changed("timeout") {
 				return usage(errTryTimeout)
 			}
 			if argv == nil {
 				return lead(conn, name, value, *f, try, newHold, cmd.OutOrStdout())
 			}
-			return runHeld(conn, name, *f, try, newHold, argv)
+			return runHeld(conn, []string{name}, *f, try, newHold, argv)
 		}),
 	}
 	f.register(cmd)
@@ -421,10 +449,10 @@ once rather than after the TTL, and never while the command still runs.
 // lead is elect without a command: it campaigns, prints the term, and
 // leads until a signal (exit 0, after resigning) or the end of the
 // leadership (exit 1). It blocks until then.
-func lead(cf *connFlags, name, value string, f holdFlags, try bool, newHold func(*etcdsync.Session, string) hold, stdout io.Writer) error {
+func lead(cf *connFlags, name, value string, f holdFlags, try bool, newHold func(*etcdsync.Session, []string) hold, stdout io.Writer) error {
 	sigs, stopSignals := notifySignals()
 	defer stopSignals()
-	c, h, err := openHeld(cf, name, f, try, newHold, sigs)
+	c, h, err := openHeld(cf, []string{name}, f, try, newHold, sigs)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,37 @@ func TestRunEnv(t *testing.T) {
 	leaseGone(t, lease)
 }
 
+// With several names lockctl holds every one (one key each, one create
+// revision for all), the command sees every name and key, --try on any of
+// them is refused meanwhile, and nothing is left after.
+func TestRunSeveralNames(t *testing.T) {
+	t.Parallel()
+	base, dir := uniqueName(t), t.TempDir()
+	a, b := base+"/a", base+"/b"
+	env, release := filepath.Join(dir, "env"), filepath.Join(dir, "release")
+	script := fmt.Sprintf(`printf '%%s\n' "$ETCDSYNC_NAMES" "$ETCDSYNC_KEYS" "$ETCDSYNC_REV" "$ETCDSYNC_NAME" > %q.tmp && mv %q.tmp %q; %s`,
+		env, env, env, waitFor(release))
+	p := start(t, "run", b, a, b, "--", "sh", "-c", script)
+	vars := strings.Split(strings.TrimSpace(readFile(t, env)), "\n")
+	require.Len(t, vars, 6, "names, keys (two lines each), revision, first name: %q", vars)
+	ka, kb := keys(t, a+"/"), keys(t, b+"/")
+	require.Len(t, ka, 1)
+	require.Len(t, kb, 1)
+	require.Equal(t, ka[0].CreateRevision, kb[0].CreateRevision, "one create revision for both keys")
+	require.Equal(t, []string{a, b, string(ka[0].Key), string(kb[0].Key), strconv.FormatInt(ka[0].CreateRevision, 10), a}, vars)
+
+	code, q := run(t, "run", "--try", b, "--", "true")
+	require.Equal(t, exitHeld, code, "stderr: %s", q.stderr.String())
+	code, q = run(t, "run", "--try", a, base+"/c", "--", "true")
+	require.Equal(t, exitHeld, code, "stderr: %s", q.stderr.String())
+	noKeys(t, base+"/c")
+
+	touch(t, release)
+	require.Equal(t, 0, p.wait(t), "stderr: %s", p.stderr.String())
+	noKeys(t, a)
+	noKeys(t, b)
+}
+
 // The command's exit status and stdio pass through; a command that dies by
 // a signal is 128+N; a missing command is 127 with nothing taken.
 func TestRunExitStatus(t *testing.T) {

@@ -46,6 +46,7 @@ var (
 
 func report(ctx context.Context, token int64) error          { return nil }
 func work(ctx context.Context, token int64) <-chan struct{} { return nil }
+func transfer(ctx context.Context, from, to string, amount, token int64) error { return nil }
 `
 
 // block is a README code block and the README line of its first line.
