@@ -198,8 +198,8 @@ func GroupMembers(ctx context.Context, cli *clientv3.Client, name string) ([]Ent
 // watch that breaks (a member stopped, a lost leader) resumes where it
 // stopped and misses nothing; one compacted past resyncs with one read, and
 // that view says so (Resynced). A reader that falls behind never holds the
-// watch back: it gets the latest view when it reads, views it had no time
-// for are dropped, and at most one view waits in memory. It needs no
+// watch back: it gets the latest view when it reads, and views it had no
+// time for are dropped (only the newest waits for it). It needs no
 // Session. It does not block: one goroutine, owned by ctx, keeps the view
 // and closes the channel when ctx ends or cli closes. A nil client or an
 // invalid name is an error, and no channel.
