@@ -50,16 +50,18 @@ func NewGroup(s *Session, name string) *Group {
 }
 
 // Join makes the session a member with the value val: one RPC that writes
-// the key if absent, bounded by ctx. It never waits for other members. On a
-// value that is a member it sets the member's value instead, in one RPC,
-// keeping its place (a Join applied late never overwrites a newer one); when
-// the membership is gone (its key deleted by someone), it joins anew. A
-// session restarted with WithLease resumes its membership, in its old place,
-// and sets val. When the session is a member through another value (another
-// Group, or a lock on the same name) it returns an error wrapping ErrLocked
-// and writes nothing. On an ended session it returns ErrSessionExpired or
+// the key if absent, bounded by ctx. It never waits for other members (Joins
+// and Leaves on one value run one at a time). On a value that is a member it
+// sets the member's value instead, in one RPC, keeping its place (a Join
+// applied late never overwrites a newer one); when the membership is gone
+// (its key deleted by someone), it joins anew. A session restarted with
+// WithLease resumes its membership, in its old place, and sets val (when
+// that fails, it returns the error and stays a member with the old value).
+// When the session is a member through another value (another Group, or a
+// lock on the same name) it returns an error wrapping ErrLocked at once and
+// writes nothing. On an ended session it returns ErrSessionExpired or
 // ErrSessionClosed. On error no key of this call is left behind, and a
-// membership this value had stays with its old value.
+// member stays one, with its old value.
 func (g *Group) Join(ctx context.Context, val string) error {
 	if err := g.lock(ctx, "join"); err != nil {
 		return err
