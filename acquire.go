@@ -262,6 +262,7 @@ type mode int
 const (
 	waitTurn mode = iota // wait in the queue (Lock, Campaign)
 	tryTurn              // never wait (TryLock)
+	joinTurn             // never wait, in etcd or for the session's own use of the key (Group.Join)
 )
 
 // createGrace is how long an acquire's create may run on after the caller's
@@ -361,7 +362,7 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 	if err == nil {
 		err = wctx.Err()
 	}
-	if i := slices.IndexFunc(ts, func(t turn) bool { return t.blocked() }); err == nil && i >= 0 && m == tryTurn {
+	if i := slices.IndexFunc(ts, func(t turn) bool { return t.blocked() }); err == nil && i >= 0 && m != waitTurn {
 		err = fmt.Errorf("%w: %s is taken: %s (create revision %d) is ahead", ErrLocked, ts[i].name(), ts[i].ahead[0].Key, ts[i].ahead[0].CreateRevision)
 	}
 	for i := range ts { // the keys share one revision: those ahead of one are older than all

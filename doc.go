@@ -12,6 +12,9 @@
 //     their try forms).
 //   - Semaphore: a capacity of permits, a holder takes n (Acquire, Release,
 //     Run, TryRun).
+//   - Group: membership with a value (Join, Leave, Done), and the members
+//     exact at a revision, read once (Members, GroupMembers) or kept by one
+//     watch (Watch, WatchGroup).
 //
 // It mirrors go.etcd.io/etcd/client/v3/concurrency, so switching is a change
 // of import path plus WithTTL taking a time.Duration, and it writes the same

@@ -23,7 +23,8 @@ type Entry struct {
 	// Election, also etcdctl lock and elect), "semaphore" (NAME/<id> when
 	// every value there is a semaphore's <permits>/<capacity>, with one
 	// capacity), "read" or "write" (an RWMutex's NAME/read/<id>,
-	// NAME/write/<id>).
+	// NAME/write/<id>); "member" for a Group's member (GroupMembers,
+	// GroupView), whose Held is always true.
 	Kind string
 }
 

@@ -30,7 +30,7 @@ type slot struct {
 	s      *Session
 	prefix string // NAME/
 	key    string // NAME/<lease-hex>, or NAME/read/<lease-hex> and so on (rule.dir)
-	kind   string // of primitive: mutex, election, rwmutex, semaphore
+	kind   string // of primitive: mutex, election, rwmutex, semaphore, group
 	rule   *rule
 }
 
@@ -72,8 +72,12 @@ func isChild(prefix, key string) bool {
 }
 
 // listOp lists the keys under the prefix (see listOpts), limited when the
-// rule needs only the newest.
+// rule needs only the newest; under a rule that nothing blocks, it reads
+// only our own key (nothing can be ahead of it).
 func (sl *slot) listOp() clientv3.Op {
+	if sl.rule.blocks == nil {
+		return clientv3.OpGet(sl.key)
+	}
 	return clientv3.OpGet(sl.prefix, sl.listOpts(false)...)
 }
 

@@ -3,7 +3,7 @@ package etcdsync
 // The blocking rules: which keys created before ours block us, what each
 // weighs, how much blocking weight may remain ahead when we hold, and which
 // of the keys ahead a waiter watches. A primitive is a rule (mutex.go,
-// rwmutex.go, semaphore.go, election.go); the machinery is shared.
+// rwmutex.go, semaphore.go, election.go, group.go); the machinery is shared.
 
 import (
 	"math"
@@ -13,7 +13,8 @@ import (
 
 // rule says whom a contender waits for: which of the keys under its prefix
 // created before its own block it, their weights, and how much blocking
-// weight may remain ahead when it holds.
+// weight may remain ahead when it holds. A rule without blocks is one that
+// no key blocks (a Group's member).
 type rule struct {
 	dir    string // our key's directory under the prefix: "" (NAME/<hex>), "read/", "write/"
 	blocks func(prefix string, kv *mvccpb.KeyValue) bool
@@ -44,6 +45,9 @@ func (sl *slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue,
 
 // blocking is slot.blocking for a key under prefix.
 func (r *rule) blocking(prefix string, kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
+	if r.blocks == nil {
+		return nil, nil
+	}
 	var out []*mvccpb.KeyValue
 	for _, kv := range kvs {
 		if kv.CreateRevision < rev && r.blocks(prefix, kv) {

@@ -185,6 +185,11 @@ func TestBadInput(t *testing.T) {
 		{"unreachable elect", append(unreachable, "elect", "N", "v", "--", "CMD"), nil, exitFailure, "127.0.0.1:1"},
 		{"unreachable observe", append(unreachable, "observe", "N"), nil, exitFailure, "127.0.0.1:1"},
 		{"unreachable holders", []string{"holders", "N"}, []string{"ETCDCTL_ENDPOINTS=127.0.0.1:1", "ETCDCTL_DIAL_TIMEOUT=1s"}, exitFailure, "connection refused"},
+		{"empty name members", []string{"members", ""}, nil, exitUsage, "name is empty"},
+		{"members two names", []string{"members", "N", "M"}, nil, exitUsage, "want NAME"},
+		{"bad -o members", []string{"members", "-o", "yaml", "N"}, nil, exitUsage, "yaml"},
+		{"unreachable members", append(unreachable, "members", "N"), nil, exitFailure, "127.0.0.1:1"},
+		{"unreachable members --watch", append(unreachable, "members", "--watch", "N"), nil, exitFailure, "127.0.0.1:1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -9,6 +9,7 @@
 //	lockctl elect NAME VALUE -- CMD           # CMD only while leading (an Election)
 //	lockctl observe NAME                      # one line per change of leader
 //	lockctl holders NAME [-o json]            # who holds and who waits, in queue order
+//	lockctl members NAME [-o json] [--watch]  # a Group's members in join order
 //
 // The command runs without a shell, in a process group of its own, under a
 // guard process that kills the group at the session's local deadline (the
@@ -43,7 +44,7 @@ const (
 
 // Errors lockctl reports by itself.
 var (
-	errNoCommand    = errors.New("missing command: run, elect, observe or holders (see 'lockctl --help')")
+	errNoCommand    = errors.New("missing command: run, elect, observe, holders or members (see 'lockctl --help')")
 	errEmptyName    = errors.New("the lock name is empty")
 	errNameNUL      = errors.New("the lock name has a NUL byte")
 	errMissingDash  = errors.New("missing -- before the command")
@@ -141,7 +142,8 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "lockctl",
 		Short: "Run commands under distributed locks on etcd (etcdsync)",
 		Long: `lockctl runs commands under etcdsync locks on etcd, so that jobs on many
-hosts never overlap, and shows who holds a lock and who waits.
+hosts never overlap, and shows who holds a lock and who waits, and who is
+in a group.
 
 Connection flags and their environment variables are etcdctl's:
 ETCDCTL_ENDPOINTS, ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY,
@@ -159,7 +161,7 @@ plain client's lock on tenant/jobs/x exclude each other.`,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usage(fmt.Errorf("unknown command %q (commands: run, elect, observe, holders)", args[0]))
+				return usage(fmt.Errorf("unknown command %q (commands: run, elect, observe, holders, members)", args[0]))
 			}
 			return nil
 		},
@@ -174,7 +176,7 @@ plain client's lock on tenant/jobs/x exclude each other.`,
 		return usage(fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath()))
 	})
 	conn.register(root.PersistentFlags())
-	root.AddCommand(newRunCmd(conn), newElectCmd(conn), newObserveCmd(conn), newHoldersCmd(conn))
+	root.AddCommand(newRunCmd(conn), newElectCmd(conn), newObserveCmd(conn), newHoldersCmd(conn), newMembersCmd(conn))
 	return root
 }
 
