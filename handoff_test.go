@@ -247,6 +247,7 @@ func queuedNotYet(t *testing.T, q *queued, d time.Duration, what string) {
 // "unchanged" is the control.
 func TestWaiterWakesAfterRefusedWatchCreate(t *testing.T) {
 	t.Parallel()
+	slow(t)
 	t.Run("unchanged", func(t *testing.T) {
 		connect := secureCluster(t)
 		refusedWatch(t, connect, func() {})

@@ -20,6 +20,7 @@ import (
 // TTL + delay + slack.
 func TestLockDelayAfterLostContact(t *testing.T) {
 	t.Parallel()
+	slow(t)
 	c := single(t)
 	ctx := ctxT(t)
 	const ttl, delay = 2 * time.Second, 3 * time.Second
