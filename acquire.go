@@ -41,6 +41,9 @@ type turn struct {
 	unlisted bool
 	hdr      *pb.ResponseHeader
 	wrote    bool // this call may have written the key
+	// also are the keys of the same acquire on other names (a MultiLock's),
+	// whose deletes end our wait too (watchstream.go).
+	also []string
 	// gone is the latest delete of a key listed ahead seen since: one
 	// stream delivers the deletes of different watches out of revision
 	// order (a watch's events wait until the server has sent its creation),
@@ -365,10 +368,22 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 	if i := slices.IndexFunc(ts, func(t turn) bool { return t.blocked() }); err == nil && i >= 0 && m != waitTurn {
 		err = fmt.Errorf("%w: %s is taken: %s (create revision %d) is ahead", ErrLocked, ts[i].name(), ts[i].ahead[0].Key, ts[i].ahead[0].CreateRevision)
 	}
+	waited := false
+	for i := range ts {
+		for _, o := range ts {
+			if len(ts) > 1 && o.key != ts[i].key {
+				ts[i].also = append(ts[i].also, o.key)
+			}
+		}
+	}
 	for i := range ts { // the keys share one revision: those ahead of one are older than all
 		if t := &ts[i]; err == nil && t.blocked() {
 			_, err = t.wait(wctx)
+			waited = true
 		}
+	}
+	if err == nil && waited && len(ts) > 1 {
+		err = stillOurs(wctx, ts)
 	}
 	hs := make([]*hold, 0, len(ts))
 	for _, t := range ts {
@@ -399,6 +414,44 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 		}
 	}
 	return nil, nil, err
+}
+
+// stillOurs checks, in one transaction, that the keys of ts all still
+// exist, each at its create revision, and makes that transaction's
+// revision the one at which each turn came. A wait watches the other keys
+// of its acquire (turn.also) and returns at the delete of one; this closes
+// the gaps between the waits.
+func stillOurs(ctx context.Context, ts []turn) error {
+	keys := make([]string, len(ts))
+	for i, t := range ts {
+		keys[i] = t.key
+	}
+	return keysAt(ctx, ts[0].s.client, keys, ts[0].rev, func(hdr *pb.ResponseHeader) {
+		for i := range ts {
+			ts[i].hdr = hdr
+		}
+	})
+}
+
+// keysAt checks, in one transaction bounded by ctx, that every key of keys
+// exists at create revision rev (the keys of one acquire), and passes its
+// header to at, if any. A key gone is an error wrapping ErrSessionExpired.
+func keysAt(ctx context.Context, cli *clientv3.Client, keys []string, rev int64, at func(*pb.ResponseHeader)) error {
+	cmps := make([]clientv3.Cmp, len(keys))
+	for i, key := range keys {
+		cmps[i] = clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
+	}
+	resp, err := cli.Txn(ctx).If(cmps...).Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w: a key of the same acquire on another name went", errOwnKeyGone)
+	}
+	if at != nil {
+		at(resp.Header)
+	}
+	return nil
 }
 
 // claimKeys reserves the slots' keys in their session (claimKey), in order;

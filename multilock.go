@@ -120,18 +120,20 @@ func (ml *MultiLock) lock(ctx context.Context, md mode) error {
 	return nil
 }
 
-// release releases every live hold of the set at once, each bounded by
-// ctx, and returns their errors joined.
+// release releases every live hold of the set in one RPC (one
+// transaction, one revision), bounded by ctx, and returns the errors of
+// those it did not release, joined.
 func (mh *multiHold) release(ctx context.Context) error {
-	errs := make([]error, len(mh.hs))
-	var wg sync.WaitGroup
-	for i, h := range mh.hs {
+	var live []*hold
+	for _, h := range mh.hs {
 		if h.live() {
-			wg.Go(func() { errs[i] = h.unhold(ctx) })
+			live = append(live, h)
 		}
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	if len(live) == 0 {
+		return nil
+	}
+	return errors.Join(unhold(ctx, live)...)
 }
 
 // current returns the current hold, or nil.
@@ -141,11 +143,10 @@ func (ml *MultiLock) current() *multiHold {
 	return ml.cur
 }
 
-// Unlock releases every name, each key deleted only at the revision this
-// hold created it (fenced, as Mutex.Unlock), all at once: one RPC per name,
-// in parallel, each bounded by ctx and by its hold. When a release fails
-// with its hold still there, the others are released all the same and
-// Unlock can be retried for the rest. With nothing to release it returns an
+// Unlock releases every name in one RPC bounded by ctx: one transaction
+// deletes each key only at the revision this hold created it (fenced, as
+// Mutex.Unlock), all at one revision. When it fails the value still holds
+// and Unlock can be retried. With nothing to release it returns an
 // error wrapping ErrLockReleased without an RPC; when the hold had ended on
 // some name (see Done), it releases the others and returns the cause.
 func (ml *MultiLock) Unlock(ctx context.Context) error {

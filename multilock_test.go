@@ -272,9 +272,9 @@ func TestMultiLockCancelAndBadInputLeaveNothing(t *testing.T) {
 	require.Empty(t, resp.Kvs)
 }
 
-// A release that fails on one name leaves the value holding that name, with
-// Done open and Err nil, as a failed Mutex.Unlock does: Unlock again
-// releases the rest.
+// Unlock is one transaction: when it fails the value still holds every
+// name, with Done open and Err nil, as after a failed Mutex.Unlock, and
+// Unlock again releases them.
 func TestMultiLockFailedReleaseCanBeRetried(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -290,11 +290,43 @@ func TestMultiLockFailedReleaseCanBeRetried(t *testing.T) {
 	require.Error(t, err)
 	require.NotErrorIs(t, err, etcdsync.ErrLockReleased)
 	left := append(keys(t, cli, "ml8/a/"), keys(t, cli, "ml8/b/")...)
-	require.Len(t, left, 1, "one release failed, the other went through")
+	require.Len(t, left, 2, "a failed release deletes nothing")
 	require.NoError(t, ml.Err())
-	require.False(t, isClosed(done), "Done while a name is still held")
+	require.False(t, isClosed(done), "Done while the names are still held")
 	require.NoError(t, ml.Unlock(ctx))
 	within(t, done, testTimeout, "Done after the retried Unlock")
 	require.ErrorIs(t, ml.Err(), etcdsync.ErrLockReleased)
 	require.Empty(t, append(keys(t, cli, "ml8/a/"), keys(t, cli, "ml8/b/")...))
+}
+
+// Under every deployment (namespace, gRPC proxy, in-process client, etcd
+// 3.4, ...) a MultiLock excludes another on the same names and a Mutex on
+// one of them, hands over on Unlock (one transaction of nested ones), and
+// leaves nothing.
+func TestMultiLockUnderEveryDeployment(t *testing.T) {
+	t.Parallel()
+	for _, rig := range compatRigs() {
+		t.Run(rig.name, func(t *testing.T) {
+			t.Parallel()
+			d := rig.start(t)
+			ctx := ctxT(t)
+			cli := d.newClient(t)
+			first := etcdsync.NewMultiLock(session(t, cli), "mld/a", "mld/b")
+			require.NoError(t, first.Lock(ctx))
+			second := etcdsync.NewMultiLock(session(t, d.newClient(t)), "mld/b", "mld/a")
+			require.ErrorIs(t, second.TryLock(ctx), etcdsync.ErrLocked)
+			require.ErrorIs(t, etcdsync.NewMutex(session(t, cli), "mld/b").TryLock(ctx), etcdsync.ErrLocked)
+			got := async(func() error { return second.Lock(ctx) })
+			waitKeys(t, cli, "mld/a/", 2)
+			notYet(t, got, 200*time.Millisecond, "second MultiLock while the first holds")
+			require.NoError(t, first.Unlock(ctx))
+			require.NoError(t, resultWithin(t, got, testTimeout, "second MultiLock after the first's Unlock"))
+			_, err := second.Do(ctx, clientv3.OpPut("mld-counter", "1"))
+			require.NoError(t, err)
+			require.NoError(t, second.Unlock(ctx))
+			_, err = cli.Delete(ctx, "mld-counter")
+			require.NoError(t, err)
+			require.Empty(t, rawKeys(t, d, "mld"))
+		})
+	}
 }

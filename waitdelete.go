@@ -102,6 +102,13 @@ func (t *turn) watch(ctx context.Context) error {
 	st.ctx, st.done = waitContext(ctx)
 	st.trust = t.s.caps.progress(ctx, t.s.client) // before the watches: a gap it leaves is read
 	st.own = st.add(t.key)
+	for _, key := range t.also {
+		if st.also == nil {
+			st.also = make(map[string]watchOf, len(t.also))
+		}
+		st.also[key] = st.add(key)
+		st.alsoPending++
+	}
 	defer st.close()
 	defer st.stopProbe()
 	t.keepNearest()
@@ -164,14 +171,25 @@ func (st *stream) watchesAll(kvs []*mvccpb.KeyValue) bool {
 // next reads the watches until a watched key ahead is deleted (after our
 // last read), and returns it with the delete's revision; or until a watch's
 // creation past our last read made us read again (the queue may have moved),
-// and returns a revision of 0. A delete of our own key is an error wrapping
-// ErrSessionExpired.
+// and returns a revision of 0. A delete of our own key, or of another key of
+// the same acquire (turn.also, checked by one read once all are watched), is
+// an error wrapping ErrSessionExpired.
 func (st *stream) next(ctx context.Context) (string, int64, error) {
 	t := st.t
 	for {
 		r, err := st.recv(ctx)
 		if err != nil {
 			return "", 0, err
+		}
+		if _, also := st.also[r.key]; also { // its deletes end the wait (check)
+			if r.wr.Created {
+				if st.alsoPending--; st.alsoPending == 0 { // all watched: one read shows none went before
+					if err := keysAt(ctx, t.s.client, t.also, t.rev, nil); err != nil {
+						return "", 0, err
+					}
+				}
+			}
+			continue
 		}
 		if r.wr.Created && r.wr.Header.Revision > t.hdr.Revision {
 			return "", 0, t.settle(ctx, r.wr.Header.Revision)

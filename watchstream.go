@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
 )
@@ -45,6 +46,12 @@ type stream struct {
 	done func()          // gives the slot back
 	own  watchOf
 	keys map[string]watchOf // key ahead -> its watch
+	// also are the watches of the other keys of the same acquire (a
+	// MultiLock's on its other names): their deletes end the wait too.
+	// alsoPending counts those not yet created; once all are, one read
+	// shows that none went before.
+	also        map[string]watchOf
+	alsoPending int
 	// ownSeen is set once the watch of our own key has shown its creation:
 	// a progress answer on it counts only from then on.
 	ownSeen bool
@@ -122,22 +129,27 @@ func (st *stream) close() {
 	for _, w := range st.keys {
 		w.cancel()
 	}
+	for _, w := range st.also {
+		w.cancel()
+	}
 	st.done()
 }
 
 // receive returns the next response of a watch, or fired when timer fires
 // first (a nil timer never does), or ctx's error when ctx ends first.
 func (st *stream) receive(ctx context.Context, timer <-chan time.Time) (r keyed, fired bool, err error) {
-	cases := make([]reflect.SelectCase, 0, 3+len(st.keys))
-	keys := make([]string, 0, 1+len(st.keys))
+	cases := make([]reflect.SelectCase, 0, 3+len(st.keys)+len(st.also))
+	keys := make([]string, 0, 1+len(st.keys)+len(st.also))
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer)},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(st.own.ch)})
 	keys = append(keys, st.t.key)
-	for key, w := range st.keys {
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.ch)})
-		keys = append(keys, key)
+	for _, ws := range []map[string]watchOf{st.keys, st.also} {
+		for key, w := range ws {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.ch)})
+			keys = append(keys, key)
+		}
 	}
 	i, v, ok := reflect.Select(cases)
 	switch i {
@@ -154,8 +166,9 @@ func (st *stream) receive(ctx context.Context, timer <-chan time.Time) (r keyed,
 }
 
 // recv returns the next response of a watch. A delete of our own key
-// (after our last read) is an error wrapping ErrSessionExpired; a failed
-// watch of our own key or of a key we wait for is an error.
+// (after our last read), or of another key of the acquire, is an error
+// wrapping ErrSessionExpired; a failed watch of our own key or of a key we
+// wait for is an error.
 func (st *stream) recv(ctx context.Context) (keyed, error) {
 	for {
 		r, fired, err := st.receive(ctx, st.probe)
@@ -195,14 +208,17 @@ func (st *stream) stopProbe() {
 // progress requests on it.
 func (st *stream) check(r keyed) error {
 	_, watched := st.keys[r.key]
+	_, also := st.also[r.key]
 	mine := r.key == st.t.key
 	switch {
-	case !watched && !mine: // a watch dropped since
+	case !watched && !mine && !also: // a watch dropped since
 		return nil
 	case r.closed:
 		return fmt.Errorf("etcdsync: watch of %s ended", r.key)
 	case r.wr.Canceled || r.wr.Err() != nil:
 		return fmt.Errorf("etcdsync: watch of %s canceled: %w", r.key, r.wr.Err())
+	case also && slices.ContainsFunc(r.wr.Events, func(ev *clientv3.Event) bool { return ev.Type == mvccpb.DELETE }):
+		return fmt.Errorf("%w: %s, of the same acquire, was deleted", errOwnKeyGone, r.key)
 	case !mine:
 		return nil
 	case r.wr.Created:
