@@ -4,8 +4,7 @@ package etcdsync
 // learns that its turn came, or that its own key went.
 //
 // A waiter watches its own key and the nearest keys that block it (see
-// turn.nearest) on a watch stream it shares with a few other waits
-// (watchstream.go). Older keys
+// turn.nearest) on a watch stream of its own (watchstream.go). Older keys
 // can only vanish, never appear, so when the last key that blocks it goes
 // the waiter owns the turn with no further RPC: a progress request on its
 // stream shows its own key still there, or, where the server's answers
@@ -98,8 +97,7 @@ const progressWait = 500 * time.Millisecond
 // of them are watched, they all still block us (their deletes have not
 // arrived); when some are not watched, one read says which are gone.
 func (t *turn) watch(ctx context.Context) error {
-	st := &stream{t: t, keys: make(map[string]watchOf)}
-	st.ctx, st.done = waitContext(ctx)
+	st := &stream{t: t, ctx: waitContext(ctx), keys: make(map[string]watchOf)}
 	st.trust = t.s.caps.progress(ctx, t.s.client) // before the watches: a gap it leaves is read
 	st.own = st.add(t.key)
 	for _, key := range t.also {

@@ -1,11 +1,10 @@
 package etcdsync
 
 // A wait's watch stream: the watches of one waiter's own key and of the keys
-// it waits for, all through the client's Watcher, on one gRPC stream shared
-// with a few other waits (waitContext); responses matched to keys by the
-// channel they came on, never by watch IDs; and the probe that asks, off the
-// critical path, whether the client's servers answer progress requests
-// (caps.go).
+// it waits for, all through the client's Watcher, on one gRPC stream of the
+// wait's own (waitContext); responses matched to keys by the channel they
+// came on, never by watch IDs; and the probe that asks, off the critical
+// path, whether the client's servers answer progress requests (caps.go).
 
 import (
 	"context"
@@ -13,7 +12,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -36,14 +35,13 @@ type watchOf struct {
 
 // stream is a waiter's watches: one of its own key and one of each of the
 // nearest keys that block it, all through the client's Watcher, from the
-// serving member's current revision, on one gRPC stream shared with a few
-// other waits (see waitContext). A response is matched to its key by the channel it
+// serving member's current revision, on one gRPC stream of the wait's own
+// (see waitContext). A response is matched to its key by the channel it
 // came on, never by a watch ID; the wait reads the channels itself (no
 // goroutine of its own stands between the Watcher and the wait).
 type stream struct {
 	t    *turn
-	ctx  context.Context // the wait's, with its stream's slot (waitContext)
-	done func()          // gives the slot back
+	ctx  context.Context // the wait's, on a stream of its own (waitContext)
 	own  watchOf
 	keys map[string]watchOf // key ahead -> its watch
 	// also are the watches of the other keys of the same acquire (a
@@ -67,48 +65,23 @@ type stream struct {
 	stopTimer  func() bool
 }
 
-// waitsPerStream is how many waits share one gRPC watch stream at most. A
-// stream of its own per wait costs a waiter about 16 KB and eight goroutines
-// (the client's and gRPC's); one stream for every wait of a client would
-// make each progress answer, which the client hands to every watch of the
-// stream, reach every waiter: a queue of N would cost N deliveries per
-// handoff. A few per stream bound both.
-const waitsPerStream = 16
-
-// streamSlots assigns waits to shared streams: slot i is the gRPC stream
-// of the waits whose context carries i (waitContext), and live[i] counts
-// them. A wait takes the lowest slot with room, so that streams fill up
-// before new ones open, and gives it back when its watches end.
-var streamSlots struct {
-	mu   sync.Mutex
-	live []int
-}
+// waitSeq numbers waits, so that each has a stream of its own (waitContext).
+var waitSeq atomic.Uint64
 
 // waitContext marks the watches and progress requests of one wait with
-// the metadata of a stream slot, so that the client's Watcher (which groups
-// watches on gRPC streams by their contexts' outgoing metadata) puts them
-// on a stream shared with at most waitsPerStream-1 other waits. A progress
-// request then concerns a few waiters' watches, and its answer, which
-// reaches every watch of the stream, tells each of them the same thing:
-// every event up to its revision has gone out. done gives the slot back.
-func waitContext(ctx context.Context) (wctx context.Context, done func()) {
-	streamSlots.mu.Lock()
-	i := slices.IndexFunc(streamSlots.live, func(n int) bool { return n < waitsPerStream })
-	if i < 0 {
-		i = len(streamSlots.live)
-		streamSlots.live = append(streamSlots.live, 0)
-	}
-	streamSlots.live[i]++
-	streamSlots.mu.Unlock()
-	wctx = metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "etcdsync-wait", strconv.Itoa(i))
-	return wctx, func() {
-		streamSlots.mu.Lock()
-		defer streamSlots.mu.Unlock()
-		streamSlots.live[i]--
-		for n := len(streamSlots.live); n > 0 && streamSlots.live[n-1] == 0; n-- {
-			streamSlots.live = streamSlots.live[:n-1]
-		}
-	}
+// metadata of their own, so that the client's Watcher (which groups watches
+// on gRPC streams by their contexts' outgoing metadata) puts them on a
+// stream of their own: a progress request then concerns, and its answer
+// reaches, this waiter's watches only, at any queue length.
+//
+// Waits do not share streams: the client's Watcher (3.7.3 and before,
+// etcd-io/etcd#21969) panics when a progress answer, which it hands to
+// every watch of the stream, meets a watch whose cancel it has just
+// received and not yet finished; on a shared stream, other waits' progress
+// answers come at any time, and their cancels often. On a stream of its
+// own, a wait asks for progress only before it cancels its watches.
+func waitContext(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "etcdsync-wait", strconv.FormatUint(waitSeq.Add(1), 36))
 }
 
 // add starts the watch of key's deletes from the current revision. It does
@@ -123,7 +96,7 @@ func (st *stream) add(key string) watchOf {
 	return watchOf{ch: st.t.s.client.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify()), cancel: cancel}
 }
 
-// close ends every watch and gives the stream's slot back.
+// close ends every watch.
 func (st *stream) close() {
 	st.own.cancel()
 	for _, w := range st.keys {
@@ -132,7 +105,6 @@ func (st *stream) close() {
 	for _, w := range st.also {
 		w.cancel()
 	}
-	st.done()
 }
 
 // receive returns the next response of a watch, or fired when timer fires
