@@ -12,6 +12,9 @@
 //     their try forms).
 //   - Semaphore: a capacity of permits, a holder takes n (Acquire, Release,
 //     Run, TryRun).
+//   - Barrier and DoubleBarrier: hold processes until a barrier is released
+//     (Hold, HoldFor, Release, Wait), and start and finish a phase with
+//     count parties (Enter, Leave), on the keys of etcd's recipes.
 //
 // It mirrors go.etcd.io/etcd/client/v3/concurrency, so switching is a change
 // of import path plus WithTTL taking a time.Duration, and it writes the same
