@@ -116,7 +116,7 @@ func (b *Barrier) hold(ctx context.Context, s *Session) error {
 		}
 		return fmt.Errorf("%w: barrier %s is held (create revision %d, lease %x)", ErrLocked, b.name, kv.CreateRevision, kv.Lease)
 	case ctx.Err() != nil: // closed after ctx ended: open it again
-		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), createGrace)
 		defer dcancel()
 		err := fmt.Errorf("etcdsync: hold barrier %s: %w", b.name, ctx.Err())
 		if derr := deleteAtRev(dctx, b.cli, b.name, resp.Header.Revision); derr != nil {

@@ -211,11 +211,12 @@ func TestDoubleBarrierCancelLeavesNoKey(t *testing.T) {
 }
 
 // A party whose lease ends (revoked here; a crashed party's expires)
-// never holds the others: waiting in Enter, its own Enter returns
-// ErrSessionExpired at once and it no longer counts (a replacement takes
-// its place); in a round, it counts as having left, whether it is the
-// newest party (the oldest's Leave waits for it) or the oldest (the
-// others' Leave waits for it, and one of them closes the round).
+// never holds the others: waiting in Enter or Leave, its own call returns
+// ErrSessionExpired at once; in Enter it no longer counts (a replacement
+// takes its place); in a round, it counts as having left, whether it is
+// the newest party (the oldest's Leave waits for it) or the oldest (the
+// others' Leave waits for it), and when the round's last party went
+// without a Leave, the party that sees the round empty closes it.
 func TestDoubleBarrierPartyWhoseLeaseEndsHoldsNoOne(t *testing.T) {
 	t.Parallel()
 	_, cli, ctx := singleClient(t)
@@ -253,20 +254,31 @@ func TestDoubleBarrierPartyWhoseLeaseEndsHoldsNoOne(t *testing.T) {
 	require.ErrorIs(t, d.Leave(ctx), etcdsync.ErrSessionExpired, "Leave of the party whose lease ended")
 	require.Empty(t, keys(t, cli, name+"/"))
 
-	// The oldest party's lease ends while the other waits in Leave: the
-	// other closes the round (deletes ready) itself.
+	// In a round of o (the oldest), m and n: m leaves and waits for o; o
+	// waits in Leave for n. o's lease ends: o's Leave returns
+	// ErrSessionExpired at once, and m waits on for n. n's lease ends
+	// without a Leave: m's Leave returns, and m closes the round (deletes
+	// ready) itself.
 	const second = "crashed-oldest"
-	o, os := newParty(t, cli, second, 2)
+	o, os := newParty(t, cli, second, 3)
+	m, _ := newParty(t, cli, second, 3)
+	n, ns := newParty(t, cli, second, 3)
 	eo := async(func() error { return o.Enter(ctx) })
 	waitKeys(t, cli, second+"/waiters/", 1)
-	n, _ := newParty(t, cli, second, 2)
+	em := async(func() error { return m.Enter(ctx) })
+	waitKeys(t, cli, second+"/waiters/", 2)
 	require.NoError(t, n.Enter(ctx))
 	require.NoError(t, resultWithin(t, eo, testTimeout, "Enter"))
-	ln := async(func() error { return n.Leave(ctx) })
-	waitCount(t, cli, second+"/waiters/", testTimeout, func(k int) bool { return k == 1 })
-	notYet(t, ln, 100*time.Millisecond, "Leave while the oldest party is in")
+	require.NoError(t, resultWithin(t, em, testTimeout, "Enter"))
+	lm := async(func() error { return m.Leave(ctx) })
+	waitCount(t, cli, second+"/waiters/", testTimeout, func(k int) bool { return k == 2 })
+	lo := async(func() error { return o.Leave(ctx) })
+	notYet(t, lo, 100*time.Millisecond, "the oldest's Leave while n is in")
 	revoke(os)
-	require.NoError(t, resultWithin(t, ln, testTimeout, "Leave after the oldest party's lease ended"))
+	require.ErrorIs(t, resultWithin(t, lo, 5*time.Second, "Leave of the party whose lease ended"), etcdsync.ErrSessionExpired)
+	notYet(t, lm, 100*time.Millisecond, "Leave while n is in")
+	revoke(ns)
+	require.NoError(t, resultWithin(t, lm, testTimeout, "Leave after the other parties' leases ended"))
 	require.Empty(t, keys(t, cli, second+"/"), "ready is deleted by the party that saw the round empty")
 }
 
@@ -335,6 +347,38 @@ func TestDoubleBarrierMixesWithEtcdRecipeParties(t *testing.T) {
 		}
 		require.Empty(t, keys(t, cli, name+"/"))
 	}
+}
+
+// A party waiting in Enter keeps its place when its watch stream breaks
+// and the revisions it watched from have been compacted meanwhile: it reads
+// again, watches again, and is let out when the round fills.
+func TestDoubleBarrierEnterSurvivesCompaction(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "compacted-double"
+	p := faults.Proxy(t, c)
+	cnt := counter{created: make(chan struct{}, 16)}
+	a, _ := newParty(t, etcdtest.NewClient(t, []string{p.Endpoint()}, cnt.dial()...), name, 2)
+	ea := async(func() error { return a.Enter(ctx) })
+	awaitCreated(t, cnt.created, 2, testTimeout, "the party's watches (ready, its own key)")
+	var last int64
+	for range 2 { // past the revision the watches start from
+		resp, err := admin.Put(ctx, "compaction-filler", "x")
+		require.NoError(t, err)
+		last = resp.Header.Revision
+	}
+	_, err := admin.Compact(ctx, last)
+	require.NoError(t, err)
+	p.DropConnections()
+	awaitCreated(t, cnt.created, 4, testTimeout, "the resumed (compacted) watches, then the new ones")
+	notYet(t, ea, 100*time.Millisecond, "Enter with 1 of 2 in")
+	b, _ := newParty(t, admin, name, 2)
+	require.NoError(t, b.Enter(ctx))
+	require.NoError(t, resultWithin(t, ea, testTimeout, "Enter after the compaction"))
+	la := async(func() error { return a.Leave(ctx) })
+	require.NoError(t, b.Leave(ctx))
+	require.NoError(t, resultWithin(t, la, testTimeout, "Leave"))
+	require.Empty(t, keys(t, admin, name+"/"))
 }
 
 // Parties keep their place across a member stopped and restarted: a party
