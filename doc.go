@@ -15,6 +15,9 @@
 //   - Group: membership with a value (Join, Leave, Done), and the members
 //     exact at a revision, read once (Members, GroupMembers) or kept by one
 //     watch (Watch, WatchGroup).
+//   - Barrier and DoubleBarrier: hold processes until a barrier is released
+//     (Hold, HoldFor, Release, Wait), and start and finish a phase with
+//     count parties (Enter, Leave), on the keys of etcd's recipes.
 //
 // It mirrors go.etcd.io/etcd/client/v3/concurrency, so switching is a change
 // of import path plus WithTTL taking a time.Duration, and it writes the same

@@ -9,7 +9,9 @@ import (
 // context error, or an error from the etcd client; test with errors.Is.
 var (
 	// ErrLocked is returned by TryLock when the lock is held, by anyone,
-	// including the value that calls TryLock.
+	// including the value that calls TryLock; by Barrier.Hold when the
+	// barrier is held; by DoubleBarrier.Enter when count parties are in
+	// already, or a round is under way.
 	ErrLocked = errors.New("etcdsync: locked")
 	// ErrSessionExpired means the session's lease is gone (expired, revoked,
 	// or not kept alive within its TTL), or a waiter's own key vanished.
@@ -22,8 +24,9 @@ var (
 	// (Close, Orphan, its WithContext context, its client closed); calls on
 	// it return it, and not ErrSessionExpired.
 	ErrSessionClosed = errors.New("etcdsync: session closed")
-	// ErrLockReleased is returned by Unlock when there is no hold to release.
-	// It is also the cause of a hold that ended by Unlock or Resign.
+	// ErrLockReleased is returned by Unlock when there is no hold to release
+	// (and by Barrier.Release when there is no barrier to release). It is
+	// also the cause of a hold that ended by Unlock or Resign.
 	ErrLockReleased = errors.New("etcdsync: lock released")
 	// ErrNotHeld is returned by a guarded operation (Do) when the hold it
 	// guards is no longer current; it is also the cause of a hold whose key
@@ -38,7 +41,8 @@ var (
 	ErrInvalidName = errors.New("etcdsync: invalid name")
 	// ErrInvalidArgument is wrapped by every call given another bad argument:
 	// a nil client or session, a TTL below one second, conflicting options,
-	// an Observer's closed client.
+	// an Observer's closed client; and by a DoubleBarrier call out of turn
+	// (Leave without Enter, Enter twice, two parties on one Session).
 	ErrInvalidArgument = errors.New("etcdsync: invalid argument")
 
 	// errOwnKeyGone means a waiter's own key vanished.

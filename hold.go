@@ -277,34 +277,48 @@ func (h *hold) lost(rev int64) {
 }
 
 // watchKey ends the hold when its key is deleted; hctx is the hold's context.
-// It survives compaction, member restarts and lost leaders by re-reading the
-// key.
 func (h *hold) watchKey(hctx context.Context) {
-	from := h.start.rev + 1
-	for hctx.Err() == nil {
-		ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(hctx))
-		for wr := range h.s.client.Watch(ctx, h.key, clientv3.WithRev(from), clientv3.WithFilterPut()) {
+	if rev, err := watchGone(hctx, h.s.client, h.key, h.rev, h.start.rev+1); err == nil {
+		h.lost(rev)
+	}
+}
+
+// watchGone blocks until the incarnation of key created at rev is gone
+// (deleted, or deleted and created again), watching from revision from (the
+// key was there at from-1), and returns the revision at which it was seen
+// gone. It keeps one watch; when the watch fails (compaction, a member
+// restart, a lost leader) it reads the key once (linearizable) and watches
+// again from that read, so it survives them. It returns ctx's error when ctx
+// ends, and an error when the client is closed.
+func watchGone(ctx context.Context, cli *clientv3.Client, key string, rev, from int64) (int64, error) {
+	for {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for wr := range cli.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut()) {
 			if wr.Canceled {
 				break
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == mvccpb.DELETE {
 					cancel()
-					h.lost(ev.Kv.ModRevision)
-					return
+					return ev.Kv.ModRevision, nil
 				}
 			}
 			from = max(from, wr.Header.Revision+1)
 		}
 		cancel()
-		if sleep(hctx, retryPause) != nil {
-			return
+		if err := sleep(ctx, retryPause); err != nil {
+			return 0, err
 		}
-		rev, err := h.check(hctx)
-		if err != nil {
-			continue // the hold's context has ended when the key is gone
+		resp, err := cli.Get(ctx, key)
+		switch {
+		case err != nil && cli.Ctx().Err() != nil:
+			return 0, fmt.Errorf("etcdsync: watch %s: client closed: %w", key, err)
+		case err != nil:
+		case len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev:
+			return resp.Header.Revision, nil
+		default:
+			from = resp.Header.Revision + 1
 		}
-		from = rev + 1
 	}
 }
 
