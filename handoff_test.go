@@ -353,3 +353,39 @@ func TestSameSessionWaiterWakesAfterNewHoldUnlocks(t *testing.T) {
 	require.NoError(t, resultWithin(t, e2, 5*time.Second, "m2 wakes after m1 Unlock"))
 	require.NoError(t, m2.Unlock(ctx))
 }
+
+// Every wait watches on a gRPC stream of its own, even when many wait on
+// one client: on a shared stream, one wait's progress answer can meet
+// another's watch whose cancel the client has just received, and etcd's
+// client (3.7.3, etcd-io/etcd#21969) then panics with "send on closed
+// channel" (shared streams were tried; the handoff benchmarks hit it within
+// minutes). The queue then drains with each new holder unlocking at once.
+func TestWaitsWatchOnAStreamEach(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	cnt := counter{}
+	cli := c.Client(t, cnt.dial()...)
+	const n = 40
+	holder := heldMutex(t, ctx, cli, "stream-each")
+	before := cnt.watchStreams.Load()
+	var wg sync.WaitGroup
+	for i := range n {
+		m := etcdsync.NewMutex(session(t, cli), "stream-each")
+		wg.Go(func() {
+			if err := m.Lock(ctx); err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			if err := m.Unlock(ctx); err != nil {
+				t.Errorf("waiter %d unlock: %v", i, err)
+			}
+		})
+	}
+	waitKeys(t, cli, "stream-each/", n+1)
+	require.Eventually(t, func() bool { return cnt.watchStreams.Load()-before >= n }, testTimeout, 10*time.Millisecond,
+		"%d waits opened %d watch streams", n, cnt.watchStreams.Load()-before)
+	require.NoError(t, holder.Unlock(ctx))
+	wg.Wait()
+	waitNoKeys(t, cli, "stream-each/")
+}

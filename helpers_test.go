@@ -165,6 +165,7 @@ func notWithin(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
 // counter counts the unary RPCs, streams and watch events of one client.
 type counter struct {
 	unary, streams, events atomic.Int64
+	watchStreams           atomic.Int64  // gRPC Watch streams opened
 	keepalives             atomic.Int64  // LeaseKeepAlive requests sent
 	created                chan struct{} // one send per watch created, if non-nil
 	returned               chan struct{} // one send per unary RPC returned, if non-nil
@@ -194,6 +195,9 @@ func (c *counter) dial() []grpc.DialOption {
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 			c.streams.Add(1)
+			if method == "/etcdserverpb.Watch/Watch" {
+				c.watchStreams.Add(1)
+			}
 			s, err := streamer(ctx, desc, cc, method, opts...)
 			if err != nil {
 				return nil, err
