@@ -1,13 +1,14 @@
 package etcdsync
 
-// MultiLock: several names locked as one hold. Its keys are Mutex keys
-// (NAME/<lease-hex> under each name), written by one transaction at one
-// create revision (acquire), so that every contender of any of the names
-// waits only for keys older than its own: two MultiLocks that name the same
-// locks in any order, or a MultiLock and Mutexes, never wait for each other
-// in a circle.
+// MultiLock: several names locked as one hold. Its keys are the keys of a
+// Mutex, or of an RWMutex's read or write side, under each name, written
+// by one transaction at one create revision (acquire), so that every
+// contender of any of the names waits only for keys older than its own:
+// two MultiLocks that name the same locks in any order, or a MultiLock and
+// Mutexes or RWMutexes, never wait for each other in a circle.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,9 +21,10 @@ import (
 )
 
 // MultiLock is a distributed lock on several names at once: Lock holds
-// them all or none. Each name's key is the one a Mutex on that name writes,
-// so Mutexes, etcd's concurrency.Mutex and etcdctl lock on any of the names
-// exclude it, and each name has its own fencing token (Rev). The keys are
+// them all or none. Each name's key is the one a Mutex on that name writes
+// (or, with NewMultiLockOf, an RWMutex's read or write side), so Mutexes,
+// etcd's concurrency.Mutex and etcdctl lock on any of the names exclude it,
+// and each name has its own fencing token (Rev). The keys are
 // written in one transaction, at one revision, and a contender waits only
 // for keys older than its own: no two MultiLocks deadlock, whatever order
 // their names are given in. While it waits for a later name it keeps its
@@ -55,24 +57,75 @@ type multiHold struct {
 	relays sync.WaitGroup
 }
 
-// NewMultiLock returns a MultiLock on names for session s. It does not touch
-// etcd. A name given twice counts once. No name, an invalid name or a nil
-// session is reported by every call, with an error wrapping ErrInvalidName
-// or ErrInvalidArgument.
+// NewMultiLock returns a MultiLock on names for session s: a Mutex's key on
+// each. It does not touch etcd. A name given twice counts once. No name, an
+// invalid name or a nil session is reported by every call, with an error
+// wrapping ErrInvalidName or ErrInvalidArgument.
 func NewMultiLock(s *Session, names ...string) *MultiLock {
-	names = slices.Compact(slices.Sorted(slices.Values(names)))
-	ml := &MultiLock{names: names, hrs: make([]holder, len(names))}
+	parts := make([]Part, len(names))
 	for i, name := range names {
-		ml.hrs[i] = newHolder(s, name, "multilock")
-		if ml.bad == nil {
+		parts[i] = Part{Name: name}
+	}
+	return NewMultiLockOf(s, parts...)
+}
+
+// Side is what a MultiLock takes of a name.
+type Side int
+
+const (
+	MutexSide Side = iota // the name's Mutex key, NAME/<lease-hex>
+	ReadSide              // an RWMutex's read key, NAME/read/<lease-hex>: shared with other readers
+	WriteSide             // an RWMutex's write key, NAME/write/<lease-hex>
+)
+
+// Part is one name of a MultiLock and what it takes of it.
+type Part struct {
+	Name string
+	Side Side
+}
+
+// NewMultiLockOf returns a MultiLock on parts for session s: Mutex names
+// and sides of RWMutexes, each excluding (or, a read side, sharing with)
+// the primitive of that kind on the name. It does not touch etcd. A part
+// given twice counts once; two sides of one name, no part, an invalid name
+// or side, or a nil session is reported by every call, with an error
+// wrapping ErrInvalidName or ErrInvalidArgument. A read side does not join
+// the read holds of other values of the session on its name, as an
+// RWMutex's RLock does: it waits for them to end, in this process.
+// Semaphore permits cannot be part of a MultiLock: a permit holder's key
+// holds its count, which one transaction writing every key does not give.
+func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
+	parts = slices.Clone(parts)
+	slices.SortFunc(parts, func(a, b Part) int { return cmp.Or(strings.Compare(a.Name, b.Name), cmp.Compare(a.Side, b.Side)) })
+	parts = slices.Compact(parts)
+	ml := &MultiLock{hrs: make([]holder, len(parts))}
+	for i, p := range parts {
+		ml.names = append(ml.names, p.Name)
+		ml.hrs[i] = newHolder(s, p.Name, "multilock")
+		switch {
+		case ml.bad != nil:
+		case ml.hrs[i].bad != nil:
 			ml.bad = ml.hrs[i].bad
+		case i > 0 && parts[i-1].Name == p.Name:
+			ml.bad = fmt.Errorf("%w: a MultiLock takes one side of %s, not two", ErrInvalidArgument, p.Name)
+		case p.Side == ReadSide:
+			ml.hrs[i].slot = ml.hrs[i].slot.with(&multiReadRule)
+		case p.Side == WriteSide:
+			ml.hrs[i].slot = ml.hrs[i].slot.with(&writeRule)
+		case p.Side != MutexSide:
+			ml.bad = fmt.Errorf("%w: side %d of %s", ErrInvalidArgument, p.Side, p.Name)
 		}
 	}
-	if len(names) == 0 {
+	if len(parts) == 0 {
 		ml.bad = fmt.Errorf("%w: a MultiLock needs at least one name", ErrInvalidArgument)
 	}
 	return ml
 }
+
+// multiReadRule is an RWMutex's read rule for a MultiLock: its hold is not
+// shared with the session's other read holds of the name (see
+// NewMultiLockOf).
+var multiReadRule = func() rule { r := readRule; r.shared = false; return r }()
 
 // Lock blocks until every name is held, ctx ends (the error wraps ctx.Err())
 // or the session ends (ErrSessionExpired; ErrSessionClosed once it was

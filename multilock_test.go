@@ -330,3 +330,37 @@ func TestMultiLockUnderEveryDeployment(t *testing.T) {
 		})
 	}
 }
+
+// A MultiLock may take sides of RWMutexes beside Mutex names: its read side
+// shares the name with other readers and keeps writers out, its write side
+// keeps both out, and a writer holding a name it reads makes it wait.
+func TestMultiLockTakesRWMutexSides(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := singleClient(t)
+	other := session(t, cli)
+	reader := etcdsync.NewRWMutex(other, "ml9/r")
+	require.NoError(t, reader.RLock(ctx))
+	writer := etcdsync.NewRWMutex(session(t, cli), "ml9/w")
+	require.NoError(t, writer.Lock(ctx))
+	ml := etcdsync.NewMultiLockOf(session(t, cli),
+		etcdsync.Part{Name: "ml9/r", Side: etcdsync.ReadSide},
+		etcdsync.Part{Name: "ml9/w", Side: etcdsync.WriteSide},
+		etcdsync.Part{Name: "ml9/m"})
+	got := async(func() error { return ml.Lock(ctx) })
+	waitKeys(t, cli, "ml9/w/write/", 2)
+	notYet(t, got, 200*time.Millisecond, "MultiLock while a writer holds its write side's name")
+	require.NoError(t, writer.Unlock(ctx))
+	require.NoError(t, resultWithin(t, got, testTimeout, "MultiLock after the writer's release"), "a reader beside its read side")
+	require.NoError(t, etcdsync.NewRWMutex(session(t, cli), "ml9/r").TryRLock(ctx), "another reader beside its read side")
+	require.ErrorIs(t, etcdsync.NewRWMutex(session(t, cli), "ml9/r").TryLock(ctx), etcdsync.ErrLocked, "a writer on its read side's name")
+	require.ErrorIs(t, etcdsync.NewRWMutex(session(t, cli), "ml9/w").TryRLock(ctx), etcdsync.ErrLocked, "a reader on its write side's name")
+	require.ErrorIs(t, etcdsync.NewMutex(session(t, cli), "ml9/m").TryLock(ctx), etcdsync.ErrLocked, "a Mutex on its Mutex name")
+	require.NoError(t, ml.Unlock(ctx))
+	require.NoError(t, etcdsync.NewRWMutex(session(t, cli), "ml9/w").TryLock(ctx), "a writer after its release")
+
+	bad := etcdsync.NewMultiLockOf(session(t, cli), etcdsync.Part{Name: "ml9/x", Side: etcdsync.ReadSide}, etcdsync.Part{Name: "ml9/x", Side: etcdsync.WriteSide})
+	require.ErrorIs(t, bad.Lock(ctx), etcdsync.ErrInvalidArgument)
+	require.ErrorIs(t, etcdsync.NewMultiLockOf(session(t, cli), etcdsync.Part{Name: "ml9/y", Side: 7}).TryLock(ctx), etcdsync.ErrInvalidArgument)
+	require.Empty(t, keys(t, cli, "ml9/x"))
+	require.Empty(t, keys(t, cli, "ml9/y"))
+}
