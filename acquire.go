@@ -83,6 +83,9 @@ func enqueue(ctx context.Context, sls []*slot, val string) ([]turn, error) {
 // would come after every key listed. listed says whether the response has,
 // per slot, the get of our key (empty after a put) and the list.
 func turns(ctx context.Context, sls []*slot, resp *clientv3.TxnResponse, err error, val string, listed bool) ([]turn, error) {
+	if errors.Is(err, rpctypes.ErrTooManyOps) { // refused: nothing written
+		err = fmt.Errorf("%w: %d names in one transaction are more than the server's --max-txn-ops allows (128 by default: 64 names): %w", ErrInvalidArgument, len(sls), err)
+	}
 	ts := make([]turn, len(sls))
 	for i, sl := range sls {
 		switch {

@@ -255,21 +255,28 @@ func (db *DoubleBarrier) join(ctx context.Context) (rev, round int64, wrote bool
 	case i < 0:
 		return rev, 0, true, fmt.Errorf("%w: double barrier %s is full: %d parties entered before this one", ErrLocked, sl.name(), db.count)
 	case i == db.count-1:
-		round, err = db.fill(ctx, rev)
+		round, err = db.fill(ctx, rev, kvs)
 	default:
 		round, err = db.await(ctx, rev, resp.Header.Revision+1)
 	}
 	return rev, round, !errors.Is(err, errOwnKeyGone), err
 }
 
-// fill puts ready, while the party's key (created at rev) is there and
-// only if ready was not put since: a retry finds its own put. It returns
-// the put's revision. RPC errors are retried until ctx ends.
-func (db *DoubleBarrier) fill(ctx context.Context, rev int64) (int64, error) {
+// fill puts ready, while the party's key (created at rev) and every party
+// it counted (counted, its own included) are there, and only if ready was
+// not put since: a retry finds its own put. It returns the put's revision.
+// When a counted party went meanwhile, the round is not full: it waits for
+// the put of the party that fills it (await). RPC errors are retried until
+// ctx ends.
+func (db *DoubleBarrier) fill(ctx context.Context, rev int64, counted []*mvccpb.KeyValue) (int64, error) {
 	key := db.sl.key
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", rev), clientv3.Compare(clientv3.ModRevision(db.ready), "<", rev)}
+	for _, kv := range counted {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision))
+	}
 	for {
 		resp, err := db.sl.s.client.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev), clientv3.Compare(clientv3.ModRevision(db.ready), "<", rev)).
+			If(cmps...).
 			Then(clientv3.OpPut(db.ready, "")).
 			Else(clientv3.OpGet(key), clientv3.OpGet(db.ready)).
 			Commit()
@@ -277,7 +284,11 @@ func (db *DoubleBarrier) fill(ctx context.Context, rev int64) (int64, error) {
 		case err == nil && resp.Succeeded:
 			return resp.Header.Revision, nil
 		case err == nil:
-			return db.filled(resp, rev)
+			round, err := db.filled(resp, rev)
+			if err == nil && round == 0 { // a counted party went: not full yet
+				return db.await(ctx, rev, resp.Header.Revision+1)
+			}
+			return round, err
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -163,7 +164,8 @@ func (g *Group) Done() <-chan struct{} { return g.hr.done() }
 func (g *Group) Err() error { return g.hr.err() }
 
 // GroupView is a group's members at revision Rev, in join order (create
-// revision, oldest first): exactly the direct children NAME/<hex> there are
+// revision, oldest first; members created by one transaction in key
+// order, as Members gives them): exactly the direct children NAME/<hex> there are
 // at Rev, and at every later revision up to the next view's. Held is true
 // and Kind is "member" in every Entry. Views share their values' bytes:
 // treat them as read-only.
@@ -226,8 +228,8 @@ func readGroup(ctx context.Context, cli *clientv3.Client, prefix string) (*clien
 	return cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 }
 
-// membersOf returns the members among kvs (sorted by create revision): the
-// direct children of prefix.
+// membersOf returns the members among kvs: the direct children of prefix,
+// in join order (joinOrder).
 func membersOf(prefix string, kvs []*mvccpb.KeyValue) []Entry {
 	out := []Entry{}
 	for _, kv := range kvs {
@@ -235,7 +237,15 @@ func membersOf(prefix string, kvs []*mvccpb.KeyValue) []Entry {
 			out = append(out, memberOf(kv))
 		}
 	}
+	slices.SortFunc(out, joinOrder)
 	return out
+}
+
+// joinOrder orders members by create revision, oldest first, and members
+// created at one revision (by one transaction) by key, so that a read and a
+// watch give one order.
+func joinOrder(a, b Entry) int {
+	return cmp.Or(cmp.Compare(a.Rev, b.Rev), strings.Compare(a.Key, b.Key))
 }
 
 func memberOf(kv *mvccpb.KeyValue) Entry {
@@ -345,8 +355,9 @@ func (gw *groupWatch) apply(evs []*clientv3.Event) {
 		case i >= 0: // a new value
 			gw.members[i] = memberOf(ev.Kv)
 		default: // a join: the newest key
-			j, _ := slices.BinarySearchFunc(gw.members, ev.Kv.CreateRevision, func(e Entry, rev int64) int { return cmp.Compare(e.Rev, rev) })
-			gw.members = slices.Insert(gw.members, j, memberOf(ev.Kv))
+			m := memberOf(ev.Kv)
+			j, _ := slices.BinarySearchFunc(gw.members, m, joinOrder)
+			gw.members = slices.Insert(gw.members, j, m)
 		}
 		gw.rev, changed = ev.Kv.ModRevision, true
 	}

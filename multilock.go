@@ -86,7 +86,10 @@ type Part struct {
 
 // NewMultiLockOf returns a MultiLock on parts for session s: Mutex names
 // and sides of RWMutexes, each excluding (or, a read side, sharing with)
-// the primitive of that kind on the name. It does not touch etcd. A part
+// the primitive of that kind on the name. It does not touch etcd. One
+// transaction writes every key, so etcd's --max-txn-ops (128 by default)
+// bounds a MultiLock to half as many names (64); more is an error wrapping
+// ErrInvalidArgument from Lock and TryLock. A part
 // given twice counts once; two sides of one name, no part, an invalid name
 // or side, or a nil session is reported by every call, with an error
 // wrapping ErrInvalidName or ErrInvalidArgument. A read side does not join
