@@ -371,7 +371,6 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 	if i := slices.IndexFunc(ts, func(t turn) bool { return t.blocked() }); err == nil && i >= 0 && m != waitTurn {
 		err = fmt.Errorf("%w: %s is taken: %s (create revision %d) is ahead", ErrLocked, ts[i].name(), ts[i].ahead[0].Key, ts[i].ahead[0].CreateRevision)
 	}
-	waited := false
 	for i := range ts {
 		for _, o := range ts {
 			if len(ts) > 1 && o.key != ts[i].key {
@@ -379,13 +378,26 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 			}
 		}
 	}
-	for i := range ts { // the keys share one revision: those ahead of one are older than all
-		if t := &ts[i]; err == nil && t.blocked() {
-			_, err = t.wait(wctx)
-			waited = true
+	// The keys share one revision: those ahead of one are older than all.
+	// Once a turn came by waiting, the queues of the later ones have moved
+	// too (a MultiLock ahead released all its keys at one revision): one
+	// read each says where they stand before any watch.
+	var waited int64 // the revision the last wait ended at
+	for i := range ts {
+		t := &ts[i]
+		if err == nil && waited > 0 && t.blocked() {
+			if serr := t.settle(wctx, waited); serr != nil && final(serr) {
+				err = serr
+			}
+		}
+		if err == nil && t.blocked() {
+			var hdr *pb.ResponseHeader
+			if hdr, err = t.wait(wctx); err == nil {
+				waited = hdr.Revision
+			}
 		}
 	}
-	if err == nil && waited && len(ts) > 1 {
+	if err == nil && waited > 0 && len(ts) > 1 {
 		err = stillOurs(wctx, ts)
 	}
 	hs := make([]*hold, 0, len(ts))

@@ -48,7 +48,7 @@ func BenchmarkMultiLock(b *testing.B) {
 			})
 			b.Run(fmt.Sprintf("contended/k=%d/%s", k, kind), func(b *testing.B) {
 				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
-				cnt := counter{created: make(chan struct{}, 64)}
+				cnt := counter{created: make(chan struct{}, 1024)}
 				cli := c.Client(b, cnt.dial()...)
 				ctx := context.Background()
 				ls := []kLock{newKLock(benchSession(b, cli), kind, names), newKLock(benchSession(b, cli), kind, names)}
