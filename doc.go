@@ -12,6 +12,9 @@
 //     their try forms).
 //   - Semaphore: a capacity of permits, a holder takes n (Acquire, Release,
 //     Run, TryRun).
+//   - MultiLock: several names held as one, all or none, never deadlocking
+//     whatever order they are named in (Lock, TryLock, Unlock, Run, TryRun,
+//     Do, Rev per name, Done, Check); NewMultiLockOf mixes in RWMutex sides.
 //   - Group: membership with a value (Join, Leave, Done), and the members
 //     exact at a revision, read once (Members, GroupMembers) or kept by one
 //     watch (Watch, WatchGroup).
