@@ -456,7 +456,11 @@ func keysAt(ctx context.Context, cli *clientv3.Client, keys []string, rev int64,
 	for i, key := range keys {
 		cmps[i] = clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
 	}
-	resp, err := cli.Txn(ctx).If(cmps...).Commit()
+	// A transaction of compares alone is served as a serializable read (etcd's
+	// txn.IsTxnSerializable: no range that is not serializable), by a member
+	// that may lag; a plain range in it makes it linearizable.
+	linearizable := clientv3.OpGet(keys[0], clientv3.WithCountOnly())
+	resp, err := cli.Txn(ctx).If(cmps...).Then(linearizable).Else(linearizable).Commit()
 	if err != nil {
 		return err
 	}

@@ -147,7 +147,7 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 		rec, ended := recordHold(w.id, m)
 		guard := m.guard()
 
-		ok := w.increment(m, guard, counter, rec.rev)
+		ok := w.increment(t, m, guard, counter, rec.rev)
 		if ok && m.role != readRole {
 			done++
 			progress <- struct{}{}
@@ -168,7 +168,7 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 // writes only if nobody wrote since its read); a reader reads both. The
 // paused victim freezes while holding and then writes with the guard it
 // took before the pause, as a process waking from a stop would.
-func (w *faultWorker) increment(m primitive, guard clientv3.Cmp, counter string, token int64) bool {
+func (w *faultWorker) increment(t *testing.T, m primitive, guard clientv3.Cmp, counter string, token int64) bool {
 	r := w.r
 	paused := false
 	if w.id == 0 && r.armed.CompareAndSwap(true, false) {
@@ -195,6 +195,10 @@ func (w *faultWorker) increment(m primitive, guard clientv3.Cmp, counter string,
 	}
 	resp, err := w.cli.Get(ctx, counter)
 	if err != nil {
+		return false
+	}
+	if len(resp.Kvs) == 0 { // put before the workers start: a read that misses it is a finding
+		t.Errorf("worker %d: a linearizable read at revision %d (member %x) does not find %s", w.id, resp.Header.Revision, resp.Header.MemberId, counter)
 		return false
 	}
 	n, _ := strconv.Atoi(string(resp.Kvs[0].Value))
