@@ -337,7 +337,9 @@ func (h *hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespons
 	if !h.live() {
 		return nil, fmt.Errorf("%w: no current hold", ErrNotHeld)
 	}
-	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(ops...).Commit()
+	// The Else range keeps the transaction linearizable: one of compares and
+	// serializable reads alone is served by any member, which may lag.
+	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(ops...).Else(clientv3.OpGet(h.key, clientv3.WithCountOnly())).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", h.key, err)
 	}

@@ -189,7 +189,9 @@ func (st *stream) check(r keyed) error {
 		return fmt.Errorf("etcdsync: watch of %s ended", r.key)
 	case r.wr.Canceled || r.wr.Err() != nil:
 		return fmt.Errorf("etcdsync: watch of %s canceled: %w", r.key, r.wr.Err())
-	case also && slices.ContainsFunc(r.wr.Events, func(ev *clientv3.Event) bool { return ev.Type == mvccpb.DELETE }):
+	case also && slices.ContainsFunc(r.wr.Events, func(ev *clientv3.Event) bool {
+		return ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > st.t.rev // not an older incarnation's, replayed by a member behind
+	}):
 		return fmt.Errorf("%w: %s, of the same acquire, was deleted", errOwnKeyGone, r.key)
 	case !mine:
 		return nil
