@@ -68,13 +68,13 @@ func TestAttack28bMultiLockUnlockRacingLossOnOneName(t *testing.T) {
 	for i := range rounds {
 		require.NoError(t, ml.Lock(ctx), "round %d", i)
 		done := ml.Done()
+		key := ml.Key(names[i%3]) // before Unlock may have ended the hold
 		var wg sync.WaitGroup
 		wg.Add(2)
-		var uerr error
+		var uerr, derr error
 		go func() {
 			defer wg.Done()
-			_, err := admin.Delete(ctx, ml.Key(names[i%3]))
-			require.NoError(t, err)
+			_, derr = admin.Delete(ctx, key)
 		}()
 		go func() {
 			defer wg.Done()
@@ -84,6 +84,7 @@ func TestAttack28bMultiLockUnlockRacingLossOnOneName(t *testing.T) {
 			uerr = ml.Unlock(ctx)
 		}()
 		wg.Wait()
+		require.NoError(t, derr, "round %d: the admin's delete", i)
 		if uerr != nil {
 			require.ErrorIs(t, uerr, etcdsync.ErrLockReleased, "round %d", i)
 		}
