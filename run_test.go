@@ -195,6 +195,7 @@ func TestRunReentrantKinds(t *testing.T) {
 // ends with ErrNotHeld.
 func TestRunLossCancelsFirst(t *testing.T) {
 	t.Parallel()
+	slow(t)
 	c, admin, ctx := kitSingleClient(t)
 	t.Run("cut off", func(t *testing.T) {
 		cli, link := c.ClientThrough(t)
