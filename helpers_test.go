@@ -3,6 +3,7 @@ package etcdsync_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -418,4 +419,26 @@ func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duratio
 			}
 		}
 	}
+}
+
+// warmProgress makes cli learn, before a test counts its RPCs, that its
+// servers answer progress requests: one wait on it, behind a holder on
+// admin, that gets its turn. Until a client knows (a version check, an
+// answered probe), a wait on a loaded machine may fall back to a read.
+// cnt, if it counts cli, is left with no watches created pending.
+func warmProgress(t *testing.T, ctx context.Context, admin, cli *clientv3.Client, cnt *counter) {
+	t.Helper()
+	name := fmt.Sprintf("warm-%s", strings.ReplaceAll(t.Name(), "/", "-"))
+	holder := heldMutex(t, ctx, admin, name)
+	m := etcdsync.NewMutex(session(t, cli), name)
+	got := async(func() error { return m.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 2)
+	if cnt != nil && cnt.created != nil {
+		for range 2 { // its own key and the holder's
+			within(t, cnt.created, testTimeout, "the warm-up wait's watch created")
+		}
+	}
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, resultWithin(t, got, testTimeout, "the warm-up wait"))
+	require.NoError(t, m.Unlock(ctx))
 }
