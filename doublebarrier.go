@@ -4,8 +4,9 @@ package etcdsync
 // its session's lease; the party whose key makes count puts NAME/ready,
 // which lets every party of the round out of Enter; in Leave the oldest
 // party waits until the others' keys are gone and deletes its own, with
-// ready, last (doublebarrier_leave.go). These are the keys and the Leave order of etcd's recipe
-// DoubleBarrier, so parties of the two mix in one round.
+// ready, last (doublebarrier_leave.go). These are the keys and the Leave
+// order of etcd's recipe DoubleBarrier, so parties of the two mix in one
+// round.
 
 import (
 	"context"

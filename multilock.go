@@ -52,9 +52,12 @@ type multiHold struct {
 	ctx context.Context
 	end context.CancelCauseFunc // ends ctx
 	// relays end ctx when a hold ends otherwise than by a release (a
-	// loss), and release the others; Unlock joins them, and ends ctx once
-	// it has released every name.
-	relays sync.WaitGroup
+	// loss), and release the others; Unlock joins them, returns what their
+	// releases failed at (released), and ends ctx once it has released
+	// every name.
+	relays   sync.WaitGroup
+	mu       sync.Mutex
+	released error
 }
 
 // NewMultiLock returns a MultiLock on names for session s: a Mutex's key on
@@ -166,7 +169,11 @@ func (ml *MultiLock) lock(ctx context.Context, md mode) error {
 				mh.end(cause)
 				ctx, cancel := context.WithTimeout(context.WithoutCancel(h.s.ctx), h.s.ttl)
 				defer cancel()
-				mh.release(ctx)
+				if err := mh.release(ctx); err != nil {
+					mh.mu.Lock()
+					mh.released = errors.Join(mh.released, err)
+					mh.mu.Unlock()
+				}
 			}
 		})
 	}
@@ -229,7 +236,7 @@ func (ml *MultiLock) Unlock(ctx context.Context) error {
 	}
 	ml.mu.Unlock()
 	if lost != nil && !errors.Is(lost, ErrLockReleased) {
-		return fmt.Errorf("%w: the hold had ended: %w", ErrLockReleased, lost)
+		return fmt.Errorf("%w: the hold had ended: %w", ErrLockReleased, errors.Join(lost, mh.released))
 	}
 	return err
 }
