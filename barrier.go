@@ -79,8 +79,8 @@ func (b *Barrier) HoldFor(ctx context.Context, s *Session) error {
 }
 
 func (b *Barrier) hold(ctx context.Context, s *Session) error {
-	if b.bad != nil {
-		return b.bad
+	if err := b.usable(); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil { // nothing is sent
 		return fmt.Errorf("etcdsync: hold barrier %s: %w", b.name, err)
@@ -144,8 +144,8 @@ func (b *Barrier) setRev(rev int64) {
 // open (never closed, released already, or its session ended) it returns an
 // error wrapping ErrLockReleased, which callers may treat as success.
 func (b *Barrier) Release(ctx context.Context) error {
-	if b.bad != nil {
-		return b.bad
+	if err := b.usable(); err != nil {
+		return err
 	}
 	b.mu.Lock()
 	rev := b.rev
@@ -187,8 +187,8 @@ func (b *Barrier) Release(ctx context.Context) error {
 // and watches again, rather than give up or pass. It returns an error
 // wrapping ctx.Err() when ctx ends first, and holds nothing in etcd.
 func (b *Barrier) Wait(ctx context.Context) error {
-	if b.bad != nil {
-		return b.bad
+	if err := b.usable(); err != nil {
+		return err
 	}
 	resp, err := b.cli.Get(ctx, b.name)
 	if err != nil {
@@ -201,6 +201,15 @@ func (b *Barrier) Wait(ctx context.Context) error {
 		return fmt.Errorf("etcdsync: wait for barrier %s: %w", b.name, err)
 	}
 	return nil
+}
+
+// usable returns why the barrier cannot be used (a bad name or client, a
+// closed client), else nil.
+func (b *Barrier) usable() error {
+	if b.bad != nil {
+		return b.bad
+	}
+	return closedClient(b.cli)
 }
 
 // graced returns a context for a create that must not be cancelled with

@@ -115,7 +115,8 @@ func (e *Election) elect(ctx context.Context, val string, md mode) error {
 // says why), and resigns after fn returns, bounded by the session's TTL even
 // if ctx has ended: a leader-only loop. A panic in fn resigns and goes on. It
 // returns Campaign's error, or fn's error joined with the cause when the
-// leadership ended before fn returned, and with Resign's error, if any. On a
+// leadership ended before fn returned (fn's error alone when it wraps the
+// cause already, as Mutex.Run), and with Resign's error, if any. On a
 // value that already leads (by another Run, or Campaign) it waits for that
 // term to end, as Mutex.Run does on a held Mutex. Inside fn's context, a Run
 // of this session and name with the same val enters the term at once; with

@@ -219,6 +219,9 @@ func checkGroup(cli *clientv3.Client, name string) error {
 	if cli == nil {
 		return fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
+	if err := closedClient(cli); err != nil {
+		return err
+	}
 	return checkName(name)
 }
 

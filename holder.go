@@ -133,7 +133,8 @@ func (hr *holder) current() *hold {
 	return hr.h
 }
 
-// held returns the live hold, or an error wrapping notHeld.
+// held returns the live hold, or an error wrapping notHeld (and
+// ErrInvalidArgument when the client was closed).
 func (hr *holder) held(notHeld error) (*hold, error) {
 	if hr.bad != nil {
 		return nil, hr.bad
@@ -141,7 +142,7 @@ func (hr *holder) held(notHeld error) (*hold, error) {
 	if h := hr.current(); h != nil {
 		return h, nil
 	}
-	return nil, fmt.Errorf("%w: %s is not held by this value", notHeld, hr.slot.name())
+	return nil, notHeldBy(hr.slot.s, notHeld, hr.slot.name())
 }
 
 func (hr *holder) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {

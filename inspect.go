@@ -38,6 +38,9 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 	if cli == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
+	if err := closedClient(cli); err != nil {
+		return nil, err
+	}
 	if err := checkName(name); err != nil {
 		return nil, err
 	}

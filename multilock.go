@@ -218,7 +218,7 @@ func (ml *MultiLock) Unlock(ctx context.Context) error {
 	}
 	mh := ml.current()
 	if mh == nil {
-		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, strings.Join(ml.names, ", "))
+		return notHeldBy(ml.hrs[0].slot.s, ErrLockReleased, strings.Join(ml.names, ", "))
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("etcdsync: release %s: %w", strings.Join(ml.names, ", "), err)
@@ -246,7 +246,8 @@ func (ml *MultiLock) Unlock(ctx context.Context) error {
 // says why), and releases them after fn returns, bounded by the session's
 // TTL even if ctx has ended. A panic in fn releases the locks and goes on.
 // It returns Lock's error, or fn's error joined with the cause when the
-// hold ended before fn returned, and with the release's error, if any.
+// hold ended before fn returned (fn's error alone when it wraps the cause
+// already, as Mutex.Run), and with the release's error, if any.
 // Given the context of a Run that holds every name (of this session), it
 // runs fn within that hold; one that holds some of them is an error
 // wrapping ErrInvalidArgument, not a deadlock.
@@ -306,7 +307,7 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 		if cause := context.Cause(mh.ctx); cause != nil && !errors.Is(cause, ErrLockReleased) {
 			released = cause // the hold ended before fn returned: Unlock found it gone
 		}
-		err = errors.Join(err, released)
+		err = stated(err, released)
 		if p != nil {
 			panic(p)
 		}
@@ -358,7 +359,7 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 	}
 	mh := ml.current()
 	if mh == nil || context.Cause(mh.ctx) != nil {
-		return nil, fmt.Errorf("%w: %s not held by this value", ErrNotHeld, strings.Join(ml.names, ", "))
+		return nil, notHeldBy(ml.hrs[0].slot.s, ErrNotHeld, strings.Join(ml.names, ", "))
 	}
 	cmps := make([]clientv3.Cmp, len(mh.hs))
 	gets := make([]clientv3.Op, len(mh.hs))
@@ -378,7 +379,7 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
 		}
 	}
-	return nil, fmt.Errorf("%w: %s not held by this value", ErrNotHeld, strings.Join(ml.names, ", "))
+	return nil, notHeldBy(ml.hrs[0].slot.s, ErrNotHeld, strings.Join(ml.names, ", "))
 }
 
 // Done returns a channel closed when the hold ends on any name (released,

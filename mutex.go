@@ -69,7 +69,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 // after fn returns, bounded by the session's TTL even if ctx has ended. A
 // panic in fn releases the lock and goes on. It returns Lock's error, or fn's
 // error joined with the cause when the hold ended before fn returned, and
-// with the release's error, if any.
+// with the release's error, if any. When fn's error already wraps the cause
+// (fn returned context.Cause(ctx)), it is returned as it is: the cause is
+// stated once, and errors.Is finds it.
 func (m *Mutex) Run(ctx context.Context, fn func(ctx context.Context) error) error {
 	return m.hr.run(ctx, 1, "", m.Lock, m.Unlock, fn)
 }

@@ -62,10 +62,8 @@ func (o *Observer) usable() error {
 	switch {
 	case o.bad != nil:
 		return o.bad
-	case o.cli.Ctx().Err() != nil:
-		return fmt.Errorf("%w: client closed", ErrInvalidArgument)
 	}
-	return nil
+	return closedClient(o.cli)
 }
 
 // Err returns why an Observe channel closed before its context ended (an

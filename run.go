@@ -16,8 +16,8 @@ import (
 // (context.Cause), the moment the hold ends, and releases the hold (release)
 // once fn has returned or panicked, bounded by the session's TTL whatever ctx
 // says; a panic goes on after the release. It returns acquire's error, or fn's
-// error joined with why the hold ended if it ended before the release, and
-// with the release's error. fn's context carries the hold (n: its permits;
+// error joined with why the hold ended if it ended before the release (unless
+// fn's error wraps that already: see stated), and with the release's error. fn's context carries the hold (n: its permits;
 // tag: what else a Run inside must agree on, an Election's value or a
 // Semaphore's capacity): a Run whose ctx carries a live hold of the same
 // session and name enters it (see reenter), and returns fn's error joined
@@ -28,8 +28,8 @@ func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release
 			return err
 		}
 		err = fn(ctx)
-		if cause := e.h.err(); cause != nil && !errors.Is(cause, ErrLockReleased) {
-			err = errors.Join(err, cause)
+		if cause := e.h.err(); !errors.Is(cause, ErrLockReleased) {
+			err = stated(err, cause)
 		}
 		return err
 	}
@@ -51,7 +51,8 @@ func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release
 	defer leave() // after the release below: a Handover waits for both
 	defer func() {
 		p := recover()
-		err = errors.Join(err, e.afterRun(ctx, release))
+		cause, released := e.afterRun(ctx, release)
+		err = stated(stated(err, cause), released)
 		if p != nil {
 			panic(p)
 		}
@@ -64,24 +65,34 @@ func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release
 
 // afterRun releases the Run's hold after its fn, if it is still held and fn
 // did not release it (its share, for a read hold) itself, bounded by the
-// TTL; it returns why the hold ended otherwise, joined with the release's
-// error.
-func (e *ctxHold) afterRun(ctx context.Context, release func(context.Context) error) error {
+// TTL; it returns why the hold ended otherwise (nil when it was released),
+// and the release's error.
+func (e *ctxHold) afterRun(ctx context.Context, release func(context.Context) error) (cause, released error) {
 	h := e.h
-	var released error
 	if h.live() && !e.left.Load() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.s.ttl)
 		defer cancel()
 		released = release(rctx)
 	}
-	cause := h.err()
+	cause = h.err()
 	if errors.Is(cause, ErrLockReleased) { // released: by us, or by fn itself
-		return released
+		return nil, released
 	}
 	if cause != nil && errors.Is(released, ErrLockReleased) {
 		released = nil // the release found the hold gone: the cause says why
 	}
-	return errors.Join(cause, released)
+	return cause, released
+}
+
+// stated is fn's error err joined with cause (why the hold ended under fn,
+// or what its release failed at) unless err already wraps it, as when fn
+// returned context.Cause of its context: each is stated once, and errors.Is
+// finds it either way. With nothing to add, err comes back as it is.
+func stated(err, cause error) error {
+	if cause == nil || errors.Is(err, cause) {
+		return err
+	}
+	return errors.Join(err, cause)
 }
 
 // running is a Run under a hold, as a Handover sees it: how to stop its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -70,6 +71,48 @@ func TestRunLoss(t *testing.T) {
 			require.Empty(t, keys(t, cli, r.prefix))
 		})
 	}
+}
+
+// When fn returns its context's cause (the idiom for a loop that stops on
+// loss), Run returns fn's error as it is, every kind, outer and reentered:
+// the cause is stated once and still matches.
+func TestRunStatesTheCauseOnce(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := kitSingleClient(t)
+	for _, r := range runKinds(session(t, cli), "runonce") {
+		t.Run(r.prefix, func(t *testing.T) {
+			var returned, inner error
+			err := r.run(ctx, func(fctx context.Context) error {
+				inner = r.run(fctx, func(ictx context.Context) error {
+					_, err := cli.Delete(ctx, r.prefix, clientv3.WithPrefix())
+					require.NoError(t, err)
+					within(t, ictx.Done(), 5*time.Second, "the reentered fn's context ending when the hold did")
+					return fmt.Errorf("stopped: %w", context.Cause(ictx))
+				})
+				within(t, fctx.Done(), 5*time.Second, "fn's context ending when the hold did")
+				returned = fmt.Errorf("stopped: %w", context.Cause(fctx))
+				return returned
+			})
+			require.ErrorIs(t, inner, etcdsync.ErrNotHeld)
+			require.Equal(t, 1, strings.Count(inner.Error(), "not held"), "the reentered Run states the cause once: %v", inner)
+			require.Equal(t, returned, err, "Run returns fn's error as it is")
+			require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+			require.Equal(t, 1, strings.Count(err.Error(), "not held"), "the cause stated once: %v", err)
+			require.Empty(t, keys(t, cli, r.prefix))
+		})
+	}
+	ml := etcdsync.NewMultiLock(session(t, cli), "runonce-multi-a", "runonce-multi-b")
+	var returned error
+	err := ml.Run(ctx, func(fctx context.Context) error {
+		_, err := cli.Delete(ctx, "runonce-multi-b/", clientv3.WithPrefix())
+		require.NoError(t, err)
+		within(t, fctx.Done(), 5*time.Second, "the MultiLock's fn context ending when a name was lost")
+		returned = fmt.Errorf("stopped: %w", context.Cause(fctx))
+		return returned
+	})
+	require.Equal(t, returned, err, "MultiLock.Run returns fn's error as it is")
+	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+	require.Empty(t, keys(t, cli, "runonce-multi-"))
 }
 
 // An error before the hold (bad input, ctx ended) comes back without fn.

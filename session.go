@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -57,14 +58,21 @@ type Session struct {
 }
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts keeping
-// it alive. It blocks for one round trip; it is bounded by the WithContext
-// context. Without one it is bounded by the TTL, and it gives up sooner, in
-// about 3 s, when none of the client's endpoints accepts a connection (as a
-// dial timeout would; the error names each endpoint and why). On error no lease is left
-// behind that this call granted and still could revoke.
+// it alive. It blocks for one round trip (two to adopt a lease with keys).
+// That wait is bounded by the WithContext context, by the TTL, and by the
+// client's DialTimeout (3 s when the client has none): when the servers do
+// not answer within it, because the endpoints refuse connections or accept
+// them and never answer (a stopped process, a firewall that drops packets),
+// NewSession gives up with an error wrapping context.DeadlineExceeded that
+// names each endpoint and says which it did. A closed client is an error
+// wrapping ErrInvalidArgument, at once. On error no lease is left behind
+// that this call granted and still could revoke.
 func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
+	}
+	if err := closedClient(client); err != nil {
+		return nil, err
 	}
 	o, err := resolve(client, opts)
 	if err != nil {
@@ -75,7 +83,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(o.ctx))
 	stop := context.AfterFunc(o.ctx, func() {
 		if o.ctx == client.Ctx() {
-			cancel(fmt.Errorf("%w: client closed", ErrSessionClosed))
+			cancel(errClientClosedSession)
 		} else {
 			cancel(fmt.Errorf("%w: its context ended: %w", ErrSessionClosed, context.Cause(o.ctx)))
 		}
@@ -107,16 +115,12 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 
 // start grants or adopts the lease and sets the first deadline. It returns
 // when the first keepalive is due: a third of the TTL from now, or at once
-// when an adopted lease has less than that left beyond it.
+// when an adopted lease has less than that left beyond it. Its calls are
+// bounded by the first answer's bound (answerBound) and the TTL.
 func (s *Session) start(o sessionOptions) (time.Time, error) {
-	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(s.ctx), o.ttl)
+	bound := min(answerBound(s.client), o.ttl)
+	ctx, cancel := context.WithTimeoutCause(clientv3.WithRequireLeader(s.ctx), bound, tag(fmt.Errorf("%w within %v", errNoAnswer, bound), context.DeadlineExceeded))
 	defer cancel()
-	if o.ctx == s.client.Ctx() { // no WithContext: do not wait the TTL for nothing
-		var giveUp context.CancelCauseFunc
-		ctx, giveUp = context.WithCancelCause(ctx)
-		defer giveUp(nil)
-		defer s.giveUpUnreachable(ctx, giveUp)()
-	}
 	sent := time.Now()
 	if o.leaseID != clientv3.NoLease {
 		resp, err := s.client.TimeToLive(ctx, o.leaseID, clientv3.WithAttachedKeys())
@@ -155,82 +159,58 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 }
 
 // unreachable describes a failed first call: what failed, the endpoints,
-// and, when it timed out, why the endpoints could not be reached (the
-// client's error says only that the context ended): a diagnostic on this
-// failure path only, which dials their addresses and sends nothing to etcd
-// (see internal/reach).
+// and, when no answer came in time, what each endpoint does when dialled
+// (refuses, or accepts and stays silent): a diagnostic on this failure path
+// only, which dials their addresses and sends nothing to etcd (see
+// internal/reach).
 func (s *Session) unreachable(ctx context.Context, what string, err error) error {
-	if s.ctx.Err() != nil { // the WithContext context ended, or the client closed
+	switch {
+	case s.ctx.Err() != nil: // the WithContext context ended, or the client closed
 		err = context.Cause(s.ctx)
-	} else if ue := (unreachableError{}); errors.As(context.Cause(ctx), &ue) {
-		return fmt.Errorf("etcdsync: %s (endpoints %s): %w", what, strings.Join(s.client.Endpoints(), ","), ue)
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), errNoAnswer):
+		return fmt.Errorf("etcdsync: %s: %w (%s)", what, context.Cause(ctx), reach.Each(s.client.Endpoints(), 200*time.Millisecond))
 	}
-	err = fmt.Errorf("etcdsync: %s (endpoints %s): %w", what, strings.Join(s.client.Endpoints(), ","), err)
-	if s.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	if why := reach.Why(s.client.Endpoints(), nil, 200*time.Millisecond); why != "" {
-		return fmt.Errorf("%w (%s)", err, why)
-	}
-	return err
+	return fmt.Errorf("etcdsync: %s (endpoints %s): %w", what, strings.Join(s.client.Endpoints(), ","), err)
 }
 
-// giveUpUnreachable ends ctx, the bound of NewSession's first request, once
-// none of the client's endpoints has accepted a connection in checks over
-// unreachableFor, rather than letting it wait for the whole TTL: the cause
-// names each endpoint and why it could not be dialled. A client with no
-// endpoints (an in-process one), or with one only its own resolver knows
-// (dns:///…), is never given up on; a client with a dialer of its own that
-// reaches what a plain dial cannot is the case this cannot tell. It checks only while
-// the first request is pending, every reachCheck from reachCheck on, and the
-// returned function stops it and waits for it.
-func (s *Session) giveUpUnreachable(ctx context.Context, giveUp context.CancelCauseFunc) (stop func()) {
-	cctx, done := context.WithCancel(ctx) // a check in progress ends with stop
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(reachCheck)
-		defer tick.Stop()
-		var since time.Time // of the first check in a row that reached nothing
-		for {
-			select {
-			case <-cctx.Done():
-				return
-			case <-tick.C:
-			}
-			why, none := reach.None(cctx, s.client.Endpoints(), reachCheck)
-			if cctx.Err() != nil {
-				return
-			}
-			switch {
-			case !none:
-				since = time.Time{}
-			case since.IsZero():
-				since = time.Now()
-			case time.Since(since) >= unreachableFor:
-				giveUp(unreachableError{why: why, after: time.Since(since) + reachCheck})
-				return
-			}
-		}
-	})
-	return func() { done(); wg.Wait() }
+// answerBound is how long NewSession waits for its first answer: the
+// client's DialTimeout, or defaultAnswerBound when it has none.
+func answerBound(cli *clientv3.Client) time.Duration {
+	if d := dialTimeout(cli); d > 0 {
+		return d
+	}
+	return defaultAnswerBound
 }
 
-// reachCheck is the pace and bound of the checks of giveUpUnreachable;
-// unreachableFor is how long they find nothing before NewSession gives up.
-const (
-	reachCheck     = 500 * time.Millisecond
-	unreachableFor = 2 * time.Second
-)
+// defaultAnswerBound is answerBound for a client with no DialTimeout.
+const defaultAnswerBound = 3 * time.Second
 
-// unreachableError is why NewSession gave up: none of the endpoints could
-// be dialled for a while.
-type unreachableError struct {
-	why   string
-	after time.Duration
+// dialTimeout returns cli's Config.DialTimeout, or 0 when it has none or it
+// cannot be read. etcd's client keeps its configuration in an unexported
+// field (cfg, in every line from 3.5 to 3.7) and has no getter for it;
+// reflect reads the field and changes nothing. A client line without it
+// gets the default (TestNewSessionGivesUpWithinDialTimeout would fail).
+func dialTimeout(cli *clientv3.Client) time.Duration {
+	cfg := reflect.ValueOf(cli).Elem().FieldByName("cfg")
+	if !cfg.IsValid() || cfg.Kind() != reflect.Struct {
+		return 0
+	}
+	d := cfg.FieldByName("DialTimeout")
+	if !d.IsValid() || d.Kind() != reflect.Int64 {
+		return 0
+	}
+	return time.Duration(d.Int())
 }
 
-func (e unreachableError) Error() string {
-	return fmt.Sprintf("no endpoint accepted a connection for %v (%s)", e.after.Round(100*time.Millisecond), e.why)
+// closedClient returns an error wrapping ErrInvalidArgument when cli has
+// been closed, else nil: a call on a closed client fails at once and sends
+// nothing (etcd's client would retry it, printing warnings, until its
+// context ends).
+func closedClient(cli *clientv3.Client) error {
+	if cli.Ctx().Err() != nil {
+		return errClientClosed
+	}
+	return nil
 }
 
 // Client returns the etcd client the session uses.
@@ -254,7 +234,12 @@ func (s *Session) Ctx() context.Context { return s.ctx }
 func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Err returns nil while the session lives, else why it ended (see Ctx).
+// A session whose client was closed has ended, with a cause wrapping
+// ErrSessionClosed and ErrInvalidArgument.
 func (s *Session) Err() error {
+	if s.ctx.Err() == nil && s.client.Ctx().Err() != nil {
+		s.cancel(errClientClosedSession) // as the session's watch of its parent context will
+	}
 	if s.ctx.Err() == nil {
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // connectTimeout bounds Connect's first request to ETCD_ENDPOINTS.
@@ -37,8 +38,10 @@ func StartServer() (endpoints []string, stop func(), err error) {
 }
 
 // Connect returns a client for a program or an example: of the endpoints in
-// ETCD_ENDPOINTS (comma-separated) when it is set, else of one embedded
-// member that it starts (as StartServer). With ETCD_ENDPOINTS, the client
+// ETCD_ENDPOINTS (comma-separated) when it is set, else in ETCDCTL_ENDPOINTS
+// (as etcdctl and lockctl read), else of one embedded member that it starts
+// (as StartServer). The client logs errors only (etcd's client's retry
+// warnings are not printed). With endpoints from the environment, the client
 // speaks TLS when ETCD_CACERT (a CA bundle to trust) or ETCD_CERT and
 // ETCD_KEY (a client certificate and its key) name PEM files, and
 // authenticates when ETCD_USER is set (user, or user:password as etcdctl's
@@ -50,10 +53,32 @@ func StartServer() (endpoints []string, stop func(), err error) {
 // client and stops the member it started, if any; it blocks until both are
 // done and may be called more than once.
 func Connect() (cli *clientv3.Client, close func(), err error) {
-	return connect(os.Stdout, os.Getenv("ETCD_ENDPOINTS"))
+	name, env := endpointsEnv(os.Getenv)
+	return connect(os.Stdout, name, env)
 }
 
-func connect(w io.Writer, env string) (*clientv3.Client, func(), error) {
+// endpointsEnv returns the variable Connect takes its endpoints from, and
+// its value: ETCD_ENDPOINTS when set, else ETCDCTL_ENDPOINTS.
+func endpointsEnv(getenv func(string) string) (name, value string) {
+	if v := getenv("ETCD_ENDPOINTS"); strings.TrimSpace(v) != "" {
+		return "ETCD_ENDPOINTS", v
+	}
+	return "ETCDCTL_ENDPOINTS", getenv("ETCDCTL_ENDPOINTS")
+}
+
+// quietLogger is etcd's client's logger for Connect's programs: errors
+// only, as JSON on standard error.
+func quietLogger() *zap.Logger {
+	c := zap.NewProductionConfig()
+	c.Level = zap.NewAtomicLevelAt(zap.ErrorLevel)
+	lg, err := c.Build()
+	if err != nil {
+		return zap.NewNop()
+	}
+	return lg
+}
+
+func connect(w io.Writer, name, env string) (*clientv3.Client, func(), error) {
 	var endpoints []string
 	for _, ep := range strings.Split(env, ",") {
 		if ep = strings.TrimSpace(ep); ep != "" {
@@ -64,20 +89,21 @@ func connect(w io.Writer, env string) (*clientv3.Client, func(), error) {
 		return connectEmbedded(w)
 	}
 	cfg := etcdtest.ClientConfig(endpoints)
+	cfg.Logger = quietLogger()
 	if err := secure(&cfg, os.Getenv); err != nil {
-		return nil, nil, fmt.Errorf("etcdsynctest: ETCD_ENDPOINTS=%s: %w", env, err)
+		return nil, nil, fmt.Errorf("etcdsynctest: %s=%s: %w", name, env, err)
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("etcdsynctest: ETCD_ENDPOINTS=%s: %w", env, err)
+		return nil, nil, fmt.Errorf("etcdsynctest: %s=%s: %w", name, env, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
 	defer cancel()
 	if _, err := cli.Get(ctx, "health", clientv3.WithCountOnly()); err != nil {
 		cli.Close()
-		return nil, nil, fmt.Errorf("etcdsynctest: ETCD_ENDPOINTS=%s: no answer within %v: %w", env, connectTimeout, err)
+		return nil, nil, fmt.Errorf("etcdsynctest: %s=%s: no answer within %v: %w", name, env, connectTimeout, err)
 	}
-	fmt.Fprintf(w, "connected to ETCD_ENDPOINTS=%s\n", strings.Join(endpoints, ","))
+	fmt.Fprintf(w, "connected to %s=%s\n", name, strings.Join(endpoints, ","))
 	return cli, sync.OnceFunc(func() { cli.Close() }), nil
 }
 
@@ -111,7 +137,9 @@ func connectEmbedded(w io.Writer) (*clientv3.Client, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cli, err := clientv3.New(etcdtest.ClientConfig(endpoints))
+	cfg := etcdtest.ClientConfig(endpoints)
+	cfg.Logger = quietLogger()
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		stop()
 		return nil, nil, fmt.Errorf("etcdsynctest: %w", err)

@@ -18,7 +18,7 @@ import (
 // stops it.
 func TestConnectEmbedded(t *testing.T) {
 	var out bytes.Buffer
-	cli, closeAll, err := connect(&out, " ")
+	cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", " ")
 	require.NoError(t, err)
 	ep := cli.Endpoints()[0]
 	require.Equal(t, "started an embedded etcd at "+ep+" (set ETCD_ENDPOINTS to use a real cluster)\n", out.String())
@@ -44,7 +44,7 @@ func TestConnectEndpoints(t *testing.T) {
 	admin := Start(t)
 	ep := admin.Endpoints()[0]
 	var out bytes.Buffer
-	cli, closeAll, err := connect(&out, " "+ep+" ,")
+	cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", " "+ep+" ,")
 	require.NoError(t, err)
 	require.Equal(t, "connected to ETCD_ENDPOINTS="+ep+"\n", out.String())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -58,6 +58,23 @@ func TestConnectEndpoints(t *testing.T) {
 	require.NoError(t, err, "close stopped a server it did not start")
 }
 
+// Connect reads ETCD_ENDPOINTS, else ETCDCTL_ENDPOINTS, as lockctl does.
+func TestConnectReadsEitherEndpointsVariable(t *testing.T) {
+	for _, tc := range []struct {
+		env         map[string]string
+		name, value string
+	}{
+		{map[string]string{"ETCD_ENDPOINTS": "a", "ETCDCTL_ENDPOINTS": "b"}, "ETCD_ENDPOINTS", "a"},
+		{map[string]string{"ETCD_ENDPOINTS": " ", "ETCDCTL_ENDPOINTS": "b"}, "ETCDCTL_ENDPOINTS", "b"},
+		{map[string]string{"ETCDCTL_ENDPOINTS": "b"}, "ETCDCTL_ENDPOINTS", "b"},
+		{map[string]string{}, "ETCDCTL_ENDPOINTS", ""},
+	} {
+		name, value := endpointsEnv(func(k string) string { return tc.env[k] })
+		require.Equal(t, tc.name, name, "%v", tc.env)
+		require.Equal(t, tc.value, value, "%v", tc.env)
+	}
+}
+
 // ETCD_ENDPOINTS where nothing answers: an error within the bound, naming them.
 func TestConnectNoAnswer(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -66,7 +83,7 @@ func TestConnectNoAnswer(t *testing.T) {
 	ln.Close()
 	var out bytes.Buffer
 	start := time.Now()
-	_, _, err = connect(&out, ep)
+	_, _, err = connect(&out, "ETCD_ENDPOINTS", ep)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "ETCD_ENDPOINTS="+ep)
 	require.Less(t, time.Since(start), connectTimeout+5*time.Second)
@@ -101,7 +118,7 @@ func TestConnectTLSAndAuth(t *testing.T) {
 			t.Setenv(k, v)
 		}
 		var out bytes.Buffer
-		cli, closeAll, err := connect(&out, ep)
+		cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", ep)
 		require.NoError(t, err)
 		_, err = cli.Put(ctx, "k", "v")
 		require.NoError(t, err)
@@ -110,15 +127,15 @@ func TestConnectTLSAndAuth(t *testing.T) {
 	}
 
 	t.Setenv("ETCD_USER", "")
-	_, _, err = connect(&bytes.Buffer{}, ep)
+	_, _, err = connect(&bytes.Buffer{}, "ETCD_ENDPOINTS", ep)
 	require.Error(t, err, "a member that requires a password let a client in without one")
 
 	t.Setenv("ETCD_CACERT", "")
 	t.Setenv("ETCD_USER", "root:secret")
-	_, _, err = connect(&bytes.Buffer{}, ep)
+	_, _, err = connect(&bytes.Buffer{}, "ETCD_ENDPOINTS", ep)
 	require.Error(t, err, "a member with a certificate of an unknown CA was trusted")
 
 	t.Setenv("ETCD_CERT", certs.CertFile)
-	_, _, err = connect(&bytes.Buffer{}, ep)
+	_, _, err = connect(&bytes.Buffer{}, "ETCD_ENDPOINTS", ep)
 	require.ErrorContains(t, err, "ETCD_CERT and ETCD_KEY go together")
 }

@@ -10,7 +10,7 @@
 // Its lines are printed at each step, once it has seen that step's last
 // report, so they come in order with the rest.
 //
-// It starts an embedded etcd unless ETCD_ENDPOINTS (comma-separated) is set.
+// It starts an embedded etcd unless ETCD_ENDPOINTS or ETCDCTL_ENDPOINTS (comma-separated) is set.
 package main
 
 import (

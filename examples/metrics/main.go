@@ -5,7 +5,7 @@
 // again. http://ADDR/metrics serves the registry while it runs; at the end
 // it scrapes itself once over HTTP and prints the etcdsync lines.
 //
-// It starts an embedded etcd unless ETCD_ENDPOINTS (comma-separated) is set.
+// It starts an embedded etcd unless ETCD_ENDPOINTS or ETCDCTL_ENDPOINTS (comma-separated) is set.
 //
 //	go run ./examples/metrics -addr 127.0.0.1:9464 -duration 1m
 //	curl -s 127.0.0.1:9464/metrics | grep etcdsync_

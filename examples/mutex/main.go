@@ -3,7 +3,7 @@
 // a guarded transaction. It prints each hold (worker, fencing token, time
 // waited) and checks the final count, exiting non-zero if it is wrong.
 //
-// It starts an embedded etcd unless ETCD_ENDPOINTS (comma-separated) is set,
+// It starts an embedded etcd unless ETCD_ENDPOINTS or ETCDCTL_ENDPOINTS (comma-separated) is set,
 // and says which it used. Its keys live under a prefix of their own for each
 // run (etcdsync-example/<run>/), deleted again when it ends, also on error.
 package main

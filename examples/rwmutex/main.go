@@ -5,7 +5,7 @@
 // half-written configuration. It prints each hold and checks that every
 // read was consistent and that readers did overlap, exiting non-zero if not.
 //
-// It starts an embedded etcd unless ETCD_ENDPOINTS (comma-separated) is set.
+// It starts an embedded etcd unless ETCD_ENDPOINTS or ETCDCTL_ENDPOINTS (comma-separated) is set.
 package main
 
 import (

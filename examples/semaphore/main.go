@@ -4,7 +4,7 @@
 // never exceed the capacity, and requests are served in arrival order. It
 // prints each hold and checks the bound, exiting non-zero if it was broken.
 //
-// It starts an embedded etcd unless ETCD_ENDPOINTS (comma-separated) is set.
+// It starts an embedded etcd unless ETCD_ENDPOINTS or ETCDCTL_ENDPOINTS (comma-separated) is set.
 package main
 
 import (

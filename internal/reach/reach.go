@@ -2,8 +2,9 @@
 // messages on a failed first call: it dials each endpoint's address (TCP, or
 // a Unix socket; and TLS when told the client's configuration) without
 // speaking gRPC, so it needs nothing of the client
-// (a namespaced, proxied or in-process client alike). None tells a caller
-// that nothing can be dialled at all (NewSession then stops waiting).
+// (a namespaced, proxied or in-process client alike). Each says of every
+// endpoint whether it accepts connections (one that does and never answers
+// is silent, not down).
 package reach
 
 import (
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -25,21 +27,35 @@ import (
 // endpoints, so that a certificate the client refuses is named. It blocks
 // for at most timeout.
 func Why(endpoints []string, tc *tls.Config, timeout time.Duration) string {
-	why, _ := dialAll(context.Background(), endpoints, tc, timeout)
-	return why
+	return failures(endpoints, tc, timeout)
 }
 
-// None is Why (without TLS, ending early with ctx), and also reports
-// whether none of the endpoints could be dialled: false with no endpoints,
-// and false when one is not an address this package can dial (a resolver
-// target such as dns:///host, which only the client's own resolver knows).
-func None(ctx context.Context, endpoints []string, timeout time.Duration) (why string, none bool) {
+// Each dials every endpoint at once (see Why; without TLS), each bounded by
+// timeout, and says of each what it found, as "ENDPOINT: ERROR" or
+// "ENDPOINT: accepted a connection", joined by "; ". An endpoint that is not
+// an address this package can dial (a resolver target such as dns:///host,
+// which only the client's own resolver knows) is "ENDPOINT: not dialled".
+// It blocks for at most timeout.
+func Each(endpoints []string, timeout time.Duration) string {
+	var eps []string
 	for _, ep := range endpoints {
-		if !dialable(ep) {
-			return "", false
+		if dialable(ep) {
+			eps = append(eps, ep)
 		}
 	}
-	return dialAll(ctx, endpoints, nil, timeout)
+	results := dial(eps, nil, timeout)
+	out := make([]string, 0, len(endpoints))
+	for _, ep := range endpoints {
+		switch i := slices.Index(eps, ep); {
+		case i < 0:
+			out = append(out, ep+": not dialled")
+		case results[i] == "":
+			out = append(out, ep+": accepted a connection")
+		default:
+			out = append(out, results[i])
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // dialable reports whether ep is a bare host:port or an http(s)/unix(s)
@@ -56,10 +72,21 @@ func dialable(ep string) bool {
 	return false
 }
 
-// dialAll dials every endpoint (see Why) and returns what failed and
-// whether every one did.
-func dialAll(parent context.Context, endpoints []string, tc *tls.Config, timeout time.Duration) (string, bool) {
-	ctx, cancel := context.WithTimeout(parent, timeout)
+// failures dials every endpoint (see Why) and returns what failed.
+func failures(endpoints []string, tc *tls.Config, timeout time.Duration) string {
+	var out []string
+	for _, w := range dial(endpoints, tc, timeout) {
+		if w != "" {
+			out = append(out, w)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// dial dials every endpoint at once (see Why) and returns, for each, "" when
+// the dial succeeded, else "ENDPOINT: ERROR".
+func dial(endpoints []string, tc *tls.Config, timeout time.Duration) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	why := make([]string, len(endpoints))
 	var wg sync.WaitGroup
@@ -85,13 +112,7 @@ func dialAll(parent context.Context, endpoints []string, tc *tls.Config, timeout
 		})
 	}
 	wg.Wait()
-	var out []string
-	for _, w := range why {
-		if w != "" {
-			out = append(out, w)
-		}
-	}
-	return strings.Join(out, "; "), len(out) > 0 && len(out) == len(endpoints)
+	return why
 }
 
 // address returns the network and address an endpoint names: "unix" for

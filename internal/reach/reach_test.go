@@ -1,7 +1,6 @@
 package reach
 
 import (
-	"context"
 	"crypto/tls"
 	"net"
 	"net/http"
@@ -33,18 +32,11 @@ func TestWhySaysWhichEndpointRefuses(t *testing.T) {
 	if why := Why(nil, nil, time.Second); why != "" {
 		t.Fatalf("Why of no endpoints = %q", why)
 	}
-	ctx := context.Background()
-	if _, none := None(ctx, []string{"http://" + up.Addr().String(), downAddr}, time.Second); none {
-		t.Fatal("None with one endpoint listening")
-	}
-	if why, none := None(ctx, []string{downAddr}, time.Second); !none || !strings.Contains(why, downAddr) {
-		t.Fatalf("None of a refusing endpoint = %q, %v", why, none)
-	}
-	if _, none := None(ctx, nil, time.Second); none {
-		t.Fatal("None of no endpoints")
-	}
-	if _, none := None(ctx, []string{"dns:///" + downAddr}, time.Second); none {
-		t.Fatal("None of a resolver target it cannot dial")
+	each := Each([]string{"http://" + up.Addr().String(), downAddr, "dns:///" + downAddr}, time.Second)
+	for _, want := range []string{"http://" + up.Addr().String() + ": accepted a connection", downAddr + ": connect: connection refused", "dns:///" + downAddr + ": not dialled"} {
+		if !strings.Contains(each, want) {
+			t.Fatalf("Each = %q, want %q in it", each, want)
+		}
 	}
 }
 
