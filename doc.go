@@ -77,8 +77,10 @@
 //     holds, so a retried release never deletes a later hold; a failed one
 //     can be retried.
 //   - Loss signal: Done closes when a hold ends for any reason, with the cause
-//     in Err (or context.Cause of Run's context); after lost contact, no later
-//     than the server can expire the lease.
+//     in Err (or context.Cause of Run's context); after lost contact, at
+//     least the slack (WithSlack: by default the larger of 2s and a tenth of
+//     the TTL) before the server can expire the lease, so a holder whose
+//     process runs late by up to the slack is told before anyone else holds.
 //   - Fencing: Rev is the create revision of the held key, strictly
 //     increasing from one holder to the next; Do runs operations only while
 //     the hold is current and returns ErrNotHeld otherwise.

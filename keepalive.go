@@ -23,7 +23,8 @@ import (
 // whatever the replies do, so on a slow link several may be in flight: while
 // the server acknowledges a beat within the TTL of its sending the session
 // lives. Each acknowledgement moves the local deadline to its beat's send
-// time plus the TTL the server granted, less the lock delay (WithLockDelay);
+// time plus the TTL the server granted, less the slack and the lock delay
+// (WithSlack, WithLockDelay);
 // a beat knows its own send time, so
 // replies may come in any order. The first beat goes at first. keepAlive
 // owns the beats' goroutines (joined on return) and the end of the session
@@ -49,7 +50,8 @@ func (s *Session) keepAlive(first time.Time) {
 			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending; the server may expire the lease now", ErrSessionExpired, ErrLostContact, s.ttl))
 			return
 		}
-		timer.Reset(time.Until(earliest(next, deadline)))
+		due := earliest(next, deadline)
+		timer.Reset(time.Until(due))
 		select {
 		case <-s.ctx.Done():
 			return
@@ -70,10 +72,13 @@ func (s *Session) keepAlive(first time.Time) {
 				if s.rep != nil {
 					s.rep.keepaliveAcked(s, time.Since(r.sent))
 				}
-				s.extend(r.sent.Add(time.Duration(r.ttl)*time.Second - s.delay))
+				s.extend(r.sent.Add(time.Duration(r.ttl)*time.Second - s.beyond()))
 			}
 			continue
 		case <-timer.C:
+			if s.rep != nil {
+				s.rep.actedLate(s, time.Since(due))
+			}
 		}
 		if time.Now().Before(next) {
 			continue

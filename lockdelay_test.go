@@ -16,8 +16,8 @@ import (
 )
 
 // A holder cut off from etcd is told at its local deadline (the TTL); the
-// next holder gets the lock no sooner than the delay after that, and within
-// TTL + delay + slack.
+// next holder gets the lock no sooner than the slack and the delay after
+// that, and within TTL + slack + delay and some.
 func TestLockDelayAfterLostContact(t *testing.T) {
 	t.Parallel()
 	slow(t)
@@ -29,7 +29,7 @@ func TestLockDelayAfterLostContact(t *testing.T) {
 	require.Equal(t, ttl, as.TTL())
 	ttlResp, err := acli.TimeToLive(ctx, as.Lease())
 	require.NoError(t, err)
-	require.Equal(t, int64((ttl+delay)/time.Second), ttlResp.GrantedTTL, "the lease carries the delay")
+	require.Equal(t, int64((ttl+as.Slack()+delay)/time.Second), ttlResp.GrantedTTL, "the lease carries the slack and the delay")
 	a := etcdsync.NewMutex(as, "delay")
 	require.NoError(t, a.Lock(ctx))
 	lost := a.Done()
@@ -44,12 +44,13 @@ func TestLockDelayAfterLostContact(t *testing.T) {
 	within(t, lost, ttl+testTimeout, "the holder is told of its loss")
 	told := time.Now()
 	require.ErrorIs(t, a.Check(), etcdsync.ErrSessionExpired)
-	require.NoError(t, resultWithin(t, bHolds, ttl+delay+testTimeout, "the next holder gets the lock"))
+	require.NoError(t, resultWithin(t, bHolds, ttl+as.Slack()+delay+testTimeout, "the next holder gets the lock"))
 	got := time.Now()
-	// The server frees the key at least delay after the holder's local
-	// deadline; the second of slack covers a late timer on the holder's side.
-	require.GreaterOrEqual(t, got.Sub(told), delay-time.Second, "the next holder got the lock %v after the loss", got.Sub(told))
-	require.Less(t, got.Sub(cut), ttl+delay+10*time.Second)
+	// The server frees the key at least the slack and the delay after the
+	// holder's local deadline (they add up); a second of the two covers a
+	// late timer on the holder's side.
+	require.GreaterOrEqual(t, got.Sub(told), as.Slack()+delay-time.Second, "the next holder got the lock %v after the loss", got.Sub(told))
+	require.Less(t, got.Sub(cut), ttl+as.Slack()+delay+10*time.Second)
 }
 
 // With a delay set, Unlock and Close hand over at once: the next holder does

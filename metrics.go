@@ -26,6 +26,7 @@ type Metrics struct {
 	holdsLost       *prometheus.CounterVec   // kind, cause
 	acquireErrors   *prometheus.CounterVec   // kind, reason
 	keepaliveRTT    prometheus.Histogram
+	lateness        prometheus.Histogram
 	sessionsExpired *prometheus.CounterVec // cause
 	margin          *marginCollector
 }
@@ -47,6 +48,10 @@ type Metrics struct {
 //     failed);
 //   - etcdsync_keepalive_rtt_seconds: from a keepalive's send to its
 //     acknowledgement;
+//   - etcdsync_session_lateness_seconds: how late a session's keepalive
+//     loop ran when a beat or its deadline was due (a process short of CPU,
+//     a GC-bound heap); past the slack (WithSlack), a holder could learn of
+//     a loss after the next holder took over;
 //   - etcdsync_session_deadline_margin_seconds: at scrape time, the least
 //     time left before a live session's local deadline (absent with no
 //     live session); below a third of the TTL, keepalives are late;
@@ -77,6 +82,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		keepaliveRTT: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "etcdsync_keepalive_rtt_seconds", Help: "Time from a keepalive's send to its acknowledgement.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "etcdsync_session_lateness_seconds", Help: "How late a session's keepalive loop ran when a beat or its deadline was due.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		sessionsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "etcdsync_sessions_expired_total", Help: "Sessions that ended on their own (not by Close), by cause."}, []string{"cause"}),
 		margin: &marginCollector{sessions: make(map[*Session]struct{}), desc: prometheus.NewDesc(
@@ -88,6 +96,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.holdsLost, err = register(reg, m.holdsLost, err)
 	m.acquireErrors, err = register(reg, m.acquireErrors, err)
 	m.keepaliveRTT, err = register(reg, m.keepaliveRTT, err)
+	m.lateness, err = register(reg, m.lateness, err)
 	m.sessionsExpired, err = register(reg, m.sessionsExpired, err)
 	m.margin, err = register(reg, m.margin, err)
 	if err != nil {
@@ -223,6 +232,22 @@ func (r *report) keepaliveFailed(s *Session, err error) {
 func (r *report) keepaliveAcked(_ *Session, rtt time.Duration) {
 	if r.m != nil {
 		r.m.keepaliveRTT.Observe(rtt.Seconds())
+	}
+}
+
+// actedLate observes how late the loop ran, and warns when that is past
+// half the slack (past a second with no slack): throttling is eating into
+// what keeps a late holder safe.
+func (r *report) actedLate(s *Session, late time.Duration) {
+	if r.m != nil {
+		r.m.lateness.Observe(late.Seconds())
+	}
+	warnAt := s.slack / 2
+	if s.slack == 0 {
+		warnAt = time.Second
+	}
+	if late > warnAt && r.logs(slog.LevelWarn) {
+		r.log.Warn("etcdsync: session ran late", "lease", leaseHex(s.id), "late", late, "slack", s.slack)
 	}
 }
 

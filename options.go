@@ -22,6 +22,8 @@ type sessionOptions struct {
 	ttlSet  bool
 	leaseID clientv3.LeaseID
 	delay   time.Duration   // WithLockDelay
+	slack   time.Duration   // WithSlack
+	slackOn bool            // WithSlack given; else the default (defaultSlack)
 	ctx     context.Context // nil means the client's context
 	rep     reports         // WithLogger, WithMetrics (metrics.go); nil: none
 }
@@ -41,7 +43,9 @@ func WithTTL(ttl time.Duration) SessionOption {
 // WithLease makes the session adopt an existing lease instead of granting a
 // new one, so that a restarted process continues the holds it had (a Lock on
 // a name whose key exists with this lease resumes that hold). The lease's
-// granted TTL sets the keepalive pace. Adopting a lease that a live process
+// granted TTL, less the slack and the lock delay (WithSlack, WithLockDelay),
+// sets the keepalive pace; a lease with no more than those left is an error
+// wrapping ErrSessionExpired. Adopting a lease that a live process
 // still uses breaks mutual exclusion between the two: it is for restarts only.
 // By default a new lease is granted.
 func WithLease(id clientv3.LeaseID) SessionOption {
@@ -58,10 +62,10 @@ func WithContext(ctx context.Context) SessionOption {
 // WithLockDelay keeps a name from the next holder for d after this
 // session lost its hold by losing contact (keepalives stopped getting
 // through: the process frozen, killed or cut off), as Consul's lock-delay
-// does: the lease is granted for the TTL plus d, while the session keeps its
-// local deadline (Deadline, Done, the end of Run's context) by the TTL alone,
-// so the server frees the session's keys no sooner than d after the holder was
-// told it lost them. A clean end hands over at once: Unlock, Resign and Close
+// does: the lease is granted for the TTL plus the slack (WithSlack) plus d,
+// while the session keeps its local deadline (Deadline, Done, the end of
+// Run's context) by the TTL alone, so the server frees the session's keys no
+// sooner than the slack and then d after the holder was told it lost them. A clean end hands over at once: Unlock, Resign and Close
 // (which revokes the lease), but not a Close after the session ended for
 // lost contact (the delay stands). d is rounded up to whole seconds; a negative d
 // makes NewSession return an error wrapping ErrInvalidArgument. The default
@@ -73,9 +77,39 @@ func WithContext(ctx context.Context) SessionOption {
 // deletes a held key or revokes the lease (the holder is told within a watch
 // round trip, and the next holder takes over at once). With WithLease, the
 // adopted lease must have been granted with the same delay: d is taken out
-// of its TTL.
+// of its TTL, as the slack is.
 func WithLockDelay(d time.Duration) SessionOption {
 	return optionFunc(func(o *sessionOptions) { o.delay = d })
+}
+
+// WithSlack sets how long the lease outlives the session's local deadline
+// (Deadline, Done, Check, the end of Run's context), so that a holder whose
+// process is late by up to d when contact is lost (short of CPU at a
+// container's quota, slowed by GC) is told it lost its hold before the server
+// can free its keys for anyone else. The lease is granted for the TTL plus d
+// (plus the lock delay, see WithLockDelay); the local deadline and the
+// keepalive pace keep to the TTL, so a slow but working link keeps the
+// session as before. The cost is failover: after a crash, the next holder
+// takes over up to the TTL plus d after the last acknowledged keepalive,
+// rather than the TTL. Unlock, Resign and Close (a revoke) still hand over at
+// once. A process paused outright for longer (SIGSTOP, a frozen VM) is not
+// covered by any slack: fencing tokens (Rev, Do) are. The default is the
+// larger of 2s and a tenth of the TTL; 0 turns it off; d is rounded up to
+// whole seconds, and a negative d makes NewSession return an error wrapping
+// ErrInvalidArgument. With WithLease the default is reckoned from the
+// adopted lease's granted TTL, and the slack is taken out of that TTL.
+//
+// The slack and the lock delay add up: the lease outlives the local deadline
+// by both, so the lock delay runs from the latest moment a late holder is
+// told.
+func WithSlack(d time.Duration) SessionOption {
+	return optionFunc(func(o *sessionOptions) { o.slack, o.slackOn = d, true })
+}
+
+// defaultSlack is WithSlack's default for a lease of ttl (beyond any lock
+// delay): the larger of 2s and ttl/10, in whole seconds.
+func defaultSlack(ttl time.Duration) time.Duration {
+	return roundUp(max(2*time.Second, ttl/10))
 }
 
 // resolve applies opts over the defaults and checks them.
@@ -96,17 +130,23 @@ func resolve(client *clientv3.Client, opts []SessionOption) (sessionOptions, err
 	if o.delay < 0 {
 		return o, fmt.Errorf("%w: lock delay %v is negative", ErrInvalidArgument, o.delay)
 	}
-	o.ttl = o.ttl.Truncate(time.Second) + ceilSecond(o.ttl%time.Second)
-	o.delay = o.delay.Truncate(time.Second) + ceilSecond(o.delay%time.Second)
+	if o.slack < 0 {
+		return o, fmt.Errorf("%w: slack %v is negative", ErrInvalidArgument, o.slack)
+	}
+	o.ttl, o.delay, o.slack = roundUp(o.ttl), roundUp(o.delay), roundUp(o.slack)
+	if !o.slackOn && o.leaseID == clientv3.NoLease {
+		o.slack = defaultSlack(o.ttl)
+	}
 	if o.ctx == nil {
 		o.ctx = client.Ctx()
 	}
 	return o, nil
 }
 
-func ceilSecond(rest time.Duration) time.Duration {
-	if rest > 0 {
-		return time.Second
+// roundUp rounds d up to whole seconds, as etcd counts leases in seconds.
+func roundUp(d time.Duration) time.Duration {
+	if rest := d % time.Second; rest > 0 {
+		return d - rest + time.Second
 	}
-	return 0
+	return d
 }

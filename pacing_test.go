@@ -21,19 +21,22 @@ import (
 )
 
 // paceLease is a Lease whose KeepAliveOnce answers after delay (or never,
-// with delay < 0), fails while fail says so, and records when each beat was
-// sent. Other calls succeed at once.
+// with delay < 0) with the TTL Grant granted, fails while fail says so, and
+// records when each beat was sent. Other calls succeed at once.
 type paceLease struct {
 	clientv3.Lease // not called
-	ttl            int64
 	delay          time.Duration
 	fail           func(n int) error // the n-th beat's error (from 1), or nil
 
-	mu    sync.Mutex
-	sends []time.Time
+	mu      sync.Mutex
+	granted int64
+	sends   []time.Time
 }
 
 func (l *paceLease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	l.mu.Lock()
+	l.granted = ttl
+	l.mu.Unlock()
 	return &clientv3.LeaseGrantResponse{ResponseHeader: &pb.ResponseHeader{Revision: 1}, ID: 0x1a, TTL: ttl}, nil
 }
 
@@ -44,7 +47,7 @@ func (l *paceLease) Revoke(ctx context.Context, id clientv3.LeaseID) (*clientv3.
 func (l *paceLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
 	l.mu.Lock()
 	l.sends = append(l.sends, time.Now())
-	n := len(l.sends)
+	n, ttl := len(l.sends), l.granted
 	l.mu.Unlock()
 	if l.fail != nil {
 		if err := l.fail(n); err != nil {
@@ -57,7 +60,7 @@ func (l *paceLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*cl
 	}
 	select {
 	case <-time.After(l.delay):
-		return &clientv3.LeaseKeepAliveResponse{ResponseHeader: &pb.ResponseHeader{Revision: 1}, ID: id, TTL: l.ttl}, nil
+		return &clientv3.LeaseKeepAliveResponse{ResponseHeader: &pb.ResponseHeader{Revision: 1}, ID: id, TTL: ttl}, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -72,11 +75,11 @@ func (l *paceLease) sent() []time.Time {
 }
 
 // paceSession starts a session of ttl on l, inside the synctest bubble.
-func paceSession(t *testing.T, l *paceLease, ttl time.Duration) *Session {
+func paceSession(t *testing.T, l *paceLease, ttl time.Duration, opts ...SessionOption) *Session {
 	t.Helper()
 	cli := clientv3.NewCtxClient(context.Background())
 	cli.Lease = l
-	s, err := NewSession(cli, WithTTL(ttl))
+	s, err := NewSession(cli, append([]SessionOption{WithTTL(ttl)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +98,7 @@ func gaps(ts []time.Time) []time.Duration {
 
 func TestPacingBeatsEveryThirdOfTTL(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := &paceLease{ttl: 3, delay: 10 * time.Millisecond}
+		l := &paceLease{delay: 10 * time.Millisecond}
 		start := time.Now()
 		s := paceSession(t, l, 3*time.Second)
 		time.Sleep(10*time.Second + 500*time.Millisecond)
@@ -121,7 +124,7 @@ func TestPacingSlowRepliesKeepTheSession(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// Each reply takes TTL/2: beats overlap, and each moves the
 		// deadline to its own send time plus the TTL.
-		l := &paceLease{ttl: 3, delay: 1500 * time.Millisecond}
+		l := &paceLease{delay: 1500 * time.Millisecond}
 		start := time.Now()
 		s := paceSession(t, l, 3*time.Second)
 		time.Sleep(12*time.Second + 250*time.Millisecond)
@@ -140,9 +143,47 @@ func TestPacingSlowRepliesKeepTheSession(t *testing.T) {
 	})
 }
 
+// The lease is granted for the TTL plus the slack (by default the larger of
+// 2 s and TTL/10, in whole seconds) plus the lock delay, while the local
+// deadline and the pace keep to the TTL: the server frees the keys at least
+// the slack after the holder is told.
+func TestPacingSlackIsGrantedBeyondTheDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ttl     time.Duration
+		opts    []SessionOption
+		granted int64
+	}{
+		{"default", 3 * time.Second, nil, 5},
+		{"a tenth of a long TTL", 60 * time.Second, nil, 66},
+		{"a tenth rounded up", 25 * time.Second, nil, 28},
+		{"off", 3 * time.Second, []SessionOption{WithSlack(0)}, 3},
+		{"rounded up", 3 * time.Second, []SessionOption{WithSlack(1500 * time.Millisecond)}, 5},
+		{"with a lock delay", 3 * time.Second, []SessionOption{WithLockDelay(2 * time.Second)}, 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := &paceLease{delay: 10 * time.Millisecond}
+				s := paceSession(t, l, tc.ttl, tc.opts...)
+				if l.granted != tc.granted {
+					t.Errorf("lease granted for %ds, want %ds", l.granted, tc.granted)
+				}
+				if s.TTL() != tc.ttl {
+					t.Errorf("TTL %v, want %v", s.TTL(), tc.ttl)
+				}
+				time.Sleep(tc.ttl/3 + 50*time.Millisecond)
+				sends := l.sent()
+				if len(sends) != 1 || !s.Deadline().Equal(sends[0].Add(tc.ttl)) {
+					t.Errorf("beats %v, deadline %v: want one beat at TTL/3 and the deadline its send time plus the TTL", sends, s.Deadline())
+				}
+			})
+		})
+	}
+}
+
 func TestPacingNoAcknowledgementEndsAtTheDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := &paceLease{ttl: 3, delay: -1}
+		l := &paceLease{delay: -1}
 		start := time.Now()
 		s := paceSession(t, l, 3*time.Second)
 		<-s.Done()
@@ -161,7 +202,7 @@ func TestPacingNoAcknowledgementEndsAtTheDeadline(t *testing.T) {
 
 func TestPacingFailedBeatTriedAgainAfterRetryPause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := &paceLease{ttl: 3, delay: 0, fail: func(n int) error {
+		l := &paceLease{delay: 0, fail: func(n int) error {
 			if n == 1 || n == 2 {
 				return errors.New("unavailable")
 			}
@@ -183,7 +224,7 @@ func TestPacingFailedBeatTriedAgainAfterRetryPause(t *testing.T) {
 
 func TestPacingLeaseNotFoundEndsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := &paceLease{ttl: 3, fail: func(int) error { return rpctypes.ErrLeaseNotFound }}
+		l := &paceLease{fail: func(int) error { return rpctypes.ErrLeaseNotFound }}
 		start := time.Now()
 		s := paceSession(t, l, 3*time.Second)
 		<-s.Done()

@@ -19,6 +19,10 @@ type reports interface {
 	sessionEnded(s *Session, cause error)
 	keepaliveFailed(s *Session, err error)
 	keepaliveAcked(s *Session, rtt time.Duration)
+	// actedLate is told, each time the keepalive loop's timer fires (a beat
+	// or the deadline due), how long after it was due the loop ran: a
+	// process short of CPU runs late.
+	actedLate(s *Session, late time.Duration)
 	acquireFailed(sl *slot, err error)
 	// holdBegan is told when an acquire hands out h, after wait; a hold
 	// joined (counted) again is told again.

@@ -25,14 +25,17 @@ import (
 //
 // The session keeps a local deadline: the send time of the last keepalive
 // the server acknowledged plus the TTL. The server cannot expire the lease
-// before that instant, so when keepalives stop getting through, Done closes
-// no later than the server may hand the lock to someone else.
+// before that instant plus the slack (WithSlack: by default the larger of 2s
+// and a tenth of the TTL), so when keepalives stop getting through, Done
+// closes before the server may hand the lock to someone else, even in a
+// process that runs late by up to the slack.
 type Session struct {
 	client *clientv3.Client
 	caps   *caps // what is learned of the client's servers (caps.go)
 	id     clientv3.LeaseID
-	ttl    time.Duration // granted TTL less the lock delay: sets the deadline and the keepalive pace
-	delay  time.Duration // WithLockDelay: the part of the lease's TTL past the local deadline
+	ttl    time.Duration // granted TTL less the slack and the lock delay: sets the deadline and the keepalive pace
+	slack  time.Duration // WithSlack: a part of the lease's TTL past the local deadline, for a late holder
+	delay  time.Duration // WithLockDelay: the other part, after the slack
 	// startRev is a revision no later than the session's start: every key
 	// with the lease that this session creates has a later create revision,
 	// and a key a restarted process resumes (WithLease) an earlier one.
@@ -99,7 +102,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		keys:   make(map[string]keyUse),
 		swept:  make(map[string][]int64),
 	}
-	s.rep, s.delay = o.rep, o.delay
+	s.rep, s.slack, s.delay = o.rep, o.slack, o.delay
 	first, err := s.start(o)
 	if err != nil {
 		stop()
@@ -131,10 +134,14 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 			return sent, tag(fmt.Errorf("etcdsync: adopt lease 0x%x: not found (expired, revoked, or never granted)", int64(o.leaseID)), ErrSessionExpired)
 		}
 		// The server truncates the remaining TTL, so this is never late.
-		s.id, s.ttl, s.startRev = o.leaseID, time.Duration(resp.GrantedTTL)*time.Second-o.delay, resp.Revision
-		s.deadline = sent.Add(time.Duration(resp.TTL)*time.Second - o.delay)
+		granted := time.Duration(resp.GrantedTTL) * time.Second
+		if !o.slackOn {
+			s.slack = defaultSlack(granted - o.delay)
+		}
+		s.id, s.ttl, s.startRev = o.leaseID, granted-s.beyond(), resp.Revision
+		s.deadline = sent.Add(time.Duration(resp.TTL)*time.Second - s.beyond())
 		if s.ttl < time.Second || !s.deadline.After(sent) {
-			return sent, tag(fmt.Errorf("etcdsync: adopt lease 0x%x: %ds left of a %ds TTL, within the lock delay %v", int64(o.leaseID), resp.TTL, resp.GrantedTTL, o.delay), ErrSessionExpired)
+			return sent, tag(fmt.Errorf("etcdsync: adopt lease 0x%x: %ds left of a %ds TTL, within the slack %v and lock delay %v", int64(o.leaseID), resp.TTL, resp.GrantedTTL, s.slack, o.delay), ErrSessionExpired)
 		}
 		if len(resp.Keys) > 0 {
 			// The header of TimeToLive is the serving member's revision,
@@ -147,11 +154,11 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 			s.startRev = max(s.startRev, get.Header.Revision)
 		}
 	} else {
-		resp, err := s.client.Grant(ctx, int64((o.ttl+o.delay)/time.Second))
+		resp, err := s.client.Grant(ctx, int64((o.ttl+s.beyond())/time.Second))
 		if err != nil {
 			return sent, s.unreachable(ctx, "grant lease", err)
 		}
-		s.id, s.ttl, s.startRev = resp.ID, time.Duration(resp.TTL)*time.Second-o.delay, resp.Revision
+		s.id, s.ttl, s.startRev = resp.ID, time.Duration(resp.TTL)*time.Second-s.beyond(), resp.Revision
 		s.deadline = sent.Add(s.ttl)
 	}
 	pace := s.ttl / 3
@@ -213,6 +220,10 @@ func closedClient(cli *clientv3.Client) error {
 	return nil
 }
 
+// beyond is how long the lease outlives the local deadline: the slack, then
+// the lock delay.
+func (s *Session) beyond() time.Duration { return s.slack + s.delay }
+
 // Client returns the etcd client the session uses.
 func (s *Session) Client() *clientv3.Client { return s.client }
 
@@ -220,9 +231,13 @@ func (s *Session) Client() *clientv3.Client { return s.client }
 func (s *Session) Lease() clientv3.LeaseID { return s.id }
 
 // TTL returns how long the session lives past the send time of its last
-// acknowledged keepalive: the lease's granted TTL, less the lock delay
-// (WithLockDelay), which the lease has beyond it.
+// acknowledged keepalive: the lease's granted TTL, less the slack and the
+// lock delay (WithSlack, WithLockDelay), which the lease has beyond it.
 func (s *Session) TTL() time.Duration { return s.ttl }
+
+// Slack returns how long the lease outlives the local deadline for a late
+// holder (WithSlack; the lock delay comes on top of it).
+func (s *Session) Slack() time.Duration { return s.slack }
 
 // Ctx returns a context cancelled when the session ends; context.Cause tells
 // why: an error wrapping ErrSessionClosed (Close, Orphan), ErrSessionExpired

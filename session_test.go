@@ -42,9 +42,10 @@ func TestSessionTTLRoundsUp(t *testing.T) {
 	cli := c.Client(t)
 	s := session(t, cli, etcdsync.WithTTL(1500*time.Millisecond))
 	require.Equal(t, 2*time.Second, s.TTL())
+	require.Equal(t, 2*time.Second, s.Slack(), "the default slack: at least 2 s")
 	resp, err := cli.TimeToLive(ctxT(t), s.Lease())
 	require.NoError(t, err)
-	require.Equal(t, int64(2), resp.GrantedTTL)
+	require.Equal(t, int64(4), resp.GrantedTTL, "the lease: the TTL and the slack")
 }
 
 // DeadlineMoved closes when an acknowledged keepalive moves the local
