@@ -46,8 +46,11 @@ func (s *Session) keepAlive(first time.Time) {
 	defer timer.Stop()
 	for {
 		deadline := s.Deadline()
-		if !time.Now().Before(deadline) {
-			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending; the server may expire the lease now", ErrSessionExpired, ErrLostContact, s.ttl))
+		if late := time.Since(deadline); late >= 0 {
+			if s.rep != nil {
+				s.rep.actedLate(s, late)
+			}
+			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending, seen %v after the deadline; the server may free its keys from %v after it", ErrSessionExpired, ErrLostContact, s.ttl, late.Round(time.Millisecond), s.beyond()))
 			return
 		}
 		due := earliest(next, deadline)

@@ -155,6 +155,8 @@ func TestMetricsScraped(t *testing.T) {
 	expect(2, "etcdsync_sessions_expired_total")
 	rtts, _ := sample(fams, "etcdsync_keepalive_rtt_seconds")
 	require.GreaterOrEqual(t, rtts, 1.0, "keepalives acknowledged")
+	lates, ok := sample(fams, "etcdsync_session_lateness_seconds")
+	require.True(t, ok && lates >= 1, "the keepalive loops' lateness observed (%v)", lates)
 	margin, ok := sample(fams, "etcdsync_session_deadline_margin_seconds")
 	require.True(t, ok, "a margin while s1 and s2 live")
 	require.Greater(t, margin, 0.0)

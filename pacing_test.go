@@ -10,6 +10,7 @@ package etcdsync
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -179,6 +180,62 @@ func TestPacingSlackIsGrantedBeyondTheDeadline(t *testing.T) {
 			})
 		})
 	}
+}
+
+// slowHandler is a slog handler that sleeps for pause (the bubble's clock)
+// on each record with message slowOn, holding up the keepalive loop that
+// logs it, and keeps the records of the session's lateness.
+type slowHandler struct {
+	slowOn string
+	pause  time.Duration
+	mu     sync.Mutex
+	late   []time.Duration
+}
+
+func (h *slowHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *slowHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h *slowHandler) WithGroup(string) slog.Handler           { return h }
+func (h *slowHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.slowOn {
+		time.Sleep(h.pause)
+	}
+	if r.Message == "etcdsync: session ran late" && r.Level == slog.LevelWarn {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "late" {
+				h.mu.Lock()
+				h.late = append(h.late, a.Value.Duration())
+				h.mu.Unlock()
+			}
+			return true
+		})
+	}
+	return nil
+}
+
+// A keepalive loop held up past a beat's due time says how late it ran: a
+// warning once that is past half the slack (the first beat fails at TTL/3,
+// and the loop is held up 1.8 s logging it, so the next beat, due at 2TTL/3,
+// goes 0.8 s late; the slack of 1 s warns past 0.5 s). The session lives.
+func TestPacingLateLoopWarnsPastHalfTheSlack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &paceLease{fail: func(n int) error {
+			if n == 1 {
+				return errors.New("unavailable")
+			}
+			return nil
+		}}
+		h := &slowHandler{slowOn: "etcdsync: keepalive stream failed, retrying", pause: 1800 * time.Millisecond}
+		s := paceSession(t, l, 3*time.Second, WithSlack(time.Second), WithLogger(slog.New(h)))
+		time.Sleep(3 * time.Second)
+		if err := s.Err(); err != nil {
+			t.Fatalf("the session ended: %v", err)
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if len(h.late) != 1 || h.late[0] != 800*time.Millisecond {
+			t.Fatalf("lateness warned: %v, want one of 800ms", h.late)
+		}
+	})
 }
 
 func TestPacingNoAcknowledgementEndsAtTheDeadline(t *testing.T) {
