@@ -418,3 +418,52 @@ func TestDoubleBarrierThroughMemberRestart(t *testing.T) {
 	}
 	require.Empty(t, keys(t, others, name+"/"))
 }
+
+// A party whose key goes (lease revoked, or its Enter cancelled) after the
+// party that makes count has read the round but before it puts ready: the
+// doc says such a party no longer counts and the others go on waiting for
+// count parties. fill's transaction checks only the filler's own key and
+// ready, not the parties it counted, so the filler lets a round of one out
+// of Enter with count 2.
+func TestDoubleBarrierFillAfterACountedPartyWent(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	admin := c.Client(t)
+	const name = "a28bdb"
+	first, s0 := newParty(t, admin, name, 2)
+	e0 := async(func() error { return first.Enter(ctx) })
+	waitKeys(t, admin, name+"/waiters/", 1)
+
+	var sc faults.Script
+	cli := c.Client(t, sc.Dial())
+	s1 := session(t, cli)
+	second := etcdsync.NewDoubleBarrier(s1, name, 2)
+	gate, reached := make(chan struct{}), make(chan struct{})
+	sc.Arm(faults.TxnMethod, faults.Pass, func(c faults.Call) error { // the join, then the fill
+		close(reached)
+		<-gate
+		return c.Invoke()
+	})
+	e1 := async(func() error { return second.Enter(ctx) })
+	within(t, reached, testTimeout, "the second party's put of ready")
+	_, err := admin.Revoke(ctx, s0.Lease())
+	require.NoError(t, err)
+	require.ErrorIs(t, resultWithin(t, e0, testTimeout, "the first party whose lease was revoked"), etcdsync.ErrSessionExpired)
+	close(gate)
+	select {
+	case err := <-e1:
+		t.Errorf("Enter of a double barrier of 2 returned (%v) with one party in: %v", err, keys(t, admin, name+"/"))
+		if err == nil {
+			require.NoError(t, second.Leave(ctx))
+		}
+	case <-time.After(time.Second):
+		third, _ := newParty(t, admin, name, 2)
+		require.NoError(t, third.Enter(ctx))
+		require.NoError(t, resultWithin(t, e1, testTimeout, "the second party once a third came"))
+		l := async(func() error { return third.Leave(ctx) })
+		require.NoError(t, second.Leave(ctx))
+		require.NoError(t, resultWithin(t, l, testTimeout, "Leave"))
+	}
+	waitNoKeys(t, admin, name+"/")
+}

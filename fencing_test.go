@@ -1,11 +1,17 @@
 package etcdsync_test
 
-// Fencing: guards and headers of holds.
+// Fencing: guards and headers of holds, and a guarded Do that a lagging
+// member cannot answer stale.
 
 import (
+	"context"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -51,4 +57,42 @@ func TestHeaderIsACopy(t *testing.T) {
 	require.Equal(t, r, m.Header().Revision)
 	require.NoError(t, m.Unlock(ctx))
 	require.Nil(t, m.Header())
+}
+
+// A Mutex's Do with no ops (a guarded transaction of compares alone) is
+// served by etcd as a serializable read: through a follower cut off from
+// its peers it answers that the hold is current after its key was deleted.
+// It must not succeed (ErrNotHeld, or an error while the member cannot
+// confirm). MultiLock.Do is pinned beside it: its Else gets make it
+// linearizable.
+func TestGuardedDoWithoutOpsNotAnsweredByLaggingFollower(t *testing.T) {
+	t.Parallel()
+	c, f, u := faults.PeerRig(t)
+	ctx := ctxT(t)
+	fi := slices.Index(c.Members(), f)
+	cli := faults.RoutedClient(t, c, fi, fi) // every call through f
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+
+	m := etcdsync.NewMutex(session(t, cli, etcdsync.WithTTL(10*time.Second)), "do28c")
+	require.NoError(t, m.Lock(ctx))
+	ml := etcdsync.NewMultiLock(session(t, cli, etcdsync.WithTTL(10*time.Second)), "do28c-x", "do28c-y")
+	require.NoError(t, ml.Lock(ctx))
+	faults.CaughtUp(t, f, ml.Header().Revision)
+
+	require.NoError(t, c.CutPeers(f))
+	defer func() { require.NoError(t, c.HealPeers(f)) }()
+	_, err := admin.Delete(ctx, m.Key())
+	require.NoError(t, err)
+	_, err = admin.Delete(ctx, ml.Key("do28c-x"))
+	require.NoError(t, err)
+
+	doWithin := func(do func(context.Context) error) error { // the cut stays below the election timeout
+		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		return do(short)
+	}
+	mErr := doWithin(func(ctx context.Context) error { _, err := m.Do(ctx); return err })
+	mlErr := doWithin(func(ctx context.Context) error { _, err := ml.Do(ctx); return err })
+	require.Error(t, mlErr, "MultiLock.Do() through a lagging follower after a key was deleted")
+	require.Error(t, mErr, "Mutex.Do() through a lagging follower after its key was deleted: a stale serializable answer")
 }

@@ -7,8 +7,11 @@ package etcdsync_test
 
 import (
 	"context"
+	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -534,4 +537,135 @@ func TestGroupWatchResumesThroughAMemberStop(t *testing.T) {
 	})
 	require.Equal(t, []string{"a2", "c"}, memberValues(v))
 	require.False(t, resynced, "a stopped member is no reason to read again")
+}
+
+// Members created at one revision (one transaction of an admin, of etcd's
+// clients) tie on create revision. A view from the watch and a read at the
+// same revision must list them in the same order: observers that take
+// "the oldest member" (a coordinator) from Watch and from Members must
+// agree. The watch inserts each event before the members of its revision
+// (slices.BinarySearchFunc finds the first of equal revisions), so the
+// watch's order is the reverse of the transaction's; etcd's read sorts them
+// by key.
+func TestGroupViewOrderOfSameRevisionJoinsMatchesRead(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := singleClient(t)
+	const name = "a28bgo"
+	a := joined(t, ctx, cli, name, "a")
+	views := watchGroup(t, a)
+	requireExact(t, cli, name, nextView(t, views))
+	lease, err := cli.Grant(ctx, 30)
+	require.NoError(t, err)
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpPut(name+"/1f", "one", clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(name+"/2f", "two", clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(name+"/3f", "three", clientv3.WithLease(lease.ID))).Commit()
+	require.NoError(t, err)
+	v := nextView(t, views)
+	require.Equal(t, resp.Header.Revision, v.Rev)
+	members, rev, err := a.Members(ctx)
+	require.NoError(t, err)
+	require.Equal(t, rev, v.Rev)
+	require.Equal(t, membersSeen(members), membersSeen(v.Members), "the watch's view and the read at one revision")
+	_, err = cli.Revoke(ctx, lease.ID)
+	require.NoError(t, err)
+}
+
+// Views under churn: members join, leave, change values, lose their lease,
+// and an admin deletes two members in one transaction, while a reader
+// takes every view: each is exactly the members at its Rev, in revision
+// order. Joins and Leaves racing on one Group value leave it consistent:
+// a member with its key (and last value), or no key.
+func TestGroupViewsExactUnderChurnAndJoinLeaveRaces(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := singleClient(t)
+	const name = "a28bgc"
+	watcher := etcdsync.NewGroup(session(t, cli), name)
+	views := watchGroup(t, watcher)
+	requireExact(t, cli, name, nextView(t, views))
+	const workers = 5
+	rounds := 12
+	if testing.Short() {
+		rounds = 6
+	}
+	var gs []*etcdsync.Group
+	var ss []*etcdsync.Session
+	for range workers {
+		s := session(t, cli)
+		ss = append(ss, s)
+		gs = append(gs, etcdsync.NewGroup(s, name))
+	}
+	churned := make(chan struct{})
+	go func() {
+		defer close(churned)
+		var wg sync.WaitGroup
+		for w, g := range gs {
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				for i := range rounds {
+					_ = g.Join(ctx, fmt.Sprintf("w%d-%d", w, i))
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				for range rounds / 2 {
+					_ = g.Leave(ctx)
+				}
+			}()
+		}
+		wg.Wait()
+		_, _ = cli.Txn(ctx).Then(clientv3.OpDelete(keyOf(name, ss[0])), clientv3.OpDelete(keyOf(name, ss[1]))).Commit()
+		_, _ = cli.Revoke(ctx, ss[2].Lease())
+	}()
+	var last int64
+	for done := false; !done; {
+		select {
+		case <-churned:
+			done = true
+		case v := <-views:
+			require.Greater(t, v.Rev, last)
+			last = v.Rev
+			requireExact(t, cli, name, v)
+		}
+	}
+	members, _, err := watcher.Members(ctx)
+	require.NoError(t, err)
+	byKey := map[string]string{}
+	for _, m := range members {
+		byKey[m.Key] = string(m.Value)
+	}
+	for w, g := range gs {
+		if w < 3 {
+			within(t, g.Done(), testTimeout, "Done of a deleted or revoked member")
+		}
+		val, in := byKey[keyOf(name, ss[w])]
+		if g.Err() == nil {
+			require.True(t, in, "worker %d: a member without its key", w)
+			require.Equal(t, fmt.Sprintf("w%d-%d", w, rounds-1), val, "worker %d's value", w)
+		} else {
+			require.False(t, in, "worker %d: not a member (%v), yet its key is there", w, g.Err())
+		}
+	}
+}
+
+// Group.Members through a follower cut off from its peers (behind a Join)
+// never answers without the member that joined: its read is linearizable,
+// so it waits for the member to confirm (here: past a short deadline).
+func TestGroupMembersNotAnsweredStaleByLaggingFollower(t *testing.T) {
+	t.Parallel()
+	c, f, u := faults.PeerRig(t)
+	ctx := ctxT(t)
+	fi := slices.Index(c.Members(), f)
+	viaF := etcdsync.NewGroup(session(t, faults.RoutedClient(t, c, fi, fi), etcdsync.WithTTL(10*time.Second)), "g28c")
+	require.NoError(t, c.CutPeers(f))
+	defer func() { require.NoError(t, c.HealPeers(f)) }()
+	joiner := etcdsync.NewGroup(session(t, etcdtest.NewClient(t, []string{u.Endpoint()})), "g28c")
+	require.NoError(t, joiner.Join(ctx, "x"))
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond) // below the election timeout
+	defer cancel()
+	ms, _, err := viaF.Members(short)
+	if err == nil {
+		require.True(t, slices.ContainsFunc(ms, func(e etcdsync.Entry) bool { return e.Key == joiner.Key() }), "Members through a lagging follower misses a member that joined: %v", ms)
+	}
 }

@@ -2,13 +2,16 @@ package etcdsync_test
 
 // A wait's watch streams: each wait's own gRPC stream is closed when the
 // wait ends, however it ends (its turn, a cancel at any step, a deadline
-// during the version check), and exclusion holds meanwhile.
+// during the version check), and exclusion holds meanwhile; waits of one
+// client see deletes of one revision across names as they are, also on a
+// lagging follower.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -274,4 +277,144 @@ func TestLocksTimingOutDuringTheVersionCheckLeaveNoWatchStream(t *testing.T) {
 	failedLocksLeaveNoWatch(t, c, cli, ow, "ws-slowstatus", func(ctx context.Context) (context.Context, context.CancelFunc) {
 		return context.WithTimeout(ctx, 150*time.Millisecond)
 	}, context.DeadlineExceeded, "Locks that timed out")
+}
+
+// lockWaiter is a Mutex.Lock in flight and where its result goes.
+type lockWaiter struct {
+	m   *etcdsync.Mutex
+	key string
+	res <-chan error
+}
+
+// Forty waits on three names, all on one client (each wait on a stream of
+// its own; when waits shared streams, progress answers requested by one wait
+// reached the others), and rounds of one transaction that deletes,
+// on every name at one revision, the holder's key and the first waiter's:
+// each first waiter returns ErrSessionExpired (its key went at the revision
+// its turn would have come), each second waiter holds, nobody else moves.
+func TestWaitsOnOneClientSeeSameRevisionDeletesAcrossNames(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	cli := c.Client(t)
+	names := []string{"a28ss/x", "a28ss/y", "a28ss/z"}
+	perName := 14 // 42 waits: three streams, each with waits of every name
+	if testing.Short() {
+		perName = 6 // 18 waits: two streams
+	}
+	queues := make(map[string][]*lockWaiter)
+	for i := range perName {
+		for _, name := range names {
+			s := session(t, cli)
+			m := etcdsync.NewMutex(s, name)
+			w := &lockWaiter{m: m, key: keyOf(name, s), res: async(func() error { return m.Lock(ctx) })}
+			queues[name] = append(queues[name], w)
+			waitKeys(t, admin, name+"/", i+1) // FIFO order is start order
+		}
+	}
+	for _, name := range names {
+		require.NoError(t, resultWithin(t, queues[name][0].res, testTimeout, "first Lock"))
+	}
+	for round := 0; len(queues[names[0]]) >= 3; round++ {
+		var ops []clientv3.Op
+		for _, name := range names {
+			q := queues[name]
+			ops = append(ops, clientv3.OpDelete(q[0].key), clientv3.OpDelete(q[1].key))
+		}
+		_, err := admin.Txn(ctx).Then(ops...).Commit()
+		require.NoError(t, err)
+		for _, name := range names {
+			q := queues[name]
+			require.ErrorIs(t, resultWithin(t, q[1].res, 5*time.Second, "first waiter"), etcdsync.ErrSessionExpired, "round %d %s", round, name)
+			require.NoError(t, resultWithin(t, q[2].res, 5*time.Second, "second waiter"), "round %d %s", round, name)
+			within(t, q[0].m.Done(), 5*time.Second, "Done of the deleted hold")
+			queues[name] = q[2:]
+		}
+		for _, name := range names {
+			for _, w := range queues[name][1:] {
+				notYet(t, w.res, 0, "a waiter behind the new holder")
+			}
+			resp, err := admin.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+			require.NoError(t, err)
+			require.Equal(t, queues[name][0].key, string(resp.Kvs[0].Key), "the holder is the oldest key")
+		}
+	}
+	for _, name := range names {
+		q := queues[name]
+		require.NoError(t, q[0].m.Unlock(ctx))
+		for _, w := range q[1:] {
+			require.NoError(t, resultWithin(t, w.res, 5*time.Second, "last waiters"))
+			require.NoError(t, w.m.Unlock(ctx))
+		}
+	}
+	waitNoKeys(t, admin, "a28ss/")
+}
+
+// Waits of one client on a follower cut off from its peers: one
+// transaction (on the quorum) deletes, on two names at one revision, the
+// holder's key and the first waiter's. Nothing moves while the follower
+// lags; once it heals, each first waiter returns ErrSessionExpired, each
+// second waiter holds (its Done open), the rest wait.
+func TestWaitsOnLaggingFollowerSeeSameRevisionDeletesAcrossNames(t *testing.T) {
+	t.Parallel()
+	c, f, u := faults.PeerRig(t)
+	ctx := ctxT(t)
+	fi, ui := slices.Index(c.Members(), f), slices.Index(c.Members(), u)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	cli := faults.RoutedClient(t, c, fi, ui) // watches on f, the rest on u
+	names := []string{"a28lag/x", "a28lag/y"}
+	const perName = 9
+	queues := make(map[string][]*lockWaiter)
+	for i := range perName {
+		for _, name := range names {
+			s := session(t, cli, etcdsync.WithTTL(30*time.Second))
+			m := etcdsync.NewMutex(s, name)
+			w := &lockWaiter{m: m, key: keyOf(name, s), res: async(func() error { return m.Lock(ctx) })}
+			queues[name] = append(queues[name], w)
+			waitKeys(t, admin, name+"/", i+1)
+		}
+	}
+	for _, name := range names {
+		require.NoError(t, resultWithin(t, queues[name][0].res, testTimeout, "first Lock"))
+	}
+	for round := 0; round < 3; round++ {
+		resp, err := admin.Get(ctx, "a28lag-rev")
+		require.NoError(t, err)
+		faults.CaughtUp(t, f, resp.Header.Revision) // every waiter watches from here
+		require.NoError(t, c.CutPeers(f))
+		var ops []clientv3.Op
+		for _, name := range names {
+			q := queues[name]
+			ops = append(ops, clientv3.OpDelete(q[0].key), clientv3.OpDelete(q[1].key))
+		}
+		_, err = admin.Txn(ctx).Then(ops...).Commit()
+		require.NoError(t, err)
+		for _, name := range names {
+			for _, w := range queues[name][1:] {
+				notYet(t, w.res, 0, "a waiter while its member lags")
+			}
+		}
+		notYet(t, queues[names[0]][2].res, 300*time.Millisecond, "second waiter while its member lags")
+		require.NoError(t, c.HealPeers(f))
+		for _, name := range names {
+			q := queues[name]
+			require.ErrorIs(t, resultWithin(t, q[1].res, 10*time.Second, "first waiter"), etcdsync.ErrSessionExpired, "round %d %s", round, name)
+			require.NoError(t, resultWithin(t, q[2].res, 10*time.Second, "second waiter"), "round %d %s", round, name)
+			require.NoError(t, q[2].m.Check())
+			queues[name] = q[2:]
+		}
+		for _, name := range names {
+			for _, w := range queues[name][1:] {
+				notYet(t, w.res, 0, "a waiter behind the new holder")
+			}
+		}
+	}
+	for _, name := range names {
+		q := queues[name]
+		require.NoError(t, q[0].m.Unlock(ctx))
+		for _, w := range q[1:] {
+			require.NoError(t, resultWithin(t, w.res, 10*time.Second, "last waiters"))
+			require.NoError(t, w.m.Unlock(ctx))
+		}
+	}
+	waitNoKeys(t, admin, "a28lag/")
 }
