@@ -193,8 +193,8 @@ type slowHandler struct {
 }
 
 func (h *slowHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *slowHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
-func (h *slowHandler) WithGroup(string) slog.Handler           { return h }
+func (h *slowHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *slowHandler) WithGroup(string) slog.Handler            { return h }
 func (h *slowHandler) Handle(_ context.Context, r slog.Record) error {
 	if r.Message == h.slowOn {
 		time.Sleep(h.pause)
