@@ -241,7 +241,10 @@ func (o *Observer) follow(ctx context.Context, at int64, leader *mvccpb.KeyValue
 			case !isChild(o.prefix, key):
 			case leader == nil && ev.IsCreate(), leader != nil && key == string(leader.Key) && ev.Type == mvccpb.PUT:
 				leader = ev.Kv
-				if !send(wr.Header, Term{Rev: ev.Kv.ModRevision, Leader: ev.Kv}) {
+				// A copy, field by field: WatchResponse.Header is a
+				// pointer from client v3.7 on, a value before.
+				h := &pb.ResponseHeader{ClusterId: wr.Header.ClusterId, MemberId: wr.Header.MemberId, Revision: wr.Header.Revision, RaftTerm: wr.Header.RaftTerm}
+				if !send(h, Term{Rev: ev.Kv.ModRevision, Leader: ev.Kv}) {
 					return -seen
 				}
 			case leader != nil && key == string(leader.Key):
