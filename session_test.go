@@ -2,6 +2,7 @@ package etcdsync_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 func TestSessionBadInput(t *testing.T) {
@@ -246,4 +248,96 @@ func TestCloseBoundedWhileEtcdUnreachable(t *testing.T) {
 	closed := async(s.Close)
 	require.Error(t, resultWithin(t, closed, s.TTL()+1500*time.Millisecond, "Close with etcd unreachable"), "the revoke cannot have gone through")
 	waitCount(t, admin, "close-unreachable/", testTimeout, func(n int) bool { return n == 0 }) // the server expires the lease
+}
+
+// cutHolder holds name on s (whose client goes through p), queues a
+// contender on other, cuts p, and returns when the holder was told (its
+// hold's Done), when the contender got the lock, and the send time of the
+// holder's last acknowledged keepalive (its Deadline less its TTL when told).
+func cutHolder(t *testing.T, ctx context.Context, s *etcdsync.Session, p *etcdtest.Proxy, other *clientv3.Client, name string) (told, got, lastAck time.Time) {
+	t.Helper()
+	m := etcdsync.NewMutex(s, name)
+	require.NoError(t, m.Lock(ctx))
+	b := etcdsync.NewMutex(session(t, other), name)
+	bHolds := async(func() error { return b.Lock(ctx) })
+	waitKeys(t, other, name+"/", 2)
+	p.Blackhole(true)
+	within(t, m.Done(), s.TTL()+testTimeout, "the holder is told")
+	told = time.Now()
+	lastAck = s.Deadline().Add(-s.TTL())
+	require.ErrorIs(t, m.Check(), etcdsync.ErrLostContact)
+	require.NoError(t, resultWithin(t, bHolds, s.TTL()+s.Slack()+2*time.Minute, "the contender gets the lock"))
+	got = time.Now()
+	return told, got, lastAck
+}
+
+// A session that adopts a lease (WithLease) after a restart keeps the slack
+// promise whoever granted the lease and with what: etcd's own concurrency
+// package (no slack), etcdsync with another slack or none, with a lock
+// delay adopted with it, or with little of the TTL left. Cut off, the
+// adopter is told at least its slack (and delay) before the next holder
+// gets the lock.
+func TestAdoptedLeaseTellsBeforeSuccessorHolds(t *testing.T) {
+	t.Parallel()
+	slow(t)
+	c := single(t)
+	admin := c.Client(t)
+	orphaned := func(t *testing.T, opts ...etcdsync.SessionOption) clientv3.LeaseID {
+		s, err := etcdsync.NewSession(admin, opts...)
+		require.NoError(t, err)
+		s.Orphan()
+		return s.Lease()
+	}
+	for _, tc := range []struct {
+		name  string
+		lease func(t *testing.T) clientv3.LeaseID
+		opts  []etcdsync.SessionOption
+		delay time.Duration
+	}{
+		{"etcd concurrency TTL 5", func(t *testing.T) clientv3.LeaseID {
+			s, err := concurrency.NewSession(admin, concurrency.WithTTL(5))
+			require.NoError(t, err)
+			s.Orphan()
+			return s.Lease()
+		}, nil, 0},
+		{"etcdsync slack 4s", func(t *testing.T) clientv3.LeaseID {
+			return orphaned(t, etcdsync.WithTTL(3*time.Second), etcdsync.WithSlack(4*time.Second))
+		}, nil, 0},
+		{"etcdsync no slack", func(t *testing.T) clientv3.LeaseID {
+			return orphaned(t, etcdsync.WithTTL(4*time.Second), etcdsync.WithSlack(0))
+		}, nil, 0},
+		{"etcdsync no slack adopted without", func(t *testing.T) clientv3.LeaseID {
+			return orphaned(t, etcdsync.WithTTL(4*time.Second), etcdsync.WithSlack(0))
+		}, []etcdsync.SessionOption{etcdsync.WithSlack(0)}, 0},
+		{"etcdsync lock delay 2s", func(t *testing.T) clientv3.LeaseID {
+			return orphaned(t, etcdsync.WithTTL(3*time.Second), etcdsync.WithLockDelay(2*time.Second))
+		}, []etcdsync.SessionOption{etcdsync.WithLockDelay(2 * time.Second)}, 2 * time.Second},
+		{"little TTL left", func(t *testing.T) clientv3.LeaseID {
+			id := orphaned(t, etcdsync.WithTTL(3*time.Second)) // 5 s granted
+			for {
+				resp, err := admin.TimeToLive(ctxT(t), id)
+				require.NoError(t, err)
+				require.Greater(t, resp.TTL, int64(3), "missed the moment")
+				if resp.TTL == 4 { // 4 s and some left: the adopter has 2 s and some
+					return id
+				}
+				time.Sleep(50 * time.Millisecond) // polling the server's TTL
+			}
+		}, nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t)
+			id := tc.lease(t)
+			cli, p := faults.Proxied(t, c)
+			s := session(t, cli, append([]etcdsync.SessionOption{etcdsync.WithLease(id)}, tc.opts...)...)
+			ttl, err := admin.TimeToLive(ctx, id)
+			require.NoError(t, err)
+			t.Logf("granted %ds: TTL %v, slack %v, delay %v, deadline in %v", ttl.GrantedTTL, s.TTL(), s.Slack(), tc.delay, time.Until(s.Deadline()))
+			require.Equal(t, time.Duration(ttl.GrantedTTL)*time.Second, s.TTL()+s.Slack()+tc.delay)
+			told, got, _ := cutHolder(t, ctx, s, p, admin, "adopted-"+strings.ReplaceAll(tc.name, " ", "-"))
+			t.Logf("the contender got the lock %v after the holder was told", got.Sub(told))
+			require.GreaterOrEqual(t, got.Sub(told), s.Slack()+tc.delay-200*time.Millisecond)
+		})
+	}
 }
