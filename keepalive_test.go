@@ -220,3 +220,54 @@ func TestQuorumLossShorterThanTTLKeepsSessionAndWaiter(t *testing.T) {
 	require.NoError(t, waiter.Unlock(ctx))
 	waitNoKeys(t, admin, name+"/")
 }
+
+// A leader change during a cut (etcd's lessor promotes leases on the new
+// leader) never makes the server free a cut-off holder's key sooner than
+// the slack after the holder was told.
+func TestLeaderChangeDuringCutKeepsSlack(t *testing.T) {
+	t.Parallel()
+	slow(t)
+	c := three(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	cli, p := faults.Proxied(t, c)
+	s := session(t, cli, etcdsync.WithTTL(2*time.Second))
+	m := etcdsync.NewMutex(s, "leaderchange")
+	require.NoError(t, m.Lock(ctx))
+	b := etcdsync.NewMutex(session(t, admin), "leaderchange")
+	bHolds := async(func() error { return b.Lock(ctx) })
+	waitKeys(t, admin, "leaderchange/", 2)
+	p.Blackhole(true)
+	require.NoError(t, c.TransferLeader(ctx))
+	within(t, m.Done(), s.TTL()+testTimeout, "the holder is told")
+	told := time.Now()
+	require.NoError(t, c.TransferLeader(ctx)) // and once more, within the slack
+	require.NoError(t, resultWithin(t, bHolds, testTimeout, "the contender gets the lock"))
+	got := time.Now()
+	t.Logf("the contender got the lock %v after the holder was told", got.Sub(told))
+	require.GreaterOrEqual(t, got.Sub(told), s.Slack()-200*time.Millisecond)
+}
+
+// Through etcd's gRPC proxy with a slow link (replies 1.5 s late), a holder
+// cut off is told at least the slack before the next holder gets the lock,
+// and the next holder gets it within the failover WithSlack states: the TTL
+// plus the slack after the last acknowledged keepalive (and the server's
+// expiry check, half a second, and a second for a late test).
+func TestGRPCProxyCutFailsOverWithinTTLAndSlack(t *testing.T) {
+	t.Parallel()
+	slow(t)
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	gp := etcdtest.StartGRPCProxy(t, c.Endpoints())
+	p := etcdtest.NewProxy(t, gp)
+	t.Cleanup(p.Close)
+	cli := etcdtest.NewClient(t, []string{p.Endpoint()})
+	s := session(t, cli, etcdsync.WithTTL(3*time.Second))
+	p.SetLatency(1500 * time.Millisecond)
+	told, got, lastAck := cutHolder(t, ctx, s, p, admin, "viaproxy")
+	t.Logf("told %v after the last acknowledged keepalive's send; the contender got the lock %v after the holder was told, %v after that send (TTL %v, slack %v)",
+		told.Sub(lastAck), got.Sub(told), got.Sub(lastAck), s.TTL(), s.Slack())
+	require.GreaterOrEqual(t, got.Sub(told), s.Slack()-200*time.Millisecond)
+	require.Less(t, got.Sub(lastAck), s.TTL()+s.Slack()+1500*time.Millisecond, "failover took longer than WithSlack says")
+}
