@@ -341,3 +341,26 @@ func TestAdoptedLeaseTellsBeforeSuccessorHolds(t *testing.T) {
 		})
 	}
 }
+
+// NewSession started while the cluster has no leader (quorum lost for a
+// moment, a leader election) succeeds once a leader is back within its
+// bound (the client's DialTimeout, 5 s here): it waits for an answer that
+// bound. Today the grant fails with "etcdserver: no leader" after etcd's
+// client has spent its retries (about 1.3 s), as it did before the bound.
+func TestNewSessionWaitsForLeaderWithinDialTimeout(t *testing.T) {
+	t.Parallel()
+	slow(t)
+	c := three(t)
+	cli := c.Client(t) // DialTimeout 5 s
+	c.Stop(c.Member(1))
+	c.Stop(c.Member(2))
+	back := time.AfterFunc(2*time.Second, func() { // the fault's schedule: a leader again after about 3 s
+		assert.NoError(t, c.Restart(c.Member(1)))
+	})
+	t.Cleanup(func() { back.Stop() })
+	began := time.Now()
+	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
+	t.Logf("after %v: %v", time.Since(began), err)
+	require.NoError(t, err, "NewSession gave up while a leader was being elected")
+	s.Close()
+}
