@@ -18,7 +18,8 @@ var (
 	ErrSessionExpired = errors.New("etcdsync: session expired")
 	// ErrLostContact is wrapped, beside ErrSessionExpired, by the cause of a
 	// session that ended because no keepalive was acknowledged within the TTL
-	// of the last one sent: the server may expire the lease from then on.
+	// of the last one sent: the server may expire the lease from the slack
+	// (WithSlack) after that on.
 	ErrLostContact = errors.New("etcdsync: lost contact with etcd")
 	// ErrSessionClosed is the cause of a session that was ended on purpose
 	// (Close, Orphan, its WithContext context, its client closed); calls on

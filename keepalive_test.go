@@ -250,10 +250,12 @@ func TestLeaderChangeDuringCutKeepsSlack(t *testing.T) {
 
 // Through etcd's gRPC proxy with a slow link (replies 1.5 s late), a holder
 // cut off is told at least the slack before the next holder gets the lock,
-// and the next holder gets it within the failover WithSlack states: the TTL
-// plus the slack after the last acknowledged keepalive (and the server's
-// expiry check, half a second, and a second for a late test).
-func TestGRPCProxyCutFailsOverWithinTTLAndSlack(t *testing.T) {
+// and the next holder gets it within the failover the docs state for the
+// proxy: twice the lease (TTL plus slack) after the last acknowledged
+// keepalive, as the proxy renews a lease itself for its granted TTL after
+// the last request it answered (and the server's expiry check, half a
+// second, and a second for a late test).
+func TestGRPCProxyCutFailsOverWithinTwiceTheLease(t *testing.T) {
 	t.Parallel()
 	slow(t)
 	c := single(t)
@@ -269,5 +271,5 @@ func TestGRPCProxyCutFailsOverWithinTTLAndSlack(t *testing.T) {
 	t.Logf("told %v after the last acknowledged keepalive's send; the contender got the lock %v after the holder was told, %v after that send (TTL %v, slack %v)",
 		told.Sub(lastAck), got.Sub(told), got.Sub(lastAck), s.TTL(), s.Slack())
 	require.GreaterOrEqual(t, got.Sub(told), s.Slack()-200*time.Millisecond)
-	require.Less(t, got.Sub(lastAck), s.TTL()+s.Slack()+1500*time.Millisecond, "failover took longer than WithSlack says")
+	require.Less(t, got.Sub(lastAck), 2*(s.TTL()+s.Slack())+1500*time.Millisecond, "failover through the proxy took longer than the docs say")
 }

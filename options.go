@@ -91,13 +91,16 @@ func WithLockDelay(d time.Duration) SessionOption {
 // keepalive pace keep to the TTL, so a slow but working link keeps the
 // session as before. The cost is failover: after a crash, the next holder
 // takes over up to the TTL plus d after the last acknowledged keepalive,
-// rather than the TTL. Unlock, Resign and Close (a revoke) still hand over at
+// rather than the TTL (through etcd's gRPC proxy, which renews a lease
+// itself for its granted TTL after the last request it answered, up to
+// twice that). Unlock, Resign and Close (a revoke) still hand over at
 // once. A process paused outright for longer (SIGSTOP, a frozen VM) is not
 // covered by any slack: fencing tokens (Rev, Do) are. The default is the
 // larger of 2s and a tenth of the TTL; 0 turns it off; d is rounded up to
 // whole seconds, and a negative d makes NewSession return an error wrapping
 // ErrInvalidArgument. With WithLease the default is reckoned from the
-// adopted lease's granted TTL, and the slack is taken out of that TTL.
+// adopted lease's granted TTL, and the slack is taken out of that TTL: pass
+// the WithSlack the lease was granted with to keep its TTL as it was.
 //
 // The slack and the lock delay add up: the lease outlives the local deadline
 // by both, so the lock delay runs from the latest moment a late holder is

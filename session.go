@@ -66,7 +66,8 @@ type Session struct {
 // client's DialTimeout (3 s when the client has none): when the servers do
 // not answer within it, because the endpoints refuse connections or accept
 // them and never answer (a stopped process, a firewall that drops packets),
-// NewSession gives up with an error wrapping context.DeadlineExceeded that
+// or while the cluster has no leader, NewSession gives up with an error
+// wrapping context.DeadlineExceeded that
 // names each endpoint and says which it did. A closed client is an error
 // wrapping ErrInvalidArgument, at once. On error no lease is left behind
 // that this call granted and still could revoke.
@@ -124,9 +125,11 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 	bound := min(answerBound(s.client), o.ttl)
 	ctx, cancel := context.WithTimeoutCause(clientv3.WithRequireLeader(s.ctx), bound, tag(fmt.Errorf("%w within %v", errNoAnswer, bound), context.DeadlineExceeded))
 	defer cancel()
-	sent := time.Now()
+	var sent time.Time // of the call that answered: the deadline counts from it
 	if o.leaseID != clientv3.NoLease {
-		resp, err := s.client.TimeToLive(ctx, o.leaseID, clientv3.WithAttachedKeys())
+		resp, err := whenLed(ctx, &sent, func() (*clientv3.LeaseTimeToLiveResponse, error) {
+			return s.client.TimeToLive(ctx, o.leaseID, clientv3.WithAttachedKeys())
+		})
 		if err != nil {
 			return sent, s.unreachable(ctx, fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
 		}
@@ -154,7 +157,9 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 			s.startRev = max(s.startRev, get.Header.Revision)
 		}
 	} else {
-		resp, err := s.client.Grant(ctx, int64((o.ttl+s.beyond())/time.Second))
+		resp, err := whenLed(ctx, &sent, func() (*clientv3.LeaseGrantResponse, error) {
+			return s.client.Grant(ctx, int64((o.ttl+s.beyond())/time.Second))
+		})
 		if err != nil {
 			return sent, s.unreachable(ctx, "grant lease", err)
 		}
@@ -165,6 +170,27 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 	return earliest(sent.Add(pace), s.deadline.Add(-pace)), nil
 }
 
+// whenLed calls f, and again after leaderPause while it fails because the
+// cluster has no leader (an election under way, a member cut off from its
+// peers), until ctx ends; *sent is the time of the last call. A grant whose
+// reply was lost before a retry leaves a lease with no keys, which expires.
+func whenLed[T any](ctx context.Context, sent *time.Time, f func() (T, error)) (T, error) {
+	for {
+		*sent = time.Now()
+		v, err := f()
+		if !errors.Is(err, rpctypes.ErrNoLeader) {
+			return v, err
+		}
+		if sleep(ctx, leaderPause) != nil {
+			return v, err
+		}
+	}
+}
+
+// leaderPause is the pause between NewSession's calls while the cluster has
+// no leader.
+const leaderPause = 100 * time.Millisecond
+
 // unreachable describes a failed first call: what failed, the endpoints,
 // and, when no answer came in time, what each endpoint does when dialled
 // (refuses, or accepts and stays silent): a diagnostic on this failure path
@@ -174,6 +200,8 @@ func (s *Session) unreachable(ctx context.Context, what string, err error) error
 	switch {
 	case s.ctx.Err() != nil: // the WithContext context ended, or the client closed
 		err = context.Cause(s.ctx)
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), errNoAnswer) && errors.Is(err, rpctypes.ErrNoLeader):
+		return fmt.Errorf("etcdsync: %s (endpoints %s): %w, and %w", what, strings.Join(s.client.Endpoints(), ","), err, context.Cause(ctx))
 	case ctx.Err() != nil && errors.Is(context.Cause(ctx), errNoAnswer):
 		return fmt.Errorf("etcdsync: %s: %w (%s)", what, context.Cause(ctx), reach.Each(s.client.Endpoints(), 200*time.Millisecond))
 	}
