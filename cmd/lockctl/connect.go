@@ -134,15 +134,21 @@ func (c *connFlags) config() (clientv3.Config, error) {
 // dial connects to etcd (under --namespace, if given) and checks that it
 // answers: one count-only read of prefix, bounded by --dial-timeout and by
 // ctx. It blocks for that long at most (authentication, when --user is
-// given, is bounded the same way). The caller closes the client.
+// given, is bounded the same way). ctx is the client's context: once the
+// client is returned, ending ctx ends the client. The caller closes the
+// client.
 func (c *connFlags) dial(ctx context.Context, prefix string) (*clientv3.Client, error) {
 	cfg, err := c.config()
 	if err != nil {
 		return nil, err
 	}
+	cfg.Context = ctx
 	where := strings.Join(c.endpoints, ",")
 	cli, err := clientv3.New(cfg) // authenticates, with --user
 	if err != nil {
+		if ctx.Err() != nil { // interrupted: the caller says why
+			return nil, ctx.Err()
+		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within --dial-timeout %v%s", c.dialTimeout, connError(cfg))
 		}
