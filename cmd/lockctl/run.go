@@ -22,13 +22,17 @@ import (
 const exitCodesHelp = `Exit codes:
   N        the command's own exit status
   128+N    the command died by signal N (130 SIGINT, 143 SIGTERM, ...), or
-           lockctl got signal N while waiting, before the command started
+           lockctl got signal N before the command started (connecting,
+           waiting), or while releasing, and gave up on the release after 1s
   143      the hold was lost; the command's group ended after SIGTERM
   137      the hold was lost; the group was killed with SIGKILL after --grace,
-           or at the session's deadline (contact lost, lockctl stopped)
+           or at the session's deadline (contact lost, lockctl stopped); or
+           the deadline passed before the guard could start the command
   75       --try: the lock is held by someone else
   124      --timeout passed while waiting
-  126      the command could not be started
+  126      the command is there but could not be started (not executable, a
+           directory, no #! line, a missing #! interpreter, arguments too
+           long, fork failed); the lock is released at once
   127      the command was not found
   1        lockctl's own error: etcd unreachable, authentication, permission,
            the hold lost before the command started
@@ -41,7 +45,11 @@ lockctl's stdin, stdout and stderr, and with these variables:
   ETCDSYNC_REV    the key's create revision: a fencing token that increases
                   from one holder to the next (also ETCD_LOCK_REV)
   ETCDSYNC_LEASE  the session's lease ID in hex (the key's last part)
-SIGINT, SIGTERM, SIGHUP and SIGQUIT to lockctl go to the whole group. When
+SIGINT, SIGTERM, SIGHUP and SIGQUIT to lockctl go to the whole group (one
+that comes while the command starts, as soon as it runs). Before the
+command starts they end lockctl at once (128+N), releasing what it took;
+after it ended, they give the release one second more, then lockctl gives
+up and leaves the key to its lease's expiry (128+N). When
 the hold is lost (the lease revoked, the key deleted) the group gets SIGTERM
 at once and SIGKILL after --grace or at the session's deadline, whichever
 comes first; when contact with etcd is lost (no keepalive acknowledged within
