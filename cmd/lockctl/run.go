@@ -23,7 +23,7 @@ const exitCodesHelp = `Exit codes:
   N        the command's own exit status
   128+N    the command died by signal N (130 SIGINT, 143 SIGTERM, ...), or
            lockctl got signal N before the command started (connecting,
-           waiting), or while releasing, and gave up on the release after 1s
+           waiting), or while releasing, and gave up on the release after 0.5s
   143      the hold was lost; the command's group ended after SIGTERM
   137      the hold was lost; the group was killed with SIGKILL after --grace,
            or at the session's deadline (contact lost, lockctl stopped); or
@@ -48,7 +48,7 @@ lockctl's stdin, stdout and stderr, and with these variables:
 SIGINT, SIGTERM, SIGHUP and SIGQUIT to lockctl go to the whole group (one
 that comes while the command starts, as soon as it runs). Before the
 command starts they end lockctl at once (128+N), releasing what it took;
-after it ended, they give the release one second more, then lockctl gives
+after it ended, they give the release half a second more, then lockctl gives
 up and leaves the key to its lease's expiry (128+N). When
 the hold is lost (the lease revoked, the key deleted) the group gets SIGTERM
 at once and SIGKILL after --grace or at the session's deadline, whichever
@@ -242,7 +242,7 @@ type conn struct {
 
 // releaseGrace is how long the release may go on after a signal; then
 // lockctl gives up on it (see conn.close).
-const releaseGrace = time.Second
+const releaseGrace = 500 * time.Millisecond
 
 // open dials etcd (bounded by --dial-timeout), starts serving metrics if
 // asked, and starts a session with f's TTL (bounded by the TTL). A signal

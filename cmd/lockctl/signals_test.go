@@ -19,7 +19,7 @@ import (
 
 // signalBound is how soon lockctl must exit after SIGTERM or SIGINT, in
 // any phase.
-const signalBound = 2 * time.Second
+const signalBound = 2 * time.Second * slowdown
 
 // silentEndpoint is a TCP endpoint on 127.0.0.1 that accepts connections
 // and never answers: a stopped etcd, a firewall that swallows packets. The

@@ -20,7 +20,7 @@ import (
 // startBound bounds how long a lockctl whose command cannot start may take
 // from its own start to its exit: connecting, taking the lock, the guard's
 // report, the release (about a tenth of that on an idle machine).
-const startBound = 3 * time.Second
+const startBound = 3 * time.Second * slowdown
 
 // lockFree checks that the lock on name can be taken at once (--try) and
 // that nothing is left under it.
