@@ -3,12 +3,15 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +30,30 @@ func notifySignals() (sigs <-chan os.Signal, stop func()) {
 	return ch, func() { signal.Stop(ch) }
 }
 
+// watchSignals calls onSignal with the first signal that comes on sigs
+// (a nil sigs: none comes) until stop is called; stop then returns that
+// signal, or 0. watchSignals does not block; stop blocks until the watching
+// goroutine has ended (onSignal must not block). Signals that come after
+// stop stay on sigs.
+func watchSignals(sigs <-chan os.Signal, onSignal func(syscall.Signal)) (stop func() syscall.Signal) {
+	done, watched := make(chan struct{}), make(chan struct{})
+	var got syscall.Signal // written before watched closes
+	go func() {
+		defer close(watched)
+		select {
+		case sig := <-sigs:
+			got = sysSignal(sig)
+			onSignal(got)
+		case <-done:
+		}
+	}()
+	return func() syscall.Signal {
+		close(done)
+		<-watched
+		return got
+	}
+}
+
 // sysSignal returns sig as a syscall.Signal (every signal is one on Unix).
 func sysSignal(sig os.Signal) syscall.Signal {
 	if s, ok := sig.(syscall.Signal); ok {
@@ -36,17 +63,73 @@ func sysSignal(sig os.Signal) syscall.Signal {
 }
 
 // lookCommand finds the command's executable as exec does, before any lock
-// is taken: a command that cannot run is exit 127 (not found) or 126 (not
-// executable), as in sh.
+// is taken: a command that is not there is exit 127, one that is there but
+// cannot be run (not executable, a directory) exit 126, as in sh.
 func lookCommand(name string) (string, error) {
 	path, err := exec.LookPath(name)
-	switch {
-	case err == nil:
+	if err == nil {
 		return path, nil
-	case errors.Is(err, fs.ErrPermission):
-		return "", fail(exitNoExec, err)
 	}
-	return "", fail(exitNotFound, err)
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		where := ""
+		if !strings.Contains(name, "/") {
+			where = " in $PATH"
+		}
+		return "", fail(exitNotFound, fmt.Errorf("%s: not found%s", name, where))
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return "", fail(exitNoExec, fmt.Errorf("%s: cannot run: %v", name, errno))
+	}
+	return "", fail(exitNoExec, fmt.Errorf("%s: cannot run: %v", name, err))
+}
+
+// startFailure is the error for a command at path (argv0 as given) whose
+// exec failed with err: exit 127 when the file is not there, else 126 (it
+// is there but cannot be run), as in sh, with one line that names the
+// command and the cause. A missing #! interpreter (ENOENT for a file that
+// is there) is 126, and named.
+func startFailure(argv0, path string, err error) error {
+	name := argv0
+	if path != argv0 {
+		name = fmt.Sprintf("%s (%s)", argv0, path)
+	}
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return fail(exitNoExec, fmt.Errorf("%s: cannot run: %v", name, err))
+	}
+	switch errno {
+	case syscall.ENOENT:
+		if _, serr := os.Stat(path); serr != nil {
+			return fail(exitNotFound, fmt.Errorf("%s: not found", name))
+		}
+		if interp := interpreter(path); interp != "" {
+			return fail(exitNoExec, fmt.Errorf("%s: cannot run: its interpreter %s (the #! line) was not found", name, interp))
+		}
+		return fail(exitNoExec, fmt.Errorf("%s: cannot run: a file it needs to run (its ELF interpreter) was not found", name))
+	case syscall.ENOEXEC:
+		return fail(exitNoExec, fmt.Errorf("%s: cannot run: exec format error: not a binary for this system and no #! line (to run it with sh: -- sh %s)", name, argv0))
+	}
+	return fail(exitNoExec, fmt.Errorf("%s: cannot run: %v", name, errno))
+}
+
+// interpreter returns the interpreter that the #! line of the file at path
+// names, or "" when it has none (or cannot be read). It reads one line.
+func interpreter(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	line, _ := bufio.NewReader(io.LimitReader(f, 256)).ReadString('\n')
+	rest, ok := strings.CutPrefix(line, "#!")
+	if !ok {
+		return ""
+	}
+	if fields := strings.Fields(rest); len(fields) > 0 {
+		return fields[0]
+	}
+	return ""
 }
 
 // child is the command lockctl runs, under its guard (see guard.go): the
@@ -57,19 +140,35 @@ type child struct {
 	exited    chan struct{} // closed once the guard is reaped
 	pgid      int           // the command's process group (its leader's PID)
 	deadlines *os.File      // lockctl's end of the deadlines pipe
+	recFile   *os.File      // lockctl's end of the records pipe, read by readRecords
 	records   chan guardRecord
+	pending   []syscall.Signal // signals that came while the command started, for its group
 }
+
+// startGrace bounds the wait for the guard's report past the deadline the
+// guard was given, and past a signal that comes meanwhile; then lockctl
+// gives up on the guard.
+const startGrace = time.Second
+
+// errDeadlinePassed is the cause when the guard did not start the command
+// because the deadline it was given had passed.
+var errDeadlinePassed = errors.New("the session's deadline passed before the command could start (was lockctl stopped?); the guard did not start it")
 
 // startChild starts the executable at path with argv (argv[0] is its name)
 // and env, with lockctl's stdin, stdout and stderr, as the leader of a new
 // process group, under a guard that kills the group at deadline unless
 // supervise moves it on (see guard.go), and with grace after lockctl dies.
-// It blocks until the command has started or failed to (exit 126); the
-// caller then supervises the child, which joins the goroutines started here.
-func startChild(path string, argv, env []string, grace time.Duration, deadline time.Time) (*child, error) {
+// It blocks until the guard reports that the command started, or that it
+// could not start it, bounded by startGrace past deadline, or past a signal
+// on sigs (those are kept for the command's group). On error nothing runs:
+// exit 126 or 127 as in sh (see startFailure), 128+N when a signal came and
+// the guard did not report in time, or errDeadlinePassed; the guard has been
+// stopped and the goroutines started here joined. Else the caller
+// supervises the child, which joins them.
+func startChild(path string, argv, env []string, grace time.Duration, deadline time.Time, sigs <-chan os.Signal) (*child, error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, fmt.Errorf("find lockctl's own executable for the guard: %w", err)
+		return nil, fail(exitNoExec, fmt.Errorf("%s: not started: find lockctl's own executable for its guard: %w", argv[0], err))
 	}
 	dr, dw, err := os.Pipe()
 	if err != nil {
@@ -81,11 +180,11 @@ func startChild(path string, argv, env []string, grace time.Duration, deadline t
 		dw.Close()
 		return nil, err
 	}
-	defer dr.Close()
-	defer rw.Close()
 	if err := writeDeadline(dw, deadline); err != nil { // the pipe holds it for the guard
+		dr.Close()
 		dw.Close()
 		rr.Close()
+		rw.Close()
 		return nil, err
 	}
 	guard := &exec.Cmd{
@@ -98,12 +197,17 @@ func startChild(path string, argv, env []string, grace time.Duration, deadline t
 		ExtraFiles:  []*os.File{dr, rw}, // 3 and 4
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
-	if err := guard.Start(); err != nil {
+	err = guard.Start()
+	// The guard's ends of the pipes: lockctl keeps no copy, so that the
+	// records end when the guard (the only writer) has ended.
+	dr.Close()
+	rw.Close()
+	if err != nil {
 		dw.Close()
 		rr.Close()
-		return nil, fail(exitFailure, fmt.Errorf("start the guard: %w", err))
+		return nil, fail(exitNoExec, fmt.Errorf("%s: not started: its guard (lockctl %s) could not be started: %w", argv[0], guardArg, err))
 	}
-	c := &child{guard: guard, exited: make(chan struct{}), deadlines: dw, records: make(chan guardRecord)}
+	c := &child{guard: guard, exited: make(chan struct{}), deadlines: dw, recFile: rr, records: make(chan guardRecord)}
 	go func() {
 		defer close(c.exited)
 		guard.Wait()
@@ -112,19 +216,86 @@ func startChild(path string, argv, env []string, grace time.Duration, deadline t
 		defer rr.Close()
 		readRecords(rr, c.records)
 	}()
-	rec, ok := <-c.records
-	if ok && rec.kind == recStarted {
-		c.pgid = rec.pgid
-		return c, nil
+	if err := c.awaitStart(argv[0], path, deadline, sigs); err != nil {
+		c.abort()
+		return nil, err
 	}
-	for range c.records { // to the guard's end
+	return c, nil
+}
+
+// awaitStart blocks until the guard's first record: the command started
+// (nil, with its group in c.pgid), or could not start (the error to exit
+// with). Anything else is a failure: the records ending (the guard ended)
+// or no record by startGrace past deadline, or past a signal on sigs (see
+// startChild).
+func (c *child) awaitStart(argv0, path string, deadline time.Time, sigs <-chan os.Signal) error {
+	bound := time.NewTimer(time.Until(deadline) + startGrace)
+	defer bound.Stop()
+	for {
+		select {
+		case rec, ok := <-c.records:
+			switch {
+			case !ok:
+				select {
+				case <-c.exited:
+				case <-time.After(startGrace):
+				}
+				return fail(exitNoExec, fmt.Errorf("%s: not started: its guard (lockctl %s) ended before it reported (%v)", argv0, guardArg, c.guard.ProcessState))
+			case rec.kind == recStarted:
+				c.pgid = rec.pgid
+				return nil
+			case rec.kind == recFailed:
+				return startFailure(argv0, path, rec.err())
+			case rec.kind == recExpired:
+				return errDeadlinePassed
+			}
+			return fail(exitNoExec, fmt.Errorf("%s: not started: its guard reported %q first", argv0, rec.kind))
+		case sig := <-sigs:
+			if len(c.pending) == 0 {
+				bound.Reset(startGrace)
+			}
+			c.pending = append(c.pending, sysSignal(sig))
+		case <-bound.C:
+			if len(c.pending) > 0 {
+				sig := c.pending[0]
+				return fail(exitSignal+int(sig), fmt.Errorf("%s while starting %s: its guard did not report within %v; stopped it", signalError{sig: sig}, argv0, startGrace))
+			}
+			return fail(exitNoExec, fmt.Errorf("%s: not started: its guard did not report by the session's deadline; stopped it", argv0))
+		}
 	}
-	<-c.exited
-	dw.Close()
-	if ok && rec.kind == recFailed {
-		return nil, fail(exitNoExec, fmt.Errorf("%s: %s", path, rec.msg))
+}
+
+// abort ends a guard that did not start the command: it closes the
+// deadlines pipe, sends the guard's process group SIGKILL unless the guard
+// has exited, and SIGKILL to the command's group should a late record say
+// it started; it joins the goroutines startChild started. It blocks for up
+// to 2*startGrace (then it stops reading the records, and leaves the
+// guard's reaping to its goroutine).
+func (c *child) abort() {
+	c.deadlines.Close()
+	select {
+	case <-c.exited:
+	default:
+		syscall.Kill(-c.guard.Process.Pid, syscall.SIGKILL)
 	}
-	return nil, fail(exitFailure, fmt.Errorf("the guard ended before the command started: %v", guard.ProcessState))
+	timer := time.NewTimer(startGrace)
+	defer timer.Stop()
+	for records := c.records; records != nil; {
+		select {
+		case rec, ok := <-records:
+			if !ok {
+				records = nil
+			} else if rec.kind == recStarted {
+				syscall.Kill(-rec.pgid, syscall.SIGKILL)
+			}
+		case <-timer.C:
+			c.recFile.Close() // ends readRecords
+		}
+	}
+	select {
+	case <-c.exited:
+	case <-time.After(startGrace):
+	}
 }
 
 // signal sends sig to the command's whole process group. A group with no
@@ -158,6 +329,7 @@ type outcome struct {
 	exited  bool
 	stopped syscall.Signal // after a loss: SIGTERM, or SIGKILL once --grace or the deadline passed; 0 without a loss
 	guard   error          // the guard ended before telling the command's status
+	signal  syscall.Signal // the first signal forwarded to the group; it cuts the release short too (see conn.close)
 }
 
 // code is the exit code for the outcome: 128+signal when the group was
@@ -182,7 +354,9 @@ type lossHooks struct {
 
 // supervise blocks until the command's process group has ended and the
 // guard has exited. Meanwhile it hands the guard the session's deadline (see
-// feed), and forwards each signal from sigs to the group. When lost closes
+// feed), and forwards each signal from sigs (first those that came while the
+// command started) to the group; the first is kept in the outcome, for the
+// release. When lost closes
 // while the command runs, it calls hooks.loss and sends the group the signal
 // that returns: SIGTERM, then SIGKILL once grace has passed; or SIGKILL at
 // once. Processes the command leaves in its group get the same (hooks.leftover
@@ -218,7 +392,12 @@ func (c *child) supervise(s *etcdsync.Session, sigs <-chan os.Signal, lost <-cha
 			kill = timer.C
 		}
 	}
-	signalled := false // a signal was forwarded: the group is asked to end
+	for _, sig := range c.pending {
+		c.signal(sig)
+		if out.signal == 0 {
+			out.signal = sig
+		}
+	}
 	for {
 		select {
 		case rec, ok := <-c.records:
@@ -235,7 +414,7 @@ func (c *child) supervise(s *etcdsync.Session, sigs <-chan os.Signal, lost <-cha
 			case recExited:
 				out.status, out.exited = rec.status, true
 				if rec.left && timer == nil && out.stopped != syscall.SIGKILL {
-					if !signalled { // else they may just be ending
+					if out.signal == 0 { // else they may just be ending
 						hooks.leftover()
 					}
 					stop(syscall.SIGTERM)
@@ -249,7 +428,9 @@ func (c *child) supervise(s *etcdsync.Session, sigs <-chan os.Signal, lost <-cha
 			}
 		case sig := <-sigs:
 			c.signal(sysSignal(sig))
-			signalled = true
+			if out.signal == 0 {
+				out.signal = sysSignal(sig)
+			}
 		case <-lost:
 			lost = nil
 			if out.exited { // the command ended first: its status stands

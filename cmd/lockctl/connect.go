@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // connFlags are etcdctl's connection flags.
@@ -27,6 +28,7 @@ type connFlags struct {
 	user, password     string
 	dialTimeout        time.Duration
 	namespace          string // prefix of every key, as clientv3/namespace applies it
+	debug              bool   // etcd's client logs its warnings and debug records too, not only its errors
 }
 
 // register adds the flags to fs.
@@ -39,6 +41,7 @@ func (c *connFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.user, "user", "", "user for authentication, as NAME:PASSWORD or NAME (with --password)")
 	fs.StringVar(&c.password, "password", "", "password for authentication")
 	fs.DurationVar(&c.dialTimeout, "dial-timeout", 5*time.Second, "how long to try to reach etcd before giving up (exit 1)")
+	fs.BoolVar(&c.debug, "debug", false, "let etcd's client log its warnings and debug records on stderr (JSON); by default it logs only errors")
 	fs.StringVar(&c.namespace, "namespace", "", "prefix of every key lockctl reads and writes, as a client wrapped by clientv3/namespace (or etcd grpc-proxy --namespace) applies it: lock NAME lives under NAMESPACE+NAME/")
 }
 
@@ -85,7 +88,7 @@ func (c *connFlags) config() (clientv3.Config, error) {
 	cfg := clientv3.Config{
 		Endpoints:   c.endpoints,
 		DialTimeout: c.dialTimeout,
-		Logger:      zap.NewNop(),
+		Logger:      clientLogger(c.debug),
 	}
 	if len(c.endpoints) == 0 || c.endpoints[0] == "" {
 		return cfg, usage(errors.New("--endpoints is empty"))
@@ -131,18 +134,35 @@ func (c *connFlags) config() (clientv3.Config, error) {
 	return cfg, nil
 }
 
+// clientLogger is the logger of etcd's client: JSON on stderr, errors only
+// (its "retrying of unary invoker failed" warnings say what lockctl reports
+// in one line), or everything from debug up with --debug.
+func clientLogger(debug bool) *zap.Logger {
+	level := zapcore.ErrorLevel
+	if debug {
+		level = zapcore.DebugLevel
+	}
+	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), level))
+}
+
 // dial connects to etcd (under --namespace, if given) and checks that it
 // answers: one count-only read of prefix, bounded by --dial-timeout and by
 // ctx. It blocks for that long at most (authentication, when --user is
-// given, is bounded the same way). The caller closes the client.
+// given, is bounded the same way). ctx is the client's context: once the
+// client is returned, ending ctx ends the client. The caller closes the
+// client.
 func (c *connFlags) dial(ctx context.Context, prefix string) (*clientv3.Client, error) {
 	cfg, err := c.config()
 	if err != nil {
 		return nil, err
 	}
+	cfg.Context = ctx
 	where := strings.Join(c.endpoints, ",")
 	cli, err := clientv3.New(cfg) // authenticates, with --user
 	if err != nil {
+		if ctx.Err() != nil { // interrupted: the caller says why
+			return nil, ctx.Err()
+		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within --dial-timeout %v%s", c.dialTimeout, connError(cfg))
 		}

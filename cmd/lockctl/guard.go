@@ -19,15 +19,18 @@ package main
 // The guard leads a process group of its own (not lockctl's, not the
 // command's): a signal to lockctl's job or to the command's group does not
 // stop it. It reaps the group's processes (as a child subreaper on Linux)
-// and exits once none is left. On a second pipe it tells lockctl the
-// command's group once it runs, the command's status once it exits, and that
-// it killed the group at the deadline. Everything else of a live run stays
+// and exits once none is left. On a second pipe it tells lockctl, first,
+// that the command runs (its group) or that it did not start it (the errno
+// its exec failed with, or that the deadline it was given had passed: it
+// never execs the command after it), then the command's status once it
+// exits, and that it killed the group at the deadline. Everything else of a live run stays
 // lockctl's: forwarding signals, SIGTERM and --grace after a loss, processes
 // left behind (see child.supervise).
 
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -52,7 +55,8 @@ const guardArg = "__guard"
 // The guard's records to lockctl, one line each.
 const (
 	recStarted = "started" // PGID: the command runs, leading group PGID
-	recFailed  = "failed"  // MESSAGE: the command could not be started
+	recFailed  = "failed"  // ERRNO MESSAGE: the command could not be started (ERRNO 0: the error was no errno)
+	recExpired = "expired" // the deadline had passed: the command was not started
 	recExited  = "exited"  // STATUS LEFT: the command's wait status; whether processes are left in its group
 	recKilled  = "killed"  // the deadline passed: the group got SIGKILL
 )
@@ -149,6 +153,10 @@ func (g *guard) run(in *os.File, path string, argv []string) int {
 	if !ok { // lockctl is gone: the hold is not ours to use
 		return exitFailure
 	}
+	if untilMono(deadline) <= 0 { // etcd may have given the hold to another
+		g.record(recExpired)
+		return exitFailure
+	}
 	cmd := &exec.Cmd{
 		Path:        path,
 		Args:        argv,
@@ -158,7 +166,9 @@ func (g *guard) run(in *os.File, path string, argv []string) int {
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
 	if err := cmd.Start(); err != nil {
-		g.record(recFailed, err)
+		var errno syscall.Errno
+		errors.As(err, &errno)
+		g.record(recFailed, fmt.Sprintf("%d %v", int(errno), err))
 		return exitNoExec
 	}
 	pgid := cmd.Process.Pid
@@ -243,7 +253,17 @@ type guardRecord struct {
 	pgid   int
 	status syscall.WaitStatus
 	left   bool
+	errno  syscall.Errno // failed: what the exec returned
 	msg    string
+}
+
+// err is a failed record's error: its errno, or its message when the
+// guard's error was no errno.
+func (r guardRecord) err() error {
+	if r.errno != 0 {
+		return r.errno
+	}
+	return errors.New(r.msg)
 }
 
 // readRecords sends each record read from r on out, and closes out at the
@@ -258,6 +278,11 @@ func readRecords(r io.Reader, out chan<- guardRecord) {
 		switch kind {
 		case recStarted:
 			rec.pgid, err = strconv.Atoi(rest)
+		case recFailed:
+			errno, msg, _ := strings.Cut(rest, " ")
+			var n int
+			n, err = strconv.Atoi(errno)
+			rec.errno, rec.msg = syscall.Errno(n), msg
 		case recExited:
 			status, left, _ := strings.Cut(rest, " ")
 			var ws uint64

@@ -3,14 +3,17 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -90,4 +93,62 @@ func TestGuardBoundsCommandByHold(t *testing.T) {
 			noKeys(t, name)
 		})
 	}
+}
+
+// runGuard runs lockctl's guard for argv (argv[0] the path) as lockctl
+// starts it, with deadline first on its deadlines pipe, and returns its
+// first record and its exit code, once it has exited (bounded by
+// testTimeout).
+func runGuard(t *testing.T, deadline time.Time, argv ...string) (guardRecord, int) {
+	t.Helper()
+	dr, dw, err := os.Pipe()
+	require.NoError(t, err)
+	defer dw.Close()
+	rr, rw, err := os.Pipe()
+	require.NoError(t, err)
+	defer rr.Close()
+	require.NoError(t, writeDeadline(dw, deadline))
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	g := exec.CommandContext(ctx, bin, append([]string{guardArg, "1s"}, argv...)...)
+	g.ExtraFiles = []*os.File{dr, rw}
+	require.NoError(t, g.Start())
+	dr.Close()
+	rw.Close()
+	records := make(chan guardRecord)
+	go readRecords(rr, records)
+	rec := <-records
+	for range records { // to the guard's end
+	}
+	g.Wait()
+	return rec, g.ProcessState.ExitCode()
+}
+
+// The guard never execs the command once the deadline it was given has
+// passed (lockctl was stopped between the two, for instance): it reports
+// "expired", and the command does not run.
+func TestGuardDoesNotStartPastDeadline(t *testing.T) {
+	t.Parallel()
+	ran := filepath.Join(t.TempDir(), "ran")
+	rec, code := runGuard(t, time.Now().Add(-time.Millisecond), "/usr/bin/touch", "touch", ran)
+	require.Equal(t, recExpired, rec.kind)
+	require.Equal(t, exitFailure, code)
+	require.NoFileExists(t, ran)
+
+	rec, code = runGuard(t, time.Now().Add(testTimeout), "/usr/bin/touch", "touch", ran)
+	require.Equal(t, recStarted, rec.kind, "before the deadline it starts the command")
+	require.Equal(t, 0, code)
+	require.FileExists(t, ran)
+}
+
+// The guard reports the errno its exec of the command failed with.
+func TestGuardReportsExecErrno(t *testing.T) {
+	t.Parallel()
+	f := filepath.Join(t.TempDir(), "f")
+	require.NoError(t, os.WriteFile(f, []byte("vm\n"), 0o755))
+	rec, code := runGuard(t, time.Now().Add(testTimeout), f, f)
+	require.Equal(t, recFailed, rec.kind)
+	require.Equal(t, syscall.ENOEXEC, rec.errno, "%+v", rec)
+	require.Contains(t, rec.msg, "exec format error")
+	require.Equal(t, exitNoExec, code)
 }

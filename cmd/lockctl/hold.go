@@ -12,6 +12,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
 )
 
 // held is what every etcdsync primitive tells about its current hold.
@@ -127,7 +128,7 @@ func electionHold(s *etcdsync.Session, name, value string) hold {
 // signalError is the cause of a wait that a signal to lockctl ended.
 type signalError struct{ sig syscall.Signal }
 
-func (e signalError) Error() string { return "interrupted by " + e.sig.String() }
+func (e signalError) Error() string { return "interrupted by " + unix.SignalName(e.sig) }
 
 // errTimeout is the cause of a wait that --timeout ended.
 var errTimeout = errors.New("--timeout passed")
@@ -146,23 +147,14 @@ func acquire(h hold, name string, try bool, timeout time.Duration, sigs <-chan o
 		ctx, stop = context.WithTimeoutCause(ctx, timeout, errTimeout)
 		defer stop()
 	}
-	waiting, watched := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case sig := <-sigs:
-			cancel(signalError{sig: sysSignal(sig)})
-		case <-waiting:
-		}
-	}()
+	stop := watchSignals(sigs, func(sig syscall.Signal) { cancel(signalError{sig: sig}) })
 	var err error
 	if try {
 		err = h.try(ctx)
 	} else {
 		err = h.take(ctx)
 	}
-	close(waiting)
-	<-watched
+	stop()
 	cause := context.Cause(ctx)
 	var sig signalError
 	switch {

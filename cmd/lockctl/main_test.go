@@ -107,10 +107,12 @@ type ctl struct {
 }
 
 // opts tune a lockctl process: extra environment (over
-// ETCDCTL_ENDPOINTS=the member) and stdin.
+// ETCDCTL_ENDPOINTS=the member), stdin, and another binary than the built
+// one (a copy of it).
 type opts struct {
 	env   []string
 	stdin string
+	bin   string
 }
 
 // start starts lockctl with args. It is bounded by a minute, and stopped
@@ -121,7 +123,11 @@ func startWith(t *testing.T, o opts, args ...string) *ctl {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	p := &ctl{done: make(chan struct{})}
-	p.cmd = exec.CommandContext(ctx, bin, args...)
+	path := bin
+	if o.bin != "" {
+		path = o.bin
+	}
+	p.cmd = exec.CommandContext(ctx, path, args...)
 	p.cmd.Env = append(append(os.Environ(), "ETCDCTL_ENDPOINTS="+endpoint), o.env...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	p.cmd.Stdin = strings.NewReader(o.stdin)

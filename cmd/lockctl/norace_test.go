@@ -3,3 +3,6 @@
 package main
 
 var raceFlags []string
+
+// slowdown stretches the tests' bounds on how soon lockctl ends.
+const slowdown = 1

@@ -22,13 +22,17 @@ import (
 const exitCodesHelp = `Exit codes:
   N        the command's own exit status
   128+N    the command died by signal N (130 SIGINT, 143 SIGTERM, ...), or
-           lockctl got signal N while waiting, before the command started
+           lockctl got signal N before the command started (connecting,
+           waiting), or while releasing, and gave up on the release after 0.5s
   143      the hold was lost; the command's group ended after SIGTERM
   137      the hold was lost; the group was killed with SIGKILL after --grace,
-           or at the session's deadline (contact lost, lockctl stopped)
+           or at the session's deadline (contact lost, lockctl stopped); or
+           the deadline passed before the guard could start the command
   75       --try: the lock is held by someone else
   124      --timeout passed while waiting
-  126      the command could not be started
+  126      the command is there but could not be started (not executable, a
+           directory, no #! line, a missing #! interpreter, arguments too
+           long, fork failed); the lock is released at once
   127      the command was not found
   1        lockctl's own error: etcd unreachable, authentication, permission,
            the hold lost before the command started
@@ -41,7 +45,11 @@ lockctl's stdin, stdout and stderr, and with these variables:
   ETCDSYNC_REV    the key's create revision: a fencing token that increases
                   from one holder to the next (also ETCD_LOCK_REV)
   ETCDSYNC_LEASE  the session's lease ID in hex (the key's last part)
-SIGINT, SIGTERM, SIGHUP and SIGQUIT to lockctl go to the whole group. When
+SIGINT, SIGTERM, SIGHUP and SIGQUIT to lockctl go to the whole group (one
+that comes while the command starts, as soon as it runs). Before the
+command starts they end lockctl at once (128+N), releasing what it took;
+after it ended, they give the release half a second more, then lockctl gives
+up and leaves the key to its lease's expiry (128+N). When
 the hold is lost (the lease revoked, the key deleted) the group gets SIGTERM
 at once and SIGKILL after --grace or at the session's deadline, whichever
 comes first; when contact with etcd is lost (no keepalive acknowledged within
@@ -227,36 +235,92 @@ type conn struct {
 	s           *etcdsync.Session
 	health      *health // what /healthz answers
 	stopMetrics func() error
+	cancel      context.CancelCauseFunc // ends the client's context, once it is closed
+	sigs        <-chan os.Signal        // lockctl's signals, which cut the release short (see close)
+	signalled   syscall.Signal          // a signal that came before close, for close (see outcome.signal)
 }
 
+// releaseGrace is how long the release may go on after a signal; then
+// lockctl gives up on it (see conn.close).
+const releaseGrace = 500 * time.Millisecond
+
 // open dials etcd (bounded by --dial-timeout), starts serving metrics if
-// asked, and starts a session with f's TTL (bounded by the TTL). The
-// caller closes it.
-func open(cf *connFlags, name string, f holdFlags) (*conn, error) {
+// asked, and starts a session with f's TTL (bounded by the TTL). A signal
+// on sigs meanwhile ends it at once (exit 128+N): it cancels the client's
+// context, which ends the dial and NewSession. On error nothing is left
+// open, nor held. The caller closes c.
+func open(cf *connFlags, name string, f holdFlags, sigs <-chan os.Signal) (*conn, error) {
 	hl := &health{}
 	opts, stopMetrics, err := f.sessionOptions(hl)
 	if err != nil {
 		return nil, err
 	}
-	cli, err := cf.dial(context.Background(), name+"/")
-	if err != nil {
-		return nil, joinExit(err, stopMetrics())
+	// The client's context: only a signal while connecting ends it, and
+	// then close, after closing the client.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	stop := watchSignals(sigs, func(sig syscall.Signal) { cancel(signalError{sig: sig}) })
+	cli, err := cf.dial(ctx, name+"/")
+	var s *etcdsync.Session
+	if err == nil {
+		s, err = etcdsync.NewSession(cli, append(opts, etcdsync.WithTTL(f.ttl), etcdsync.WithLockDelay(f.lockDelay))...)
 	}
-	s, err := etcdsync.NewSession(cli, append(opts, etcdsync.WithTTL(f.ttl), etcdsync.WithLockDelay(f.lockDelay))...)
+	if sig := stop(); sig != 0 { // the client is of no use now: what closing it fails at is moot
+		if s != nil {
+			s.Close()
+		}
+		if cli != nil {
+			cli.Close()
+		}
+		cancel(nil)
+		return nil, joinExit(fail(exitSignal+int(sig), fmt.Errorf("%s while connecting to etcd at %s", signalError{sig: sig}, strings.Join(cf.endpoints, ","))), stopMetrics())
+	}
 	if err != nil {
-		return nil, joinExit(err, cli.Close(), stopMetrics())
+		var cerr error
+		if cli != nil {
+			cerr = cli.Close()
+		}
+		cancel(nil)
+		return nil, joinExit(err, cerr, stopMetrics())
 	}
 	hl.set("waiting", s.Check)
-	return &conn{cli: cli, s: s, health: hl, stopMetrics: stopMetrics}, nil
+	return &conn{cli: cli, s: s, health: hl, stopMetrics: stopMetrics, cancel: cancel, sigs: sigs}, nil
 }
 
 // close releases h if it still holds (bounded by the TTL), then ends the
 // session, revoking its lease (bounded by the TTL), and closes the client.
 // It returns what failed; a session that had already ended is not an error
-// (its lease is gone, or expires on the server by itself).
+// (its lease is gone, or expires on the server by itself). A signal on
+// c.sigs (or c.signalled) gives the release releaseGrace more; then close gives
+// up: it closes the client, which ends the RPC in flight, leaves the key to
+// its lease's expiry on the server (within the TTL), and returns only that,
+// as an exit 128+N.
 func (c *conn) close(h *hold) error {
+	done, watched := make(chan struct{}), make(chan struct{})
+	var gaveUp syscall.Signal // written before watched closes
+	go func() {
+		defer close(watched)
+		sig := c.signalled
+		if sig == 0 {
+			select {
+			case got := <-c.sigs:
+				sig = sysSignal(got)
+			case <-done:
+				return
+			}
+		}
+		timer := time.NewTimer(releaseGrace)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+			gaveUp = sig
+			c.cli.Close()
+		case <-done:
+		}
+	}()
 	var errs []error
+	what := "the session's lease"
 	if h != nil {
+		what = h.Key()
 		ctx, cancel := context.WithTimeout(context.Background(), c.s.TTL())
 		if err := h.release(ctx); err != nil && !errors.Is(err, etcdsync.ErrLockReleased) && c.s.Err() == nil {
 			errs = append(errs, fmt.Errorf("release %s: %w", h.Key(), err))
@@ -267,11 +331,17 @@ func (c *conn) close(h *hold) error {
 	if err := c.s.Close(); err != nil && !ended {
 		errs = append(errs, err)
 	}
-	if err := c.cli.Close(); err != nil {
+	close(done)
+	<-watched
+	if err := c.cli.Close(); err != nil && gaveUp == 0 {
 		errs = append(errs, fmt.Errorf("close the client: %w", err))
 	}
+	c.cancel(nil)
 	if err := c.stopMetrics(); err != nil {
 		errs = append(errs, err)
+	}
+	if gaveUp != 0 {
+		return fail(exitSignal+int(gaveUp), errors.Join(append([]error{fmt.Errorf("%s while releasing %s: gave up after %v; it is left to expire on etcd (within --ttl %v)", signalError{sig: gaveUp}, what, releaseGrace, c.s.TTL())}, errs...)...))
 	}
 	return errors.Join(errs...)
 }
@@ -281,7 +351,7 @@ func (c *conn) close(h *hold) error {
 // error it has closed the session and holds nothing; a hold lost as it
 // began is an error (exit 1). The caller closes c (withClose).
 func openHeld(cf *connFlags, names []string, f holdFlags, try bool, newHold func(*etcdsync.Session, []string) hold, sigs <-chan os.Signal) (*conn, hold, error) {
-	c, err := open(cf, names[0], f)
+	c, err := open(cf, names[0], f, sigs)
 	if err != nil {
 		return nil, hold{}, err
 	}
@@ -300,8 +370,20 @@ func openHeld(cf *connFlags, names []string, f holdFlags, try bool, newHold func
 }
 
 // withClose closes c (releasing h) and returns err with what closing
-// failed at (see joinExit).
-func withClose(err error, c *conn, h *hold) error { return joinExit(err, c.close(h)) }
+// failed at (see joinExit); when a signal cut the release short, with its
+// exit code (128+N).
+func withClose(err error, c *conn, h *hold) error {
+	cerr := c.close(h)
+	var cut *exitError
+	if !errors.As(cerr, &cut) {
+		return joinExit(err, cerr)
+	}
+	var ee *exitError
+	if err == nil || errors.As(err, &ee) && ee.err == nil {
+		return cerr
+	}
+	return fail(cut.code, fmt.Errorf("%w; %w", err, cut.err))
+}
 
 // joinExit returns err, with what the clean-ups failed at added to its
 // message and its exit code kept; a nil err becomes the clean-up error, if
@@ -342,12 +424,31 @@ func runHeld(cf *connFlags, names []string, f holdFlags, try bool, newHold func(
 	if err != nil {
 		return err
 	}
-	if err := labelHold(h, name, cf.dialTimeout); err != nil {
+	if err := labelHold(h, name, cf.dialTimeout, sigs); err != nil {
 		return withClose(err, c, &h)
 	}
 	lost := h.Done()
+	// Right before the guard: a signal since the hold was taken, or a hold
+	// no longer current (lockctl was stopped past the deadline), starts
+	// nothing.
+	select {
+	case got := <-sigs:
+		sig := sysSignal(got)
+		return withClose(fail(exitSignal+int(sig), fmt.Errorf("%s before %s started; released the %s on %s", signalError{sig: sig}, argv[0], h.what, name)), c, &h)
+	default:
+	}
+	err = c.s.Check()
+	if err == nil {
+		err = h.Check()
+	}
+	if err != nil {
+		return withClose(fail(exitFailure, fmt.Errorf("lost the %s on %s before the command started: %v", h.what, name, err)), c, &h)
+	}
 	becomeSubreaper() // best effort: should the guard die, lockctl reaps the group
-	ch, err := startChild(path, argv, childEnv(names, h, c.s.Lease()), f.grace, c.s.Deadline())
+	ch, err := startChild(path, argv, childEnv(names, h, c.s.Lease()), f.grace, c.s.Deadline(), sigs)
+	if errors.Is(err, errDeadlinePassed) {
+		return withClose(fail(exitSignal+int(syscall.SIGKILL), fmt.Errorf("lost the %s on %s: %w", h.what, name, err)), c, &h)
+	}
 	if err != nil {
 		return withClose(err, c, &h)
 	}
@@ -369,6 +470,7 @@ func runHeld(cf *connFlags, names []string, f holdFlags, try bool, newHold func(
 			report(os.Stderr, deadlineMessage(h, name))
 		},
 	})
+	c.signalled = out.signal
 	if out.guard != nil {
 		return withClose(fail(exitFailure, out.guard), c, &h)
 	}
@@ -468,9 +570,9 @@ func lead(cf *connFlags, name, value string, f holdFlags, try bool, newHold func
 
 // labelHold writes who holds (host and pid) as the held key's value, where
 // the hold's value means nothing else, so that lockctl holders shows it. It
-// blocks for one RPC bounded by timeout; a failure is exit 1 (the hold is
-// then released).
-func labelHold(h hold, name string, timeout time.Duration) error {
+// blocks for one RPC bounded by timeout and by a signal on sigs; a failure
+// is exit 1, a signal 128+N (the caller then releases the hold).
+func labelHold(h hold, name string, timeout time.Duration, sigs <-chan os.Signal) error {
 	if h.label == nil {
 		return nil
 	}
@@ -478,9 +580,16 @@ func labelHold(h hold, name string, timeout time.Duration) error {
 	if err != nil {
 		host = "?"
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if err := h.label(ctx, fmt.Sprintf("lockctl host=%s pid=%d", host, os.Getpid())); err != nil {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	stop := watchSignals(sigs, func(sig syscall.Signal) { cancel(signalError{sig: sig}) })
+	tctx, tcancel := context.WithTimeout(ctx, timeout)
+	defer tcancel()
+	err = h.label(tctx, fmt.Sprintf("lockctl host=%s pid=%d", host, os.Getpid()))
+	if sig := stop(); sig != 0 {
+		return fail(exitSignal+int(sig), fmt.Errorf("%s before the command started; released the %s on %s", signalError{sig: sig}, h.what, name))
+	}
+	if err != nil {
 		return fail(exitFailure, fmt.Errorf("write who holds the %s on %s: %w", h.what, name, err))
 	}
 	return nil

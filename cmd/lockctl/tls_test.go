@@ -37,6 +37,8 @@ func TestTLSAndAuth(t *testing.T) {
 	t.Cleanup(func() { root.Close() })
 	left := func(t *testing.T, name string) {
 		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout) // each its own: the whole test may take longer under -race
+		defer cancel()
 		resp, err := root.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		require.NoError(t, err)
 		require.Zero(t, resp.Count, "keys left under %s", name)
