@@ -66,6 +66,7 @@ type holdFlags struct {
 	timeout     time.Duration
 	grace       time.Duration
 	lockDelay   time.Duration
+	slack       slackFlag
 	logLevel    string // off, or a key of logLevels
 	metricsAddr string // host:port to serve /metrics and /healthz on, or ""
 }
@@ -73,7 +74,8 @@ type holdFlags struct {
 // register adds the flags to cmd.
 func (f *holdFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
-	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long the hold outlives lost contact with etcd (whole seconds, at least 1s)")
+	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long after lost contact with etcd the command is stopped (whole seconds, at least 1s); failover after a crash takes the TTL plus --slack plus --lock-delay")
+	fs.Var(&f.slack, "slack", "how long the lease outlives the TTL, so that a lockctl running late (short of CPU) stops its command before anyone else holds (whole seconds; 0: off)")
 	fs.DurationVar(&f.timeout, "timeout", 0, "give up waiting after this long (exit 124); 0 waits forever")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "after a loss, time between SIGTERM and SIGKILL to the command's group")
 	fs.DurationVar(&f.lockDelay, "lock-delay", 0, "if this lockctl loses contact with etcd while holding, keep the next holder out for this long after it stopped the command (whole seconds; 0: off)")
@@ -92,9 +94,35 @@ func (f *holdFlags) check() error {
 		return usage(fmt.Errorf("--grace %v: want 0 or more", f.grace))
 	case f.lockDelay < 0:
 		return usage(fmt.Errorf("--lock-delay %v: want 0 or more", f.lockDelay))
+	case f.slack.d < 0:
+		return usage(fmt.Errorf("--slack %v: want 0 or more", f.slack.d))
 	}
 	return f.checkObservability()
 }
+
+// slackFlag is --slack: a duration, or unset for the library's default.
+type slackFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (f *slackFlag) String() string {
+	if !f.set {
+		return "max(2s, TTL/10)"
+	}
+	return f.d.String()
+}
+
+func (f *slackFlag) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	f.d, f.set = d, true
+	return nil
+}
+
+func (f *slackFlag) Type() string { return "duration" }
 
 // runFlags are run's flags.
 type runFlags struct {
@@ -262,7 +290,11 @@ func open(cf *connFlags, name string, f holdFlags, sigs <-chan os.Signal) (*conn
 	cli, err := cf.dial(ctx, name+"/")
 	var s *etcdsync.Session
 	if err == nil {
-		s, err = etcdsync.NewSession(cli, append(opts, etcdsync.WithTTL(f.ttl), etcdsync.WithLockDelay(f.lockDelay))...)
+		opts = append(opts, etcdsync.WithTTL(f.ttl), etcdsync.WithLockDelay(f.lockDelay))
+		if f.slack.set {
+			opts = append(opts, etcdsync.WithSlack(f.slack.d))
+		}
+		s, err = etcdsync.NewSession(cli, opts...)
 	}
 	if sig := stop(); sig != 0 { // the client is of no use now: what closing it fails at is moot
 		if s != nil {

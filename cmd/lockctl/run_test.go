@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 )
@@ -309,4 +311,34 @@ func TestRunNamespaceAndProxy(t *testing.T) {
 	require.Equal(t, 0, waiter.wait(t), "stderr: %s", waiter.stderr.String())
 	require.FileExists(t, filepath.Join(dir, "ran"))
 	noKeys(t, ns+name)
+}
+
+// --slack sets how long the lease outlives the TTL: by default the larger of
+// 2 s and a tenth of the TTL, 0 turns it off; a negative one is a usage error.
+func TestRunSlackIsGrantedWithTheLease(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args    []string
+		granted int64
+	}{
+		{[]string{"--ttl", "3s"}, 5},
+		{[]string{"--ttl", "3s", "--slack", "0"}, 3},
+		{[]string{"--ttl", "3s", "--slack", "4s", "--lock-delay", "1s"}, 8},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			name := uniqueName(t)
+			p, release := holding(t, t.TempDir(), append(tc.args, "run", name)...)
+			kvs := waitKeys(t, name+"/", 1)
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			resp, err := admin.TimeToLive(ctx, clientv3.LeaseID(kvs[0].Lease))
+			require.NoError(t, err)
+			require.Equal(t, tc.granted, resp.GrantedTTL)
+			touch(t, release)
+			require.Equal(t, 0, p.wait(t))
+			noKeys(t, name)
+		})
+	}
+	code, p := run(t, "run", "--slack", "-1s", uniqueName(t), "--", "true")
+	require.Equal(t, 2, code, p.stderr.String())
 }
