@@ -342,3 +342,24 @@ func TestRunSlackIsGrantedWithTheLease(t *testing.T) {
 	code, p := run(t, "run", "--slack", "-1s", uniqueName(t), "--", "true")
 	require.Equal(t, 2, code, p.stderr.String())
 }
+
+// run --try A B when B is held (by a Mutex: etcdctl lock's key) exits 75,
+// does not run the command, and writes nothing on either name.
+func TestRunTrySeveralNamesOneHeldWritesNothing(t *testing.T) {
+	t.Parallel()
+	base, dir := uniqueName(t), t.TempDir()
+	a, b := base+"/a", base+"/b"
+	holder, release := holding(t, dir, "run", b)
+	held := keys(t, b+"/")
+	require.Len(t, held, 1)
+	code, p := run(t, "run", "--try", a, b, "--", "touch", filepath.Join(dir, "ran"))
+	require.Equal(t, exitHeld, code, "stderr: %s", p.stderr.String())
+	require.NoFileExists(t, filepath.Join(dir, "ran"))
+	noKeys(t, a)
+	after := keys(t, b+"/")
+	require.Len(t, after, 1)
+	require.Equal(t, held[0].ModRevision, after[0].ModRevision)
+	touch(t, release)
+	require.Equal(t, 0, holder.wait(t))
+	noKeys(t, b)
+}
