@@ -1,7 +1,0 @@
-//go:build !long
-
-package etcdsync_test
-
-// longRuns is off: go test -tags long turns on the long fault and
-// robustness runs (.ci/run does).
-const longRuns = false

@@ -1,7 +1,0 @@
-//go:build long
-
-package etcdsync_test
-
-// longRuns turns on the long fault and robustness runs: go test -tags long
-// (.ci/run does).
-const longRuns = true

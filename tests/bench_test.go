@@ -1,0 +1,1056 @@
+package tests
+
+// Benchmarks, ours and etcd's concurrency package side by side on one
+// embedded member with fsync on. Counts (rpcs/op, writes/op, events/op) do
+// not depend on machine noise; latencies are reported as p50/p90 in ms, and
+// the floor (one delete committed plus its watch event delivered to another
+// client) is measured in the same run. BENCHMARKS.md has the figures.
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
+)
+
+// benchFsync keeps fsync on in the benchmarks' etcd (a production disk);
+// -fsync=false shows the client's own costs.
+var benchFsync = flag.Bool("fsync", true, "benchmarks: fsync on the embedded etcd member")
+
+type benchMutex interface {
+	Lock(context.Context) error
+	TryLock(context.Context) error
+	Unlock(context.Context) error
+}
+
+type benchElection interface {
+	Campaign(context.Context, string) error
+	Proclaim(context.Context, string) error
+	Resign(context.Context) error
+}
+
+type lib struct {
+	name        string
+	watches     func(ahead int) int // watches a waiter creates with ahead keys listed before its own
+	newMutex    func(b *testing.B, cli *clientv3.Client, name string) benchMutex
+	newElection func(b *testing.B, cli *clientv3.Client, name string) benchElection
+}
+
+var libs = []lib{
+	{
+		name:    "etcdsync",
+		watches: func(ahead int) int { return 1 + min(ahead, 2) }, // own key, predecessor and the one before
+		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
+			return etcdsync.NewMutex(benchSession(b, cli), name)
+		},
+		newElection: func(b *testing.B, cli *clientv3.Client, name string) benchElection {
+			return etcdsync.NewElection(benchSession(b, cli), name)
+		},
+	},
+	{
+		name:    "concurrency",
+		watches: func(int) int { return 1 },
+		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
+			return concurrency.NewMutex(etcdSession(b, cli), name)
+		},
+		newElection: func(b *testing.B, cli *clientv3.Client, name string) benchElection {
+			return concurrency.NewElection(etcdSession(b, cli), name)
+		},
+	},
+}
+
+func benchSession(b *testing.B, cli *clientv3.Client) *etcdsync.Session {
+	s, err := etcdsync.NewSession(cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+func etcdSession(b *testing.B, cli *clientv3.Client) *concurrency.Session {
+	s, err := concurrency.NewSession(cli)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// benchEtcd starts one member with fsync on and returns a counted client
+// and an uncounted admin client.
+func benchEtcd(b *testing.B) (*clientv3.Client, *counter, *clientv3.Client) {
+	c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+	var cnt counter
+	return c.Client(b, cnt.dial()...), &cnt, c.Client(b)
+}
+
+func must(b *testing.B, err error) {
+	if err != nil {
+		b.Helper()
+		b.Fatal(err)
+	}
+}
+
+// rev returns the store's revision: writes are its differences.
+func rev(b *testing.B, admin *clientv3.Client) int64 {
+	resp, err := admin.Get(context.Background(), "\x00")
+	must(b, err)
+	return resp.Header.Revision
+}
+
+// reportLatency reports p50 and p90 of samples in milliseconds.
+func reportLatency(b *testing.B, samples []time.Duration, prefix string) {
+	if len(samples) == 0 {
+		return
+	}
+	slices.Sort(samples)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(samples[len(samples)/2]), prefix+"p50-ms")
+	b.ReportMetric(ms(samples[len(samples)*9/10]), prefix+"p90-ms")
+}
+
+// Keepalive traffic of one idle session with a 1 s TTL over 3 TTLs: streams
+// opened and keepalive requests sent, per TTL.
+func BenchmarkKeepAliveTraffic(b *testing.B) {
+	const ttl = time.Second
+	for _, name := range []string{"etcdsync", "concurrency"} {
+		b.Run(name, func(b *testing.B) {
+			c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+			var streams, sent int64
+			for i := 0; i < b.N; i++ {
+				var cnt counter
+				cli := c.Client(b, cnt.dial()...)
+				var end func() error
+				if name == "etcdsync" {
+					s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(ttl))
+					must(b, err)
+					end = s.Close
+				} else {
+					s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttl/time.Second)))
+					must(b, err)
+					end = s.Close
+				}
+				s0, k0 := cnt.streams.Load(), cnt.keepalives.Load()
+				time.Sleep(3 * ttl) // the interval measured
+				streams += cnt.streams.Load() - s0
+				sent += cnt.keepalives.Load() - k0
+				must(b, end())
+			}
+			b.ReportMetric(float64(streams)/float64(3*b.N), "streams/ttl")
+			b.ReportMetric(float64(sent)/float64(3*b.N), "keepalives/ttl")
+		})
+	}
+}
+
+// Uncontended Lock, then Unlock: RPCs and writes of each, and latency.
+func BenchmarkLockUnlock(b *testing.B) {
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			cli, cnt, admin := benchEtcd(b)
+			ctx := context.Background()
+			m := l.newMutex(b, cli, "bench-lock")
+			var lockRPC, unlockRPC int64
+			start := rev(b, admin)
+			cnt.take()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, m.Lock(ctx))
+				n, _ := cnt.take()
+				lockRPC += n
+				must(b, m.Unlock(ctx))
+				n, _ = cnt.take()
+				unlockRPC += n
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(lockRPC)/float64(b.N), "lock-rpcs/op")
+			b.ReportMetric(float64(unlockRPC)/float64(b.N), "unlock-rpcs/op")
+			b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+		})
+	}
+}
+
+// TryLock on a held lock.
+func BenchmarkTryLockHeld(b *testing.B) {
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			cli, cnt, admin := benchEtcd(b)
+			ctx := context.Background()
+			must(b, l.newMutex(b, admin, "bench-try").Lock(ctx))
+			m := l.newMutex(b, cli, "bench-try")
+			start := rev(b, admin)
+			cnt.take()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := m.TryLock(ctx); err == nil {
+					b.Fatal("TryLock took a held lock")
+				}
+			}
+			b.StopTimer()
+			n, _ := cnt.take()
+			b.ReportMetric(float64(n)/float64(b.N), "rpcs/op")
+			b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+		})
+	}
+}
+
+// Uncontended Campaign, Proclaim, Resign.
+func BenchmarkCampaignProclaimResign(b *testing.B) {
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			cli, cnt, admin := benchEtcd(b)
+			ctx := context.Background()
+			e := l.newElection(b, cli, "bench-elect")
+			var campaign, proclaim, resign int64
+			start := rev(b, admin)
+			cnt.take()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, e.Campaign(ctx, "a"))
+				n, _ := cnt.take()
+				campaign += n
+				must(b, e.Proclaim(ctx, "b"))
+				n, _ = cnt.take()
+				proclaim += n
+				must(b, e.Resign(ctx))
+				n, _ = cnt.take()
+				resign += n
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(campaign)/float64(b.N), "campaign-rpcs/op")
+			b.ReportMetric(float64(proclaim)/float64(b.N), "proclaim-rpcs/op")
+			b.ReportMetric(float64(resign)/float64(b.N), "resign-rpcs/op")
+			b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+		})
+	}
+}
+
+// A queued waiter's Lock, split at its predecessor's delete event: RPCs
+// before (enqueue and setting up the wait) and after (taking the turn), for
+// a waiter with one key ahead and with two (the older released first).
+func BenchmarkWaiterCost(b *testing.B) {
+	for _, l := range libs {
+		for _, ahead := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%s/ahead=%d", l.name, ahead), func(b *testing.B) {
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+				admin := c.Client(b)
+				cnt := counter{created: make(chan struct{}, 16)}
+				cli := c.Client(b, cnt.dial()...)
+				ctx := context.Background()
+				holders := make([]benchMutex, ahead)
+				for i := range holders {
+					holders[i] = l.newMutex(b, admin, "bench-waiter")
+				}
+				m := l.newMutex(b, cli, "bench-waiter")
+				var before, after int64
+				for i := 0; i < b.N; i++ {
+					locked := make([]chan error, ahead)
+					for j, h := range holders {
+						locked[j] = make(chan error, 1)
+						go func() { locked[j] <- h.Lock(ctx) }()
+						waitKeys(b, admin, "bench-waiter/", j+1)
+					}
+					cnt.take()
+					got := make(chan error, 1)
+					go func() { got <- m.Lock(ctx) }()
+					for w := 0; w < l.watches(ahead); w++ { // the waiter is in its watch
+						<-cnt.created
+					}
+					n, _ := cnt.take()
+					before += n
+					for j, h := range holders { // release oldest first
+						must(b, <-locked[j])
+						must(b, h.Unlock(ctx))
+					}
+					must(b, <-got)
+					n, _ = cnt.take()
+					after += n
+					must(b, m.Unlock(ctx))
+				}
+				b.ReportMetric(float64(before)/float64(b.N), "before-rpcs/op")
+				b.ReportMetric(float64(after)/float64(b.N), "after-event-rpcs/op")
+			})
+		}
+	}
+}
+
+// The floor of a handoff: one delete committed plus its watch event
+// delivered to another client, on a raw watch stream (as a waiter reads it)
+// that watches the key from before the put and stays open: no client
+// goroutine between the server and the reader, nothing set up per sample.
+func BenchmarkFloor(b *testing.B) {
+	watcher, _, admin := benchEtcd(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ws, err := pb.NewWatchClient(etcdtest.Conn(b, watcher.Endpoints()[0])).Watch(ctx)
+	must(b, err)
+	must(b, ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
+		Key: []byte("floor"), Filters: []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT}}}}))
+	created, err := ws.Recv()
+	must(b, err)
+	if !created.Created {
+		b.Fatalf("first response on the floor's watch: %v", created)
+	}
+	var samples []time.Duration
+	for i := 0; i < b.N; i++ {
+		_, err := admin.Put(ctx, "floor", "x")
+		must(b, err)
+		start := time.Now()
+		_, err = admin.Delete(ctx, "floor")
+		must(b, err)
+		for {
+			resp, err := ws.Recv()
+			must(b, err)
+			if len(resp.Events) > 0 {
+				break
+			}
+		}
+		samples = append(samples, time.Since(start))
+	}
+	reportLatency(b, samples, "floor-")
+}
+
+// The floor as etcd's client sees it: the same, through clientv3.Watch (its
+// goroutines between the stream and the reader), a watch set up per sample.
+func BenchmarkFloorClientWatch(b *testing.B) {
+	watcher, _, admin := benchEtcd(b)
+	var samples []time.Duration
+	ctx := context.Background()
+	for i := 0; i < b.N; i++ {
+		p, err := admin.Put(ctx, "floor", "x")
+		must(b, err)
+		wctx, cancel := context.WithCancel(ctx)
+		wch := watcher.Watch(wctx, "floor", clientv3.WithRev(p.Header.Revision+1), clientv3.WithCreatedNotify())
+		<-wch // created: synced
+		start := time.Now()
+		_, err = admin.Delete(ctx, "floor")
+		must(b, err)
+		for wr := range wch {
+			if len(wr.Events) > 0 {
+				break
+			}
+		}
+		samples = append(samples, time.Since(start))
+		cancel()
+	}
+	reportLatency(b, samples, "floor-")
+}
+
+// Handoff latency with N waiters queued: holder's Unlock start to the next
+// waiter's Lock return. N waiters queue (each in its watch) behind a holder;
+// then each new holder unlocks at once, and the first half of the chain is
+// sampled (so the queue is between N and N/2 long), round after round. The
+// holder and the waiters are made once (sessions, keepalive streams and
+// connections warm) and lock again in every round.
+func BenchmarkHandoff(b *testing.B) {
+	for _, n := range []int{1, 10, 100, 500, 1000} {
+		for _, l := range libs {
+			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+				benchHandoff(b, l, n, c.Client(b), c.Endpoints())
+			})
+		}
+	}
+}
+
+// Handoff as in BenchmarkHandoff, the waiters' client reaching etcd through
+// etcd's gRPC proxy (served in process). The first round is not sampled: it
+// is where a client learns that the proxy does not answer progress requests
+// (first-handoff-ms).
+func BenchmarkHandoffProxy(b *testing.B) {
+	for _, n := range []int{1, 10} {
+		for _, l := range libs {
+			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+				benchHandoff(b, l, n, c.Client(b), []string{etcdtest.StartGRPCProxy(b, c.Endpoints())})
+			})
+		}
+	}
+}
+
+// benchHandoff runs BenchmarkHandoff's rounds: the holder on admin, n waiters
+// on one counted client of endpoints. Through a proxy (endpoints other than
+// admin's) one round goes first, unsampled.
+func benchHandoff(b *testing.B, l lib, n int, admin *clientv3.Client, endpoints []string) {
+	cnt := counter{created: make(chan struct{}, queueWatches(l, n)+16)}
+	cli := etcdtest.NewClient(b, endpoints, cnt.dial()...)
+	holder := l.newMutex(b, admin, "bench-handoff")
+	waiters := make([]benchMutex, n)
+	for i := range waiters {
+		waiters[i] = l.newMutex(b, cli, "bench-handoff")
+	}
+	var first []time.Duration
+	if !slices.Equal(endpoints, admin.Endpoints()) {
+		first = handoffQueue(b, admin, holder, waiters, &cnt, l)
+	}
+	var samples []time.Duration
+	b.ResetTimer() // it drops metrics reported before
+	for len(samples) < b.N {
+		samples = append(samples, handoffQueue(b, admin, holder, waiters, &cnt, l)...)
+	}
+	b.StopTimer()
+	reportLatency(b, samples[:b.N], "handoff-")
+	if first != nil {
+		b.ReportMetric(float64(first[0])/float64(time.Millisecond), "first-handoff-ms")
+	}
+}
+
+// queueWatches is the number of watches n waiters queued behind a holder create.
+func queueWatches(l lib, n int) int {
+	total := 0
+	for i := 1; i <= n; i++ {
+		total += l.watches(i)
+	}
+	return total
+}
+
+// handoffQueue queues the waiters behind the holder, releases the holder and
+// lets the chain run; it returns the first max(1, n/2) handoff latencies.
+func handoffQueue(b *testing.B, admin *clientv3.Client, holder benchMutex, waiters []benchMutex, cnt *counter, l lib) []time.Duration {
+	b.StopTimer()
+	defer b.StartTimer()
+	ctx := context.Background()
+	n := len(waiters)
+	must(b, holder.Lock(ctx))
+	var (
+		mu        sync.Mutex
+		samples   []time.Duration
+		lastStart time.Time
+		wg        sync.WaitGroup
+	)
+	for i, m := range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.Lock(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+			mu.Lock()
+			samples = append(samples, time.Since(lastStart))
+			lastStart = time.Now()
+			mu.Unlock()
+			if err := m.Unlock(ctx); err != nil {
+				b.Error(err)
+			}
+		}()
+		if i < 10 || i%50 == 0 {
+			waitKeys(b, admin, "bench-handoff/", i+2) // queue in order
+		}
+	}
+	for w := 0; w < queueWatches(l, n); w++ { // every waiter in its watch
+		<-cnt.created
+	}
+	b.StartTimer()
+	mu.Lock()
+	lastStart = time.Now()
+	mu.Unlock()
+	must(b, holder.Unlock(ctx))
+	wg.Wait()
+	b.StopTimer()
+	return samples[:max(1, n/2)]
+}
+
+// Handoff under steady contention: N+1 contenders loop Lock, Unlock, Lock
+// again, so the queue stays N long and the released holder's next enqueue
+// competes with the handoff.
+func BenchmarkHandoffSteady(b *testing.B) {
+	for _, n := range []int{1, 10, 100, 500} {
+		for _, l := range libs {
+			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+				_, _, admin := benchEtcd(b)
+				samples := handoffChain(b, admin, l, n)
+				reportLatency(b, samples, "handoff-")
+			})
+		}
+	}
+}
+
+// handoffChain runs b.N handoffs among n+1 contenders and returns the samples.
+// Sampling starts once all n+1 are queued.
+func handoffChain(b *testing.B, cli *clientv3.Client, l lib, n int) []time.Duration {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ms := make([]benchMutex, n+1)
+	for i := range ms {
+		ms[i] = l.newMutex(b, cli, "bench-handoff")
+	}
+	first := ms[0]
+	must(b, first.Lock(ctx))
+	var (
+		mu        sync.Mutex
+		samples   []time.Duration
+		lastStart time.Time // when the last holder began its Unlock
+		left      = int64(b.N)
+		wg        sync.WaitGroup
+	)
+	contend := func(m benchMutex, held bool) {
+		defer wg.Done()
+		for {
+			if !held {
+				if err := m.Lock(ctx); err != nil {
+					return
+				}
+			}
+			held = false
+			now := time.Now()
+			mu.Lock()
+			if !lastStart.IsZero() {
+				samples = append(samples, now.Sub(lastStart))
+			}
+			done := atomic.AddInt64(&left, -1) < 0
+			lastStart = time.Now()
+			mu.Unlock()
+			if done {
+				cancel()
+			}
+			if err := m.Unlock(context.Background()); err != nil || done {
+				return
+			}
+		}
+	}
+	for _, m := range ms[1:] {
+		wg.Add(1)
+		go contend(m, false)
+	}
+	waitKeys(b, cli, "bench-handoff/", n+1)
+	b.ResetTimer()
+	wg.Add(1)
+	go contend(first, true)
+	wg.Wait()
+	b.StopTimer()
+	if len(samples) > b.N {
+		samples = samples[:b.N]
+	}
+	return samples
+}
+
+// Election handoff: Resign to the next Campaign's return, two candidates.
+func BenchmarkElectionHandoff(b *testing.B) {
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+			cnt := counter{created: make(chan struct{}, 16)}
+			cli := c.Client(b, cnt.dial()...)
+			ctx := context.Background()
+			es := []benchElection{l.newElection(b, cli, "bench-eh"), l.newElection(b, cli, "bench-eh")}
+			must(b, es[0].Campaign(ctx, "0"))
+			var samples []time.Duration
+			for i := 0; i < b.N; i++ {
+				leader, next := es[i%2], es[(i+1)%2]
+				got := make(chan error, 1)
+				go func() { got <- next.Campaign(ctx, "x") }()
+				for w := 0; w < l.watches(1); w++ { // the candidate is in its watch
+					<-cnt.created
+				}
+				start := time.Now()
+				must(b, leader.Resign(ctx))
+				must(b, <-got)
+				samples = append(samples, time.Since(start))
+			}
+			reportLatency(b, samples, "handoff-")
+		})
+	}
+}
+
+// Watch events delivered to all waiters per release, with N queued.
+func BenchmarkEventsPerRelease(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		for _, l := range libs {
+			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+				admin := c.Client(b)
+				cnt := counter{created: make(chan struct{}, queueWatches(l, n)+16)}
+				cli := c.Client(b, cnt.dial()...)
+				var releases atomic.Int64
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				holder := l.newMutex(b, admin, "bench-events")
+				must(b, holder.Lock(ctx))
+				var wg sync.WaitGroup
+				order := make(chan benchMutex, n)
+				for i := 0; i < n; i++ {
+					m := l.newMutex(b, cli, "bench-events")
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if m.Lock(ctx) == nil {
+							order <- m
+						}
+					}()
+				}
+				for w := 0; w < queueWatches(l, n); w++ { // every waiter in its watch
+					<-cnt.created
+				}
+				before := cnt.events.Load()
+				b.ResetTimer()
+				must(b, holder.Unlock(context.Background()))
+				releases.Add(1)
+				for i := 1; i < b.N && i < n; i++ {
+					must(b, (<-order).Unlock(context.Background()))
+					releases.Add(1)
+				}
+				got := <-order // the last handoff's waiter took the lock
+				b.StopTimer()
+				events := cnt.events.Load() - before
+				b.ReportMetric(float64(events)/float64(releases.Load()), "events/release")
+				must(b, got.Unlock(context.Background()))
+				cancel()
+				wg.Wait()
+			})
+		}
+	}
+}
+
+// Throughput: 64 goroutines lock and unlock distinct names, against raw
+// put+delete pairs.
+func BenchmarkThroughput64(b *testing.B) {
+	const workers = 64
+	run := func(b *testing.B, op func(i int) error) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		b.ResetTimer()
+		start := time.Now()
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= int64(b.N) {
+					if err := op(w); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
+	}
+	b.Run("raw-put-delete", func(b *testing.B) {
+		_, _, admin := benchEtcd(b)
+		ctx := context.Background()
+		run(b, func(i int) error {
+			k := fmt.Sprintf("raw/%d", i)
+			if _, err := admin.Put(ctx, k, ""); err != nil {
+				return err
+			}
+			_, err := admin.Delete(ctx, k)
+			return err
+		})
+	})
+	for _, l := range libs {
+		b.Run(l.name, func(b *testing.B) {
+			_, _, admin := benchEtcd(b)
+			ctx := context.Background()
+			ms := make([]benchMutex, workers)
+			for i := range ms {
+				ms[i] = l.newMutex(b, admin, fmt.Sprintf("tp/%d", i))
+			}
+			run(b, func(i int) error {
+				if err := ms[i].Lock(ctx); err != nil {
+					return err
+				}
+				return ms[i].Unlock(ctx)
+			})
+		})
+	}
+}
+
+// Client allocations per operation (etcd in a child process, so that only
+// the client's count): uncontended Lock+Unlock, TryLock on a held lock,
+// Campaign+Resign.
+func BenchmarkClientAllocs(b *testing.B) {
+	for _, l := range libs {
+		b.Run("lock-unlock/"+l.name, func(b *testing.B) {
+			m := l.newMutex(b, clientOfChildEtcd(b), "allocs")
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, m.Lock(ctx))
+				must(b, m.Unlock(ctx))
+			}
+		})
+		b.Run("trylock-held/"+l.name, func(b *testing.B) {
+			cli := clientOfChildEtcd(b)
+			ctx := context.Background()
+			must(b, l.newMutex(b, cli, "allocs").Lock(ctx))
+			m := l.newMutex(b, cli, "allocs")
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if m.TryLock(ctx) == nil {
+					b.Fatal("TryLock took a held lock")
+				}
+			}
+		})
+		b.Run("campaign-resign/"+l.name, func(b *testing.B) {
+			e := l.newElection(b, clientOfChildEtcd(b), "allocs")
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, e.Campaign(ctx, "v"))
+				must(b, e.Resign(ctx))
+			}
+		})
+	}
+}
+
+// Observability's cost: Lock+Unlock on sessions with no logger and no
+// metrics (as before WithLogger/WithMetrics existed), with a logger whose
+// handler drops Debug (the default level), one that formats every record,
+// with metrics, and with both. etcd runs in a child process (client side
+// allocations only).
+func BenchmarkObservabilityCost(b *testing.B) {
+	metrics := func() *etcdsync.Metrics {
+		m, err := etcdsync.NewMetrics(prometheus.NewRegistry())
+		must(b, err)
+		return m
+	}
+	text := func(level slog.Level) *slog.Logger {
+		return slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: level}))
+	}
+	cases := []struct {
+		name string
+		opts func() []etcdsync.SessionOption
+	}{
+		{"off", func() []etcdsync.SessionOption { return nil }},
+		{"logger-info", func() []etcdsync.SessionOption {
+			return []etcdsync.SessionOption{etcdsync.WithLogger(text(slog.LevelInfo))}
+		}},
+		{"logger-debug", func() []etcdsync.SessionOption {
+			return []etcdsync.SessionOption{etcdsync.WithLogger(text(slog.LevelDebug))}
+		}},
+		{"metrics", func() []etcdsync.SessionOption { return []etcdsync.SessionOption{etcdsync.WithMetrics(metrics())} }},
+		{"both-debug", func() []etcdsync.SessionOption {
+			return []etcdsync.SessionOption{etcdsync.WithLogger(text(slog.LevelDebug)), etcdsync.WithMetrics(metrics())}
+		}},
+	}
+	cli := clientOfChildEtcd(b)
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			s, err := etcdsync.NewSession(cli, c.opts()...)
+			must(b, err)
+			defer s.Close()
+			m := etcdsync.NewMutex(s, "observe")
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				must(b, m.Lock(ctx))
+				must(b, m.Unlock(ctx))
+			}
+		})
+	}
+}
+
+// Scale: one session holding 10,000 locks nobody asked Done of: heap and
+// goroutines per held lock. etcd runs in a child process here, so that the
+// heap counts the client side only.
+func BenchmarkHold10k(b *testing.B) {
+	const locks = 10000
+	// Each library: one session's maker of Mutexes, and its Close.
+	type oneSession func(b *testing.B, cli *clientv3.Client) (newMutex func(name string) benchMutex, close func() error)
+	for _, l := range []struct {
+		name string
+		open oneSession
+	}{
+		{"etcdsync", func(b *testing.B, cli *clientv3.Client) (func(string) benchMutex, func() error) {
+			s := benchSession(b, cli)
+			return func(name string) benchMutex { return etcdsync.NewMutex(s, name) }, s.Close
+		}},
+		{"concurrency", func(b *testing.B, cli *clientv3.Client) (func(string) benchMutex, func() error) {
+			s := etcdSession(b, cli)
+			return func(name string) benchMutex { return concurrency.NewMutex(s, name) }, s.Close
+		}},
+	} {
+		b.Run(l.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				newMutex, closeSession := l.open(b, clientOfChildEtcd(b))
+				ms := make([]benchMutex, locks)
+				names := make([]string, locks)
+				for j := range names {
+					names[j] = fmt.Sprintf("scale/%d", j)
+				}
+				runtime.GC()
+				var before runtime.MemStats
+				runtime.ReadMemStats(&before)
+				g0 := runtime.NumGoroutine()
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				var failed atomic.Value
+				for w := 0; w < 64; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for j := next.Add(1) - 1; j < locks; j = next.Add(1) - 1 {
+							ms[j] = newMutex(names[j])
+							if err := ms[j].Lock(context.Background()); err != nil {
+								failed.Store(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				if err, _ := failed.Load().(error); err != nil {
+					b.Fatal(err)
+				}
+				runtime.GC()
+				var after runtime.MemStats
+				runtime.ReadMemStats(&after)
+				heap := float64(after.HeapAlloc) - float64(before.HeapAlloc)
+				b.ReportMetric(heap/locks, "heap-bytes/lock")
+				b.ReportMetric(heap/(1<<20), "heap-MiB")
+				b.ReportMetric(float64(runtime.NumGoroutine()-g0)/locks, "goroutines/lock")
+				runtime.KeepAlive(ms)
+				must(b, closeSession())
+			}
+		})
+	}
+}
+
+// clientOfChildEtcd starts an embedded etcd in a child process (this test
+// binary, running TestChildEtcd) and returns a client of it; both end in b's
+// cleanup.
+func clientOfChildEtcd(b *testing.B) *clientv3.Client {
+	return etcdtest.NewClient(b, childEtcd(b, false))
+}
+
+// childEtcd starts an embedded etcd member, with fsync on or off, in a child
+// process (this test binary, running TestChildEtcd), so that the heap and
+// goroutines of this process are the clients' only, and returns its
+// endpoints. The member ends in b's cleanup.
+func childEtcd(b *testing.B, fsync bool) []string {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestChildEtcd$")
+	cmd.Env = append(os.Environ(), "ETCDSYNC_CHILD_ETCD="+b.TempDir(), fmt.Sprintf("ETCDSYNC_CHILD_FSYNC=%t", fsync))
+	stdin, err := cmd.StdinPipe()
+	must(b, err)
+	stdout, err := cmd.StdoutPipe()
+	must(b, err)
+	must(b, cmd.Start())
+	b.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if ep, ok := strings.CutPrefix(sc.Text(), "ENDPOINT "); ok {
+			go io.Copy(io.Discard, stdout)
+			return []string{ep}
+		}
+	}
+	b.Fatal("child etcd printed no endpoint")
+	return nil
+}
+
+// TestChildEtcd serves an embedded etcd for childEtcd until its standard
+// input closes, with fsync on when ETCDSYNC_CHILD_FSYNC is true; without
+// ETCDSYNC_CHILD_ETCD it is skipped.
+func TestChildEtcd(t *testing.T) {
+	dir := os.Getenv("ETCDSYNC_CHILD_ETCD")
+	if dir == "" {
+		t.Skip("runs only as a benchmark's child process")
+	}
+	c, err := etcdtest.StartCluster(dir, etcdtest.Options{Fsync: os.Getenv("ETCDSYNC_CHILD_FSYNC") == "true"})
+	require.NoError(t, err)
+	defer c.Close()
+	fmt.Println("ENDPOINT " + c.Endpoints()[0])
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// RWMutex, ours and etcd's experimental recipe side by side.
+type benchRW interface {
+	RLock(context.Context) error
+	RUnlock(context.Context) error
+	Lock(context.Context) error
+	Unlock(context.Context) error
+}
+
+// recipeRW adapts etcd's recipe RWMutex, which takes no context.
+type recipeRW struct{ rw *recipe.RWMutex }
+
+func (r recipeRW) RLock(context.Context) error   { return r.rw.RLock() }
+func (r recipeRW) RUnlock(context.Context) error { return r.rw.RUnlock() }
+func (r recipeRW) Lock(context.Context) error    { return r.rw.Lock() }
+func (r recipeRW) Unlock(context.Context) error  { return r.rw.Unlock() }
+
+var rwLibs = []struct {
+	name          string
+	readerWatches int // watches a reader queued behind one writer creates
+	newRW         func(b *testing.B, cli *clientv3.Client, name string) benchRW
+}{
+	{"etcdsync", 2, func(b *testing.B, cli *clientv3.Client, name string) benchRW {
+		return etcdsync.NewRWMutex(benchSession(b, cli), name)
+	}},
+	{"recipe", 1, func(b *testing.B, cli *clientv3.Client, name string) benchRW {
+		return recipeRW{recipe.NewRWMutex(etcdSession(b, cli), name)}
+	}},
+}
+
+// Uncontended read and write holds: RPCs and writes per lock+unlock.
+func BenchmarkRWMutexUncontended(b *testing.B) {
+	for _, l := range rwLibs {
+		for _, mode := range []string{"read", "write"} {
+			b.Run(mode+"/"+l.name, func(b *testing.B) {
+				cli, cnt, admin := benchEtcd(b)
+				rw := l.newRW(b, cli, "bench-rw")
+				ctx := context.Background()
+				lock, unlock := rw.Lock, rw.Unlock
+				if mode == "read" {
+					lock, unlock = rw.RLock, rw.RUnlock
+				}
+				cnt.take()
+				before := rev(b, admin)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					must(b, lock(ctx))
+					must(b, unlock(ctx))
+				}
+				b.StopTimer()
+				n, _ := cnt.take()
+				b.ReportMetric(float64(n)/float64(b.N), "rpcs/op")
+				b.ReportMetric(float64(rev(b, admin)-before)/float64(b.N), "writes/op")
+			})
+		}
+	}
+}
+
+// A writer's release with N readers queued behind it: from the writer's
+// Unlock start to the last reader's RLock return; the watch events the
+// readers' client receives, and its RPCs after the release, per release.
+func BenchmarkRWHandoff(b *testing.B) {
+	for _, n := range []int{1, 10, 100} {
+		for _, l := range rwLibs {
+			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+				admin := c.Client(b)
+				cnt := counter{created: make(chan struct{}, n*l.readerWatches+16)}
+				cli := c.Client(b, cnt.dial()...)
+				ctx := context.Background()
+				w := l.newRW(b, admin, "bench-rwh")
+				readers := make([]benchRW, n)
+				for i := range readers {
+					readers[i] = l.newRW(b, cli, "bench-rwh")
+				}
+				var samples []time.Duration
+				var events, rpcs int64
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					b.StopTimer()
+					must(b, w.Lock(ctx))
+					var wg sync.WaitGroup
+					for _, r := range readers {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							if err := r.RLock(ctx); err != nil {
+								b.Error(err)
+							}
+						}()
+					}
+					for range n * l.readerWatches { // every reader in its watch
+						<-cnt.created
+					}
+					cnt.take()
+					ev := cnt.events.Load()
+					b.StartTimer()
+					start := time.Now()
+					must(b, w.Unlock(ctx))
+					wg.Wait()
+					samples = append(samples, time.Since(start))
+					b.StopTimer()
+					events += cnt.events.Load() - ev
+					k, _ := cnt.take()
+					rpcs += k
+					for _, r := range readers {
+						must(b, r.RUnlock(ctx))
+					}
+					b.StartTimer()
+				}
+				b.StopTimer()
+				reportLatency(b, samples, "all-readers-")
+				b.ReportMetric(float64(events)/float64(b.N), "events/release")
+				b.ReportMetric(float64(rpcs)/float64(b.N), "after-release-rpcs/op")
+			})
+		}
+	}
+}
+
+// Semaphore: watch events per release with N waiters queued behind
+// capacity holders (one permit each), holders releasing oldest first.
+func BenchmarkSemaphoreEventsPerRelease(b *testing.B) {
+	const capacity = 4
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+			admin := c.Client(b)
+			// A waiter watches its own key, the nearest capacity keys (their
+			// permits exceed its room of capacity-1) and one behind them.
+			watches := 0
+			for i := 0; i < n; i++ {
+				watches += 1 + min(capacity+i, capacity+1)
+			}
+			cnt := counter{created: make(chan struct{}, watches+16)}
+			cli := c.Client(b, cnt.dial()...)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			held := make(chan *etcdsync.Semaphore, n+capacity)
+			for i := 0; i < capacity; i++ {
+				sm := etcdsync.NewSemaphore(benchSession(b, admin), "bench-sem", capacity)
+				must(b, sm.Acquire(ctx, 1))
+				held <- sm
+			}
+			var wg sync.WaitGroup
+			for i := 0; i < n; i++ {
+				sm := etcdsync.NewSemaphore(benchSession(b, cli), "bench-sem", capacity)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if sm.Acquire(ctx, 1) == nil {
+						held <- sm
+					}
+				}()
+				if i < 10 || i%50 == 0 {
+					waitKeys(b, admin, "bench-sem/", capacity+i+1) // queue in order
+				}
+			}
+			for range watches { // every waiter in its watch
+				<-cnt.created
+			}
+			before := cnt.events.Load()
+			releases := 0
+			b.ResetTimer()
+			for ; releases < b.N && releases < n; releases++ {
+				must(b, (<-held).Release(context.Background()))
+			}
+			b.StopTimer()
+			// The last release's waiter holds once its event arrived.
+			for i := 0; i < capacity; i++ {
+				must(b, (<-held).Release(context.Background()))
+			}
+			b.ReportMetric(float64(cnt.events.Load()-before)/float64(releases+capacity), "events/release")
+			cancel()
+			wg.Wait()
+		})
+	}
+}

@@ -1,0 +1,622 @@
+package tests
+
+// The compatibility matrix (issue 24): every primitive, through every way a
+// user's *clientv3.Client reaches etcd. A deployment gives the library its
+// clients and gives the test an admin client straight to a member (a
+// delete or a revoke made there is one the deployment's client did not
+// make: the proxy's cache does not see it) and the prefix under which the
+// library's keys live in etcd's keyspace.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/namespace"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+)
+
+// cellTimeout bounds one cell: a cell that hangs fails within it.
+const cellTimeout = 15 * time.Second
+
+// blockedFor is how long a call must still wait for a cell to call it blocked.
+const blockedFor = 300 * time.Millisecond
+
+// deployment is how the library's clients reach etcd.
+type deployment struct {
+	// newClient returns a new client of the deployment, closed in t's cleanup.
+	newClient func(t *testing.T) *clientv3.Client
+	admin     *clientv3.Client // straight to a member, no wrapper
+	prefix    string           // of the library's keys in etcd's keyspace
+	// after checks what the deployment promises once a cell has run.
+	after func(t *testing.T)
+}
+
+type compatRig struct {
+	name  string
+	short bool // runs in -short
+	start func(t *testing.T) *deployment
+}
+
+func compatRigs() []compatRig {
+	return []compatRig{
+		{"plain", true, func(t *testing.T) *deployment {
+			c := single(t)
+			return &deployment{newClient: func(t *testing.T) *clientv3.Client { return c.Client(t) }, admin: c.Client(t)}
+		}},
+		{"namespace", true, func(t *testing.T) *deployment {
+			c := single(t)
+			return &deployment{
+				newClient: func(t *testing.T) *clientv3.Client {
+					cli := c.Client(t)
+					cli.KV = namespace.NewKV(cli.KV, "tenant/")
+					cli.Watcher = namespace.NewWatcher(cli.Watcher, "tenant/")
+					cli.Lease = namespace.NewLease(cli.Lease, "tenant/")
+					return cli
+				},
+				admin:  c.Client(t),
+				prefix: "tenant/",
+			}
+		}},
+		{"grpcproxy", false, func(t *testing.T) *deployment {
+			c := single(t)
+			addr := etcdtest.StartGRPCProxy(t, c.Endpoints())
+			return &deployment{newClient: func(t *testing.T) *clientv3.Client { return etcdtest.NewClient(t, []string{addr}) }, admin: c.Client(t)}
+		}},
+		{"v3client", false, func(t *testing.T) *deployment {
+			c := single(t)
+			srv := c.Member(0).Server()
+			return &deployment{
+				newClient: func(t *testing.T) *clientv3.Client {
+					cli := v3client.New(srv)
+					t.Cleanup(func() { cli.Close() })
+					return cli
+				},
+				admin: c.Client(t),
+			}
+		}},
+		{"wrapped", false, func(t *testing.T) *deployment {
+			c := single(t)
+			calls := &wrapCalls{}
+			return &deployment{
+				newClient: func(t *testing.T) *clientv3.Client { return calls.wrap(c.Client(t, calls.dial()...)) },
+				admin:     c.Client(t),
+				after:     calls.check,
+			}
+		}},
+		{"etcd34", false, startEtcd34},
+	}
+}
+
+// compatCell is one behaviour checked under every deployment.
+type compatCell struct {
+	name string
+	run  func(t *testing.T, d *deployment, name string)
+}
+
+func compatCells() []compatCell {
+	return []compatCell{
+		{"MutexContention", cellMutexContention},
+		{"TryLock", cellTryLock},
+		{"RWMutex", cellRWMutex},
+		{"Semaphore", cellSemaphore},
+		{"ElectionObserveResign", cellElection},
+		{"RunLossOnAdminDelete", cellRunLoss},
+		{"LeaseGoneWhileWaiting", cellLeaseGoneWaiting},
+		{"LeaseGoneWhileHolding", cellLeaseGoneHolding},
+		{"LeaseExpiresWhileHolding", cellLeaseExpires},
+		{"LeaseExpiresWhileWaiting", cellLeaseExpiresWaiting},
+		{"HoldOutlivesTTLs", cellHoldOutlivesTTLs},
+		{"OwnKeyDeletedByAdmin", cellOwnKeyDeleted},
+		{"OwnKeyDeletedWithPredecessor", cellOwnKeyWithPredecessor},
+		{"PrefixDeletedWhileWaiting", cellPrefixDeleted},
+	}
+}
+
+// TestCompat runs every cell under every deployment, the deployments side
+// by side. Each cell ends by checking that no key is left under its name.
+func TestCompat(t *testing.T) {
+	t.Parallel()
+	for _, rig := range compatRigs() {
+		t.Run(rig.name, func(t *testing.T) {
+			if testing.Short() && !rig.short {
+				t.Skip("skipped in -short")
+			}
+			t.Parallel() // each deployment has a cluster of its own
+			d := rig.start(t)
+			for _, cell := range compatCells() {
+				t.Run(cell.name, func(t *testing.T) {
+					name := "compat/" + cell.name
+					cell.run(t, d, name)
+					require.Empty(t, rawKeys(t, d, name), "keys left under %s", name)
+					if d.after != nil {
+						d.after(t)
+					}
+				})
+			}
+		})
+	}
+}
+
+// ctxCell is a context bounded by cellTimeout.
+func ctxCell(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), cellTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// sessions returns n sessions, each on a client of its own.
+func (d *deployment) sessions(t *testing.T, n int, opts ...etcdsync.SessionOption) []*etcdsync.Session {
+	t.Helper()
+	var out []*etcdsync.Session
+	for range n {
+		out = append(out, session(t, d.newClient(t), opts...))
+	}
+	return out
+}
+
+// rawKeys returns the keys under name/ in etcd's keyspace.
+func rawKeys(t *testing.T, d *deployment, name string) []string {
+	t.Helper()
+	return keys(t, d.admin, d.prefix+name+"/")
+}
+
+// awaitKeys blocks until at least n keys are under name/ (read and watched
+// through the admin client).
+func awaitKeys(t *testing.T, d *deployment, name string, n int) {
+	t.Helper()
+	ctx := ctxCell(t)
+	prefix := d.prefix + name + "/"
+	for {
+		resp, err := d.admin.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		require.NoError(t, err)
+		if resp.Count >= int64(n) {
+			return
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		wr := <-d.admin.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		cancel()
+		require.NoError(t, ctx.Err(), "waiting for %d keys under %s", n, prefix)
+		require.NoError(t, wr.Err())
+	}
+}
+
+func cellMutexContention(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	const contenders, rounds = 3, 4
+	var inside, most, total atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, contenders)
+	for _, s := range d.sessions(t, contenders) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := etcdsync.NewMutex(s, name)
+			for range rounds {
+				if err := m.Lock(ctx); err != nil {
+					errs <- fmt.Errorf("lock: %w", err)
+					return
+				}
+				n := inside.Add(1)
+				for cur := most.Load(); n > cur && !most.CompareAndSwap(cur, n); cur = most.Load() {
+				}
+				total.Add(1)
+				time.Sleep(5 * time.Millisecond) // hold it a moment: overlaps would show
+				inside.Add(-1)
+				if err := m.Unlock(ctx); err != nil {
+					errs <- fmt.Errorf("unlock: %w", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 1, most.Load(), "holders at once")
+	require.EqualValues(t, contenders*rounds, total.Load())
+}
+
+func cellTryLock(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	a, b := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name)
+	require.NoError(t, a.Lock(ctx))
+	require.ErrorIs(t, b.TryLock(ctx), etcdsync.ErrLocked)
+	require.Len(t, rawKeys(t, d, name), 1, "a failed TryLock leaves no key")
+	require.NoError(t, a.Unlock(ctx))
+	require.NoError(t, b.TryLock(ctx))
+	require.ErrorIs(t, a.TryLock(ctx), etcdsync.ErrLocked)
+	require.NoError(t, b.Unlock(ctx))
+}
+
+func cellRWMutex(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 4)
+	r1, r2, w, r3 := etcdsync.NewRWMutex(ss[0], name), etcdsync.NewRWMutex(ss[1], name), etcdsync.NewRWMutex(ss[2], name), etcdsync.NewRWMutex(ss[3], name)
+	require.NoError(t, r1.RLock(ctx))
+	require.NoError(t, r2.RLock(ctx), "readers share")
+	wl := async(func() error { return w.Lock(ctx) })
+	notYet(t, wl, blockedFor, "writer behind readers")
+	require.NoError(t, r1.RUnlock(ctx))
+	notYet(t, wl, blockedFor, "writer behind one reader")
+	require.NoError(t, r2.RUnlock(ctx))
+	require.NoError(t, resultWithin(t, wl, cellTimeout, "writer after the readers left"))
+	rl := async(func() error { return r3.RLock(ctx) })
+	notYet(t, rl, blockedFor, "reader behind a writer")
+	require.NoError(t, w.Unlock(ctx))
+	require.NoError(t, resultWithin(t, rl, cellTimeout, "reader after the writer left"))
+	require.NoError(t, r3.RUnlock(ctx))
+}
+
+func cellSemaphore(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 3)
+	a, b, c := etcdsync.NewSemaphore(ss[0], name, 2), etcdsync.NewSemaphore(ss[1], name, 2), etcdsync.NewSemaphore(ss[2], name, 2)
+	require.NoError(t, a.Acquire(ctx, 1))
+	require.NoError(t, b.Acquire(ctx, 1))
+	ca := async(func() error { return c.Acquire(ctx, 1) })
+	notYet(t, ca, blockedFor, "third acquire of a capacity of two")
+	require.NoError(t, a.Release(ctx))
+	require.NoError(t, resultWithin(t, ca, cellTimeout, "acquire after a release"))
+	require.NoError(t, b.Release(ctx))
+	require.NoError(t, c.Release(ctx))
+}
+
+func cellElection(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	e1, e2 := etcdsync.NewElection(ss[0], name), etcdsync.NewElection(ss[1], name)
+	require.NoError(t, e1.Campaign(ctx, "one"))
+	octx, stop := context.WithCancel(ctx)
+	defer stop()
+	obs := etcdsync.NewObserver(d.newClient(t), name).Observe(octx)
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case resp, ok := <-obs:
+			require.True(t, ok, "observe closed before %s", what)
+			return string(resp.Kvs[0].Value)
+		case <-ctx.Done():
+			t.Fatalf("observe: no %s within %v", what, cellTimeout)
+			return ""
+		}
+	}
+	require.Equal(t, "one", next("first leader"))
+	c2 := async(func() error { return e2.Campaign(ctx, "two") })
+	notYet(t, c2, blockedFor, "second candidate")
+	require.NoError(t, e1.Proclaim(ctx, "one again"))
+	require.Equal(t, "one again", next("proclamation"))
+	require.NoError(t, e1.Resign(ctx))
+	require.NoError(t, resultWithin(t, c2, cellTimeout, "campaign after the leader resigned"))
+	require.Equal(t, "two", next("second leader"))
+	resp, err := e1.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "two", string(resp.Kvs[0].Value))
+	require.NoError(t, e2.Resign(ctx))
+}
+
+func cellRunLoss(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	m, next := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name)
+	started := make(chan string, 1)
+	run := async(func() error {
+		return m.Run(ctx, func(fctx context.Context) error {
+			started <- m.Key()
+			<-fctx.Done()
+			return context.Cause(fctx)
+		})
+	})
+	var key string
+	select {
+	case key = <-started:
+	case <-ctx.Done():
+		t.Fatal("Run did not start")
+	}
+	waiter := async(func() error { return next.Lock(ctx) })
+	awaitKeys(t, d, name, 2)
+	_, err := d.admin.Delete(ctx, d.prefix+key)
+	require.NoError(t, err)
+	require.ErrorIs(t, resultWithin(t, run, cellTimeout, "Run after an admin deleted its key"), etcdsync.ErrNotHeld)
+	require.NoError(t, resultWithin(t, waiter, cellTimeout, "the waiter after the holder's key was deleted"))
+	require.NoError(t, ss[0].Err(), "the session of a hold whose key was deleted lives on")
+	require.NoError(t, next.Unlock(ctx))
+}
+
+func cellLeaseGoneWaiting(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 3)
+	holder, waiter, behind := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name), etcdsync.NewMutex(ss[2], name)
+	require.NoError(t, holder.Lock(ctx))
+	w := async(func() error { return waiter.Lock(ctx) })
+	awaitKeys(t, d, name, 2)
+	b := async(func() error { return behind.Lock(ctx) })
+	awaitKeys(t, d, name, 3)
+	_, err := d.admin.Revoke(ctx, ss[1].Lease())
+	require.NoError(t, err)
+	require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose lease was revoked"), etcdsync.ErrSessionExpired)
+	behindWaitsForHolder(t, ctx, holder, behind, b)
+}
+
+// behindWaitsForHolder checks the end of a cell where a waiter between
+// holder and behind went: behind (whose Lock's result comes on b) still
+// waits while holder holds, and gets the lock once holder unlocks.
+func behindWaitsForHolder(t *testing.T, ctx context.Context, holder, behind *etcdsync.Mutex, b <-chan error) {
+	t.Helper()
+	notYet(t, b, blockedFor, "the one behind the waiter that went, while the holder holds")
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, resultWithin(t, b, cellTimeout, "the one behind, after the holder left"))
+	require.NoError(t, behind.Unlock(ctx))
+}
+
+func cellLeaseGoneHolding(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	holder, waiter := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name)
+	require.NoError(t, holder.Lock(ctx))
+	done := holder.Done()
+	w := async(func() error { return waiter.Lock(ctx) })
+	awaitKeys(t, d, name, 2)
+	_, err := d.admin.Revoke(ctx, ss[0].Lease())
+	require.NoError(t, err)
+	within(t, done, cellTimeout, "Done of a hold whose lease was revoked")
+	within(t, ss[0].Done(), cellTimeout, "Done of a session whose lease was revoked")
+	require.ErrorIs(t, ss[0].Err(), etcdsync.ErrSessionExpired)
+	require.NoError(t, resultWithin(t, w, cellTimeout, "the waiter after the holder's lease went"))
+	require.NoError(t, waiter.Unlock(ctx))
+}
+
+// cellLeaseExpires lets a holder's lease expire on the server: its
+// session's client stops reaching etcd (closed), so nothing keeps the lease
+// alive; the waiter gets the lock once the server expires it.
+func cellLeaseExpires(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	doomed := d.newClient(t)
+	s, err := etcdsync.NewSession(doomed, etcdsync.WithTTL(2*time.Second))
+	require.NoError(t, err)
+	holder := etcdsync.NewMutex(s, name)
+	require.NoError(t, holder.Lock(ctx))
+	s.Orphan() // keepalives stop; the lease is left to expire
+	waiter := etcdsync.NewMutex(d.sessions(t, 1)[0], name)
+	require.NoError(t, waiter.Lock(ctx), "the waiter once the holder's lease expired")
+	require.NoError(t, waiter.Unlock(ctx))
+}
+
+// cellLeaseExpiresWaiting lets a waiter's lease expire on the server while
+// it waits between a holder and another waiter. The waiter is a crashed
+// process: its key and lease written straight to etcd, never kept alive.
+// The one behind it keeps waiting while the holder holds, and gets the lock
+// once the holder leaves.
+func cellLeaseExpiresWaiting(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 2)
+	holder, behind := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name)
+	require.NoError(t, holder.Lock(ctx))
+	lease, err := d.admin.Grant(ctx, 2)
+	require.NoError(t, err)
+	crashed := fmt.Sprintf("%s%s/%x", d.prefix, name, int64(lease.ID))
+	_, err = d.admin.Put(ctx, crashed, "", clientv3.WithLease(lease.ID))
+	require.NoError(t, err)
+	b := async(func() error { return behind.Lock(ctx) })
+	awaitKeys(t, d, name, 3)
+	awaitGone(t, d, crashed)
+	ttl, err := d.admin.TimeToLive(ctx, lease.ID)
+	require.NoError(t, err)
+	require.EqualValues(t, -1, ttl.TTL, "the crashed waiter's key went with its lease")
+	behindWaitsForHolder(t, ctx, holder, behind, b)
+}
+
+// cellHoldOutlivesTTLs holds a lock for several TTLs: while keepalives are
+// acknowledged (through the deployment's Lease), neither the hold nor the
+// session ends, and the lease's TTL on the server keeps being renewed.
+func cellHoldOutlivesTTLs(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	const ttl = 2 * time.Second
+	s, err := etcdsync.NewSession(d.newClient(t), etcdsync.WithTTL(ttl))
+	require.NoError(t, err)
+	defer s.Close()
+	m := etcdsync.NewMutex(s, name)
+	require.NoError(t, m.Lock(ctx))
+	select {
+	case <-m.Done():
+		t.Fatalf("the hold ended while keepalives were acknowledged: %v", m.Err())
+	case <-s.Done():
+		t.Fatalf("the session ended while keepalives were acknowledged: %v", s.Err())
+	case <-time.After(3 * ttl):
+	}
+	resp, err := d.admin.TimeToLive(ctx, s.Lease())
+	require.NoError(t, err)
+	require.Positive(t, resp.TTL, "the lease on the server")
+	require.Len(t, rawKeys(t, d, name), 1, "the held key")
+	require.NoError(t, m.Unlock(ctx))
+}
+
+// awaitGone blocks until key (in etcd's keyspace) is absent, read and
+// watched through the admin client.
+func awaitGone(t *testing.T, d *deployment, key string) {
+	t.Helper()
+	ctx := ctxCell(t)
+	resp, err := d.admin.Get(ctx, key, clientv3.WithCountOnly())
+	require.NoError(t, err)
+	if resp.Count == 0 {
+		return
+	}
+	wch := d.admin.Watch(ctx, key, clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
+	for wr := range wch {
+		require.NoError(t, wr.Err())
+		if len(wr.Events) > 0 {
+			return
+		}
+	}
+	t.Fatalf("%s: not gone within %v", key, cellTimeout)
+}
+
+// watchedSession returns a session on a new client of the deployment whose
+// Watcher signals on the returned channel each time a watch of the
+// library's is created (its Created response has come).
+func watchedSession(t *testing.T, d *deployment) (*etcdsync.Session, <-chan struct{}) {
+	t.Helper()
+	cli := d.newClient(t)
+	w := &createdWatcher{Watcher: cli.Watcher, created: make(chan struct{}, 64)}
+	cli.Watcher = w
+	return session(t, cli), w.created
+}
+
+// createdWatcher is a Watcher that signals each watch's creation.
+type createdWatcher struct {
+	clientv3.Watcher
+	created chan struct{}
+}
+
+func (w *createdWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	in := w.Watcher.Watch(ctx, key, opts...)
+	out := make(chan clientv3.WatchResponse)
+	go func() {
+		defer close(out)
+		for wr := range in {
+			if wr.Created {
+				w.created <- struct{}{}
+			}
+			select {
+			case out <- wr:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// cellOwnKeyDeleted: an admin deletes a waiter's key straight on a member
+// (through etcd's gRPC proxy, its cache does not see it). The waiter returns
+// ErrSessionExpired while its predecessor still holds; the one behind it
+// waits for the holder, then gets the lock.
+func cellOwnKeyDeleted(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	hs := d.sessions(t, 2)
+	ws, created := watchedSession(t, d)
+	holder, waiter, behind := etcdsync.NewMutex(hs[0], name), etcdsync.NewMutex(ws, name), etcdsync.NewMutex(hs[1], name)
+	require.NoError(t, holder.Lock(ctx))
+	w := async(func() error { return waiter.Lock(ctx) })
+	awaitCreated(t, created, 2, cellTimeout, "watches") // its own key and the holder's
+	b := async(func() error { return behind.Lock(ctx) })
+	awaitKeys(t, d, name, 3)
+	_, err := d.admin.Delete(ctx, fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease())))
+	require.NoError(t, err)
+	require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose key an admin deleted"), etcdsync.ErrSessionExpired)
+	behindWaitsForHolder(t, ctx, holder, behind, b)
+}
+
+// cellOwnKeyWithPredecessor: one transaction deletes a waiter's key and its
+// predecessor's (the holder's), so the waiter's key is gone at the revision
+// its turn would have come: it returns ErrSessionExpired, never the lock.
+// The first wait on a client (the version check and the probe; through
+// etcd's gRPC proxy, the unanswered progress request) and a later one.
+func cellOwnKeyWithPredecessor(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ws, created := watchedSession(t, d)
+	hs := d.sessions(t, 1)[0]
+	for round := range 2 {
+		holder, waiter := etcdsync.NewMutex(hs, name), etcdsync.NewMutex(ws, name)
+		require.NoError(t, holder.Lock(ctx))
+		w := async(func() error { return waiter.Lock(ctx) })
+		awaitCreated(t, created, 2, cellTimeout, "watches")
+		own := fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease()))
+		_, err := d.admin.Txn(ctx).Then(clientv3.OpDelete(d.prefix+holder.Key()), clientv3.OpDelete(own)).Commit()
+		require.NoError(t, err)
+		require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose key went with its predecessor's"), etcdsync.ErrSessionExpired, "round %d", round)
+		within(t, holder.Done(), cellTimeout, "Done of the hold whose key was deleted")
+	}
+}
+
+// cellPrefixDeleted: an admin deletes the whole name (every key at one
+// revision) while one holds and two wait: both waiters return
+// ErrSessionExpired, the hold's Done closes.
+func cellPrefixDeleted(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	holder := etcdsync.NewMutex(d.sessions(t, 1)[0], name)
+	s1, created1 := watchedSession(t, d)
+	s2, created2 := watchedSession(t, d)
+	require.NoError(t, holder.Lock(ctx))
+	w1 := async(func() error { return etcdsync.NewMutex(s1, name).Lock(ctx) })
+	awaitCreated(t, created1, 2, cellTimeout, "watches")
+	w2 := async(func() error { return etcdsync.NewMutex(s2, name).Lock(ctx) })
+	awaitCreated(t, created2, 3, cellTimeout, "watches") // its own key, the first waiter's and the holder's
+	_, err := d.admin.Delete(ctx, d.prefix+name+"/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.ErrorIs(t, resultWithin(t, w1, cellTimeout, "the first waiter"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, w2, cellTimeout, "the second waiter"), etcdsync.ErrSessionExpired)
+	within(t, holder.Done(), cellTimeout, "Done of the hold whose key was deleted")
+}
+
+// startEtcd34 runs the etcd binary named by ETCDSYNC_ETCD34 (Debian's
+// etcd-server package is 3.4.x; see .ci/etcd34.sh) on 127.0.0.1 until t's
+// cleanup; without it the rig is skipped.
+func startEtcd34(t *testing.T) *deployment {
+	bin := os.Getenv("ETCDSYNC_ETCD34")
+	if bin == "" {
+		t.Skip("ETCDSYNC_ETCD34 is not set: no etcd 3.4 binary to test against (.ci/etcd34.sh fetches one)")
+	}
+	ep := runEtcdBinary(t, bin)
+	return &deployment{newClient: func(t *testing.T) *clientv3.Client { return etcdtest.NewClient(t, []string{ep}) }, admin: etcdtest.NewClient(t, []string{ep})}
+}
+
+// runEtcdBinary starts a single etcd member from bin on free ports of
+// 127.0.0.1, waits until it answers, stops it in t's cleanup and returns
+// its client URL.
+func runEtcdBinary(t *testing.T, bin string) string {
+	var ports [2]int
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+		require.NoError(t, ln.Close())
+	}
+	client := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])}
+	peer := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])}
+	var out strings.Builder
+	cmd := exec.Command(bin,
+		"--name", "m0", "--data-dir", t.TempDir(),
+		"--listen-client-urls", client.String(), "--advertise-client-urls", client.String(),
+		"--listen-peer-urls", peer.String(), "--initial-advertise-peer-urls", peer.String(),
+		"--initial-cluster", "m0="+peer.String(),
+		"--heartbeat-interval", "50", "--election-timeout", "500",
+		"--logger", "zap", "--log-level", "error")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	exited := async(func() error { return cmd.Wait() })
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+	})
+	cli := etcdtest.NewClient(t, []string{client.String()})
+	ctx := ctxCell(t)
+	for {
+		if _, err := cli.Get(ctx, "health", clientv3.WithCountOnly()); err == nil {
+			return client.String()
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("etcd %s exited: %v\n%s", bin, err, out.String())
+		case <-ctx.Done():
+			t.Fatalf("etcd %s: no answer within %v\n%s", bin, cellTimeout, out.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,598 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
+)
+
+// rwCheck records read and write holds and fails when a writer overlaps
+// anyone or a write fencing token does not increase.
+type rwCheck struct {
+	readers, writers atomic.Int32
+	maxReaders       atomic.Int32
+	mu               sync.Mutex
+	lastWriteRev     int64
+}
+
+func (x *rwCheck) read(t *testing.T) {
+	if w := x.writers.Load(); w != 0 {
+		t.Errorf("a reader holds with %d writers", w)
+	}
+	n := x.readers.Add(1)
+	for m := x.maxReaders.Load(); n > m && !x.maxReaders.CompareAndSwap(m, n); m = x.maxReaders.Load() {
+	}
+}
+
+func (x *rwCheck) write(t *testing.T, rev int64) {
+	if w := x.writers.Add(1); w != 1 {
+		t.Errorf("%d writers at once", w)
+	}
+	if r := x.readers.Load(); r != 0 {
+		t.Errorf("a writer holds with %d readers", r)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if rev <= x.lastWriteRev {
+		t.Errorf("write fencing token %d after %d", rev, x.lastWriteRev)
+	}
+	x.lastWriteRev = rev
+}
+
+// Readers hold together, a writer alone; sessions, values on one session
+// and goroutines sharing a value all take part.
+func TestRWMutexExclusion(t *testing.T) {
+	t.Parallel()
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
+		ctx := ctxT(t)
+		var x rwCheck
+		const rounds = 6
+		work := func(rw *etcdsync.RWMutex, id int) {
+			for i := 0; i < rounds; i++ {
+				if (i+id)%3 == 0 {
+					if err := rw.Lock(ctx); err != nil {
+						t.Errorf("Lock: %v", err)
+						return
+					}
+					x.write(t, rw.Rev())
+					time.Sleep(time.Millisecond)
+					x.writers.Add(-1)
+					if err := rw.Unlock(ctx); err != nil {
+						t.Errorf("Unlock: %v", err)
+						return
+					}
+					continue
+				}
+				if err := rw.RLock(ctx); err != nil {
+					t.Errorf("RLock: %v", err)
+					return
+				}
+				x.read(t)
+				time.Sleep(3 * time.Millisecond)
+				x.readers.Add(-1)
+				if err := rw.RUnlock(ctx); err != nil {
+					t.Errorf("RUnlock: %v", err)
+					return
+				}
+			}
+		}
+		contendEveryWay(t, func() *clientv3.Client { return c.Client(t) },
+			func(s *etcdsync.Session) *etcdsync.RWMutex { return etcdsync.NewRWMutex(s, "rwx") }, work)
+		require.Empty(t, keys(t, c.Client(t), "rwx/"))
+	})
+}
+
+// Readers really hold at once: two readers of different sessions each wait,
+// holding, until the other holds too.
+func TestRWMutexReadersTogether(t *testing.T) {
+	t.Parallel()
+	c := kitSingle(t)
+	ctx := ctxT(t)
+	holdTogether(t, 2, func() (func() error, func() error) {
+		rw := etcdsync.NewRWMutex(session(t, c.Client(t)), "rwtogether")
+		return func() error { return rw.RLock(ctx) }, func() error { return rw.RUnlock(ctx) }
+	})
+}
+
+// holdTogether runs n holders (made by hold: take and release), each of
+// which takes its hold and waits until all n hold before it releases: it
+// fails t unless all n hold at once within testTimeout.
+func holdTogether(t *testing.T, n int, hold func() (take, release func() error)) {
+	var all, wg sync.WaitGroup
+	all.Add(n)
+	for i := 0; i < n; i++ {
+		take, release := hold()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			require.NoError(t, take())
+			all.Done()
+			all.Wait() // never returns (the test times out) unless all hold
+			require.NoError(t, release())
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	within(t, done, testTimeout, fmt.Sprintf("%d holders at once", n))
+}
+
+// FIFO: a waiting writer holds back readers that come after it, and TryRLock
+// fails then in one RPC without writing.
+func TestRWMutexWriterNotStarved(t *testing.T) {
+	t.Parallel()
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
+		ctx := ctxT(t)
+		admin := c.Client(t)
+		r1 := etcdsync.NewRWMutex(session(t, admin), "rwfifo")
+		require.NoError(t, r1.RLock(ctx))
+		w := etcdsync.NewRWMutex(session(t, admin), "rwfifo")
+		wgot := doneAsync(t, "Lock", func() error { return w.Lock(ctx) })
+		waitKeys(t, admin, "rwfifo/", 2)
+
+		var cnt counter
+		r2 := etcdsync.NewRWMutex(session(t, kitClient(t, c, cnt.dial()...)), "rwfifo")
+		cnt.take()
+		revBefore := storeRev(t, admin)
+		require.ErrorIs(t, r2.TryRLock(ctx), etcdsync.ErrLocked)
+		n, methods := cnt.take()
+		require.Equal(t, int64(1), n, "TryRLock behind a waiting writer: %v", methods)
+		require.ErrorIs(t, r2.TryLock(ctx), etcdsync.ErrLocked)
+		n, methods = cnt.take()
+		require.Equal(t, int64(1), n, "TryLock behind a reader and a writer: %v", methods)
+		require.Equal(t, revBefore, storeRev(t, admin), "TryRLock or TryLock wrote")
+
+		r2got := doneAsync(t, "RLock", func() error { return r2.RLock(ctx) })
+		waitKeys(t, admin, "rwfifo/", 3)
+		notWithin(t, r2got, 300*time.Millisecond, "reader behind a waiting writer")
+		require.NoError(t, r1.RUnlock(ctx))
+		within(t, wgot, testTimeout, "writer after the first reader")
+		notWithin(t, r2got, 200*time.Millisecond, "reader while the writer holds")
+		require.NoError(t, w.Unlock(ctx))
+		within(t, r2got, testTimeout, "reader after the writer")
+		require.NoError(t, r2.RUnlock(ctx))
+		require.Empty(t, keys(t, admin, "rwfifo/"))
+	})
+}
+
+// writerAndWaiter has W1, on a session of cli, hold name and W2, on
+// another, wait behind it under w2ctx; it returns both and W2's Lock
+// result.
+func writerAndWaiter(t *testing.T, ctx, w2ctx context.Context, cli *clientv3.Client, name string) (w1, w2 *etcdsync.RWMutex, w2got <-chan error) {
+	t.Helper()
+	w1 = etcdsync.NewRWMutex(session(t, cli), name)
+	require.NoError(t, w1.Lock(ctx))
+	w2 = etcdsync.NewRWMutex(session(t, cli), name)
+	w2got = async(func() error { return w2.Lock(w2ctx) })
+	waitKeys(t, cli, name+"/", 2)
+	return w1, w2, w2got
+}
+
+// storeRev returns the store's revision.
+func storeRev(t *testing.T, cli *clientv3.Client) int64 {
+	t.Helper()
+	resp, err := cli.Get(ctxT(t), "\x00")
+	require.NoError(t, err)
+	return resp.Header.Revision
+}
+
+// Read holds of one session share one key, counted, whichever values and
+// goroutines take them; the last RUnlock deletes it. A write hold of the
+// same session waits for them.
+func TestRWMutexSessionSharesReadKey(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := kitSingleClient(t)
+	var cnt counter
+	s, a, b := sharers(t, kitClient(t, c, cnt.dial()...), "rwshare")
+	require.NoError(t, a.RLock(ctx))
+	cnt.take()
+	require.NoError(t, b.RLock(ctx))
+	require.NoError(t, a.RLock(ctx)) // a second read hold of one value
+	require.NoError(t, b.TryRLock(ctx))
+	n, methods := cnt.take()
+	require.Equal(t, int64(3), n, "3 joins of the session's read hold, one read each: %v", methods)
+	require.Len(t, keys(t, admin, "rwshare/"), 1)
+	require.Equal(t, a.Key(), b.Key())
+	require.Equal(t, a.Rev(), b.Rev())
+
+	w := etcdsync.NewRWMutex(s, "rwshare")
+	wgot := doneAsync(t, "Lock", func() error { return w.Lock(ctx) })
+
+	require.NoError(t, b.RUnlock(ctx))
+	require.NoError(t, a.RUnlock(ctx))
+	require.NoError(t, a.RUnlock(ctx))
+	require.ErrorIs(t, a.RUnlock(ctx), etcdsync.ErrLockReleased, "a has no read hold left")
+	require.ErrorIs(t, a.Err(), etcdsync.ErrLockReleased)
+	require.NotEmpty(t, b.Key(), "b still holds a share")
+	notWithin(t, wgot, 200*time.Millisecond, "writer of the session while a read share is held")
+	require.NoError(t, b.RUnlock(ctx))
+	within(t, wgot, testTimeout, "writer after the session's last read share")
+	require.Len(t, keys(t, admin, "rwshare/write/"), 1)
+	require.Empty(t, keys(t, admin, "rwshare/read/"))
+	require.NoError(t, w.Unlock(ctx))
+}
+
+// etcd's experimental recipe RWMutex and ours exclude each other on one name,
+// both ways.
+func TestRWMutexInteropWithRecipe(t *testing.T) {
+	t.Parallel()
+	c := kitSingle(t)
+	ctx := ctxT(t)
+	es := theirSession(t, c.Client(t))
+	theirs := recipe.NewRWMutex(es, "rwinterop")
+	ours := etcdsync.NewRWMutex(session(t, c.Client(t)), "rwinterop")
+
+	// Their writer holds: our reader and writer wait.
+	require.NoError(t, theirs.Lock())
+	require.ErrorIs(t, ours.TryRLock(ctx), etcdsync.ErrLocked)
+	got := doneAsync(t, "RLock", func() error { return ours.RLock(ctx) })
+	notWithin(t, got, 300*time.Millisecond, "our reader while their writer holds")
+	require.NoError(t, theirs.Unlock())
+	within(t, got, testTimeout, "our reader after their writer")
+
+	// Our reader holds: their reader joins, their writer waits.
+	theirReader := recipe.NewRWMutex(es, "rwinterop")
+	require.NoError(t, theirReader.RLock())
+	twgot := doneAsync(t, "Lock", func() error { return theirs.Lock() })
+	notWithin(t, twgot, 300*time.Millisecond, "their writer while readers hold")
+	require.NoError(t, theirReader.RUnlock())
+	notWithin(t, twgot, 200*time.Millisecond, "their writer while our reader holds")
+	require.NoError(t, ours.RUnlock(ctx))
+	within(t, twgot, testTimeout, "their writer after our reader")
+
+	// Their writer holds: our writer waits, then holds.
+	wgot := doneAsync(t, "Lock", func() error { return ours.Lock(ctx) })
+	notWithin(t, wgot, 300*time.Millisecond, "our writer while theirs holds")
+	require.NoError(t, theirs.Unlock())
+	within(t, wgot, testTimeout, "our writer after theirs")
+	require.NoError(t, ours.Unlock(ctx))
+}
+
+// A writer's release reaches exactly the readers behind it, who then hold
+// with no RPC; the readers behind the next writer read once when that
+// writer goes. N = 10 and 100 readers.
+func TestRWMutexHerd(t *testing.T) {
+	t.Parallel()
+	for _, group := range []int{5, 50} {
+		t.Run(fmt.Sprintf("N=%d", 2*group), func(t *testing.T) { testRWMutexHerd(t, group) })
+	}
+}
+
+func testRWMutexHerd(t *testing.T, group int) {
+	c, admin, ctx := kitSingleClient(t)
+	w1 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
+	require.NoError(t, w1.Lock(ctx))
+	cnt := counter{created: make(chan struct{}, 5*group+16)}
+	cli := kitClient(t, c, cnt.dial()...)
+	warmProgress(t, ctx, admin, cli, &cnt)
+	var wg sync.WaitGroup
+	readersIn := make(chan *etcdsync.RWMutex, 2*group)
+	startReader := func() {
+		rw := etcdsync.NewRWMutex(session(t, cli), "rwherd")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := rw.RLock(ctx); err != nil {
+				t.Errorf("RLock: %v", err)
+				return
+			}
+			readersIn <- rw
+		}()
+	}
+	queued := 1
+	for i := 0; i < group; i++ {
+		startReader()
+		queued++
+		if i < 10 || i%10 == 0 {
+			waitKeys(t, admin, "rwherd/", queued) // queue in order
+		}
+	}
+	waitKeys(t, admin, "rwherd/", queued)
+	w2 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
+	w2got := doneAsync(t, "Lock", func() error { return w2.Lock(ctx) })
+	queued++
+	waitKeys(t, admin, "rwherd/", queued)
+	for i := 0; i < group; i++ {
+		startReader()
+		queued++
+		if i < 10 || i%10 == 0 {
+			waitKeys(t, admin, "rwherd/", queued)
+		}
+	}
+	waitKeys(t, admin, "rwherd/", queued)
+	// Watches: own key and the nearest writer.
+	for range group * 4 {
+		within(t, cnt.created, testTimeout, "reader's watch created")
+	}
+	cnt.take()
+	events := cnt.events.Load()
+	require.NoError(t, w1.Unlock(ctx))
+	var first []*etcdsync.RWMutex
+	for range group {
+		select {
+		case rw := <-readersIn:
+			first = append(first, rw)
+		case <-time.After(testTimeout):
+			t.Fatal("readers behind the first writer did not all hold")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // an event to the second group would have come with the first's
+	require.Equal(t, int64(group), cnt.events.Load()-events, "events of the first writer's release")
+	n, methods := cnt.take()
+	require.Zero(t, n, "RPCs of readers after the first writer's release: %v", methods)
+	for _, rw := range first {
+		require.NoError(t, rw.RUnlock(ctx))
+	}
+	within(t, w2got, testTimeout, "second writer after the first readers")
+	time.Sleep(100 * time.Millisecond) // a reader behind the second writer would be in by now
+	require.Zero(t, len(readersIn), "readers behind the second writer hold while it does")
+	require.NoError(t, w2.Unlock(ctx))
+	wg.Wait()
+	close(readersIn)
+	for rw := range readersIn {
+		require.NoError(t, rw.RUnlock(ctx))
+	}
+	require.Empty(t, keys(t, admin, "rwherd/"))
+}
+
+// Bad input is an error wrapping a sentinel, and leaves nothing in etcd;
+// cancels at any moment leave no key; a waiter whose key vanishes returns
+// ErrSessionExpired at once.
+func TestRWMutexErrorsAndLeftovers(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := kitSingleClient(t)
+	s := session(t, cli)
+	require.ErrorIs(t, etcdsync.NewRWMutex(nil, "x").RLock(ctx), etcdsync.ErrInvalidArgument)
+	require.ErrorIs(t, etcdsync.NewRWMutex(s, "").Lock(ctx), etcdsync.ErrInvalidName)
+	require.ErrorIs(t, etcdsync.NewRWMutex(s, "a\x00b").TryRLock(ctx), etcdsync.ErrInvalidName)
+	require.ErrorIs(t, etcdsync.NewRWMutex(s, "rwerr").RUnlock(ctx), etcdsync.ErrLockReleased)
+	require.ErrorIs(t, etcdsync.NewRWMutex(s, "rwerr").Unlock(ctx), etcdsync.ErrLockReleased)
+	resp, err := cli.Get(ctx, "", clientv3.WithFromKey(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Zero(t, resp.Count)
+
+	w := etcdsync.NewRWMutex(session(t, cli), "rwleft")
+	require.NoError(t, w.Lock(ctx))
+	held := w.Key()
+	rw := etcdsync.NewRWMutex(s, "rwleft")
+	cancelsLeaveOnly(t, ctx, cli, "rwleft/", held, 60, 12, func(rctx context.Context, i int) error {
+		if i%2 == 0 {
+			return rw.RLock(rctx)
+		}
+		return rw.Lock(rctx)
+	})
+
+	waiterLosesOwnKey(t, ctx, cli, "rwleft/", held, func() error { return rw.RLock(ctx) }, "a reader")
+	require.NoError(t, w.Unlock(ctx))
+	require.Empty(t, keys(t, cli, "rwleft/"))
+}
+
+// A writer's release wakes exactly the readers that may now hold (design,
+// "Herd-free in the queue length"): the readers behind the next writer get
+// no event from it. (They used to watch the first writer too, the "one
+// more" key, so each writer's release reached every reader behind the next
+// one; readers now watch only their nearest writer.)
+func TestReadersWakeOnlyForNearestWriter(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "r12herd"
+	w1, w2, w2got := writerAndWaiter(t, ctx, ctx, admin, name)
+	cnt := counter{created: make(chan struct{}, 256)}
+	cli := c.Client(t, cnt.dial()...)
+	const k = 12
+	got := make(chan *etcdsync.RWMutex, k)
+	for i := 0; i < k; i++ {
+		rw := etcdsync.NewRWMutex(session(t, cli), name)
+		go func() {
+			if err := rw.RLock(ctx); err != nil {
+				t.Errorf("RLock: %v", err)
+				return
+			}
+			got <- rw
+		}()
+		waitKeys(t, admin, name+"/", 3+i)
+	}
+	for range 2 * k { // own key, W2
+		within(t, cnt.created, testTimeout, "reader's watch created")
+	}
+	require.NoError(t, w1.Unlock(ctx))
+	require.NoError(t, resultWithin(t, w2got, testTimeout, "second writer"))
+	require.NoError(t, w2.Unlock(ctx))
+	for range k {
+		select {
+		case rw := <-got:
+			defer rw.RUnlock(ctx)
+		case <-time.After(testTimeout):
+			t.Fatal("readers did not hold")
+		}
+	}
+	ev := cnt.events.Load()
+	t.Logf("events delivered to %d readers behind the second writer over two writer releases: %d", k, ev)
+	require.LessOrEqual(t, ev, int64(k+2), "the first writer's release reached the readers behind the second")
+}
+
+// An exact reader watches only its nearest writer W2. When W2 withdraws
+// (cancelled Lock) or is deleted by an admin while the older writer W1
+// still holds, the reader must keep waiting (no early hold), move to W1,
+// and hold once W1 goes (no stuck reader).
+func TestExactReaderMovesToOlderWriter(t *testing.T) {
+	t.Parallel()
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		for _, how := range []string{"cancel", "admin-delete"} {
+			t.Run(how, func(t *testing.T) {
+				admin := c.Client(t)
+				ctx := ctxT(t)
+				name := "r12bwd-" + how
+				w2ctx, w2cancel := context.WithCancel(ctx)
+				defer w2cancel()
+				w1, _, w2got := writerAndWaiter(t, ctx, w2ctx, admin, name)
+				resp, err := admin.Get(ctx, name+"/write/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+				require.NoError(t, err)
+				require.Len(t, resp.Kvs, 2)
+				w2key := string(resp.Kvs[1].Key)
+
+				cnt := counter{created: make(chan struct{}, 64)}
+				r := etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), name)
+				rgot := async(func() error { return r.RLock(ctx) })
+				awaitCreated(t, cnt.created, 2, testTimeout, "reader's watches (own key, W2)")
+
+				if how == "cancel" {
+					w2cancel()
+					require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2's cancelled Lock"), context.Canceled)
+				} else {
+					_, err := admin.Delete(ctx, w2key)
+					require.NoError(t, err)
+					require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2's deleted Lock"), etcdsync.ErrSessionExpired)
+				}
+				// The reader reads once and watches W1.
+				within(t, cnt.created, testTimeout, "reader's watch of W1 after W2 went")
+				notYet(t, rgot, 500*time.Millisecond, "reader while W1 holds")
+				require.NoError(t, w1.Unlock(ctx))
+				require.NoError(t, resultWithin(t, rgot, testTimeout, "reader after W1"))
+				require.NoError(t, r.RUnlock(ctx))
+				require.Empty(t, keys(t, admin, name+"/"))
+			})
+		}
+	})
+}
+
+// Writers ahead of a waiting reader removed in one revision (a prefix
+// delete of NAME/write/, or a transaction deleting both): the reader holds
+// and a writer behind it waits for it. And the older writer deleted alone
+// (the reader does not watch it): the reader keeps waiting for W2, which now
+// holds, then holds after W2.
+func TestExactReaderHoldsWhenWritersGoTogether(t *testing.T) {
+	t.Parallel()
+	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
+		admin := c.Client(t)
+		setup := func(t *testing.T, name string) (w1, w2 *etcdsync.RWMutex, w2got <-chan error, r *etcdsync.RWMutex, rgot <-chan error) {
+			ctx := ctxT(t)
+			w1, w2, w2got = writerAndWaiter(t, ctx, ctx, admin, name)
+			cnt := counter{created: make(chan struct{}, 64)}
+			r = etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), name)
+			rgot = async(func() error { return r.RLock(ctx) })
+			awaitCreated(t, cnt.created, 2, testTimeout, "reader's watches")
+			return
+		}
+		t.Run("prefix", func(t *testing.T) {
+			ctx := ctxT(t)
+			name := "r12bpfx"
+			_, _, w2got, r, rgot := setup(t, name)
+			w3 := etcdsync.NewRWMutex(session(t, admin), name)
+			w3got := async(func() error { return w3.Lock(ctx) })
+			waitKeys(t, admin, name+"/", 4)
+			// W1, W2 and W3 in one revision: the reader holds.
+			_, err := admin.Delete(ctx, name+"/write/", clientv3.WithPrefix())
+			require.NoError(t, err)
+			require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2"), etcdsync.ErrSessionExpired)
+			require.ErrorIs(t, resultWithin(t, w3got, testTimeout, "W3"), etcdsync.ErrSessionExpired)
+			require.NoError(t, resultWithin(t, rgot, testTimeout, "reader after its writers went in one revision"))
+			require.NoError(t, r.RUnlock(ctx))
+		})
+		t.Run("txn-both-and-writer-behind", func(t *testing.T) {
+			ctx := ctxT(t)
+			name := "r12btxn"
+			w1, _, w2got, r, rgot := setup(t, name)
+			w3 := etcdsync.NewRWMutex(session(t, admin), name)
+			w3got := async(func() error { return w3.Lock(ctx) })
+			waitKeys(t, admin, name+"/", 4)
+			// delete W1 and W2 only (the writers before the reader)
+			resp, err := admin.Get(ctx, name+"/write/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+			require.NoError(t, err)
+			_, err = admin.Txn(ctx).Then(clientv3.OpDelete(string(resp.Kvs[0].Key)), clientv3.OpDelete(string(resp.Kvs[1].Key))).Commit()
+			require.NoError(t, err)
+			require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2"), etcdsync.ErrSessionExpired)
+			require.NoError(t, resultWithin(t, rgot, testTimeout, "reader after W1 and W2 went in one revision"))
+			notYet(t, w3got, 300*time.Millisecond, "W3 while the reader holds")
+			require.NoError(t, r.RUnlock(ctx))
+			require.NoError(t, resultWithin(t, w3got, testTimeout, "W3 after the reader"))
+			require.NoError(t, w3.Unlock(ctx))
+			within(t, w1.Done(), testTimeout, "W1's Done after its key's delete")
+			require.ErrorIs(t, w1.Err(), etcdsync.ErrNotHeld)
+		})
+		t.Run("older-writer-deleted", func(t *testing.T) {
+			ctx := ctxT(t)
+			name := "r12bold"
+			w1, w2, w2got, r, rgot := setup(t, name)
+			_, err := admin.Delete(ctx, w1.Key())
+			require.NoError(t, err)
+			require.NoError(t, resultWithin(t, w2got, testTimeout, "W2 after W1's key went"))
+			notYet(t, rgot, 500*time.Millisecond, "reader while W2 holds")
+			require.NoError(t, w2.Unlock(ctx))
+			require.NoError(t, resultWithin(t, rgot, testTimeout, "reader after W2"))
+			require.NoError(t, r.RUnlock(ctx))
+			require.Empty(t, keys(t, admin, name+"/"))
+		})
+	})
+}
+
+// No expired waiter is served: a writer and a reader whose leases end while
+// they wait, the holder releasing right after, return ErrSessionExpired and
+// never hold; the writer queued behind them holds alone (etcd-io/etcd#16221:
+// etcd's recipe RWMutex, in the same sequence, returns from the expired
+// writer's Lock with no error and no key, and from the next writer's too:
+// two writers "hold" at once).
+func TestRWMutexExpiredWaiterNeverHolds(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const name = "rw-expired"
+	holder := etcdsync.NewRWMutex(session(t, cli), name)
+	require.NoError(t, holder.Lock(ctx))
+	ws, rs := session(t, cli), session(t, cli)
+	w, r := etcdsync.NewRWMutex(ws, name), etcdsync.NewRWMutex(rs, name)
+	wgot := async(func() error { return w.Lock(ctx) })
+	waitKeys(t, cli, name+"/", 2)
+	rgot := async(func() error { return r.RLock(ctx) })
+	waitKeys(t, cli, name+"/", 3)
+	next := etcdsync.NewRWMutex(session(t, cli), name)
+	ngot := async(func() error { return next.Lock(ctx) })
+	waitKeys(t, cli, name+"/", 4)
+
+	for _, s := range []*etcdsync.Session{ws, rs} { // their leases end (expired, or revoked)
+		_, err := cli.Revoke(ctx, s.Lease())
+		require.NoError(t, err)
+	}
+	require.NoError(t, holder.Unlock(ctx)) // and the holder goes right after
+	require.ErrorIs(t, resultWithin(t, wgot, testTimeout, "the writer whose lease ended"), etcdsync.ErrSessionExpired)
+	require.ErrorIs(t, resultWithin(t, rgot, testTimeout, "the reader whose lease ended"), etcdsync.ErrSessionExpired)
+	require.NoError(t, resultWithin(t, ngot, testTimeout, "the writer behind them"))
+	require.Equal(t, []string{next.Key()}, keys(t, cli, name+"/"))
+	require.NoError(t, next.Unlock(ctx))
+
+	// etcd's recipe RWMutex in the same sequence (writers only).
+	const theirs = "rw-expired-etcd"
+	recipeSession := func() *concurrency.Session {
+		s, err := concurrency.NewSession(cli)
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	eholder := recipe.NewRWMutex(recipeSession(), theirs)
+	require.NoError(t, eholder.Lock())
+	es := recipeSession()
+	ew := recipe.NewRWMutex(es, theirs)
+	ewgot := async(ew.Lock)
+	waitKeys(t, cli, theirs+"/", 2)
+	enext := recipe.NewRWMutex(recipeSession(), theirs)
+	engot := async(enext.Lock)
+	waitKeys(t, cli, theirs+"/", 3)
+	_, err := cli.Revoke(ctx, es.Lease())
+	require.NoError(t, err)
+	require.NoError(t, eholder.Unlock())
+	require.NoError(t, resultWithin(t, ewgot, testTimeout, "etcd's writer whose lease ended"), "etcd's recipe: the expired writer 'holds'")
+	require.NoError(t, resultWithin(t, engot, testTimeout, "etcd's writer behind it"), "etcd's recipe: the next writer holds too")
+	require.Len(t, keys(t, cli, theirs+"/"), 1, "two writers returned from Lock, one key")
+	require.NoError(t, enext.Unlock())
+}

@@ -1,0 +1,347 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Never more permits held than the capacity, with weighted requests from
+// sessions, values on one session and goroutines sharing a value; several
+// holders at once do happen.
+func TestSemaphoreExclusion(t *testing.T) {
+	t.Parallel()
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
+		ctx := ctxT(t)
+		const capacity, rounds = 3, 5
+		var inUse, most atomic.Int64
+		var mu sync.Mutex
+		var lastRev int64
+		var wg sync.WaitGroup
+		work := func(sm *etcdsync.Semaphore, id int) {
+			defer wg.Done()
+			for i := 0; i < rounds; i++ {
+				n := int64((i+id)%capacity + 1)
+				if err := sm.Acquire(ctx, n); err != nil {
+					t.Errorf("Acquire(%d): %v", n, err)
+					return
+				}
+				mu.Lock()
+				if sm.Rev() <= lastRev && n == capacity {
+					t.Errorf("a full hold's token %d after %d", sm.Rev(), lastRev)
+				}
+				lastRev = max(lastRev, sm.Rev())
+				mu.Unlock()
+				u := inUse.Add(n)
+				if u > capacity {
+					t.Errorf("%d permits in use, capacity %d", u, capacity)
+				}
+				for m := most.Load(); u > m && !most.CompareAndSwap(m, u); m = most.Load() {
+				}
+				time.Sleep(2 * time.Millisecond)
+				inUse.Add(-n)
+				if err := sm.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		}
+		shared := session(t, c.Client(t))
+		sharedValue := etcdsync.NewSemaphore(shared, "semx", capacity)
+		for i := 0; i < 3; i++ {
+			wg.Add(3)
+			go work(etcdsync.NewSemaphore(session(t, c.Client(t)), "semx", capacity), 3*i)
+			go work(etcdsync.NewSemaphore(shared, "semx", capacity), 3*i+1)
+			go work(sharedValue, 3*i+2)
+		}
+		wg.Wait()
+		require.Empty(t, keys(t, c.Client(t), "semx/"))
+		t.Logf("most permits in use at once: %d", most.Load())
+	})
+}
+
+// Holders of 1 permit each hold at once up to the capacity.
+func TestSemaphoreHoldersTogether(t *testing.T) {
+	t.Parallel()
+	c := kitSingle(t)
+	ctx := ctxT(t)
+	const capacity = 3
+	holdTogether(t, capacity, func() (func() error, func() error) {
+		sm := etcdsync.NewSemaphore(session(t, c.Client(t)), "semtogether", capacity)
+		return func() error { return sm.Acquire(ctx, 1) }, func() error { return sm.Release(ctx) }
+	})
+}
+
+// FIFO: a large request blocks later small ones although permits are free;
+// TryAcquire then fails in one RPC without writing.
+func TestSemaphoreFIFO(t *testing.T) {
+	t.Parallel()
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
+		ctx := ctxT(t)
+		admin := c.Client(t)
+		a := etcdsync.NewSemaphore(session(t, admin), "semfifo", 3)
+		require.NoError(t, a.Acquire(ctx, 1))
+		big := etcdsync.NewSemaphore(session(t, admin), "semfifo", 3)
+		bigGot := doneAsync(t, "Acquire", func() error { return big.Acquire(ctx, 3) })
+		waitKeys(t, admin, "semfifo/", 2)
+
+		var cnt counter
+		small := etcdsync.NewSemaphore(session(t, kitClient(t, c, cnt.dial()...)), "semfifo", 3)
+		cnt.take()
+		before := storeRev(t, admin)
+		require.ErrorIs(t, small.TryAcquire(ctx, 1), etcdsync.ErrLocked)
+		n, methods := cnt.take()
+		require.Equal(t, int64(1), n, "TryAcquire behind a waiter: %v", methods)
+		require.Equal(t, before, storeRev(t, admin), "TryAcquire wrote")
+
+		smallGot := doneAsync(t, "Acquire", func() error { return small.Acquire(ctx, 1) })
+		waitKeys(t, admin, "semfifo/", 3)
+		notWithin(t, smallGot, 300*time.Millisecond, "a small request behind a waiting large one")
+		require.NoError(t, a.Release(ctx))
+		within(t, bigGot, testTimeout, "the large request once all permits are free")
+		notWithin(t, smallGot, 200*time.Millisecond, "a small request while the large one holds all")
+		require.NoError(t, big.Release(ctx))
+		within(t, smallGot, testTimeout, "the small request after the large one")
+		require.NoError(t, small.Release(ctx))
+
+		// TryAcquire with permits free and nobody waiting: two RPCs.
+		require.NoError(t, a.Acquire(ctx, 1))
+		cnt.take()
+		require.NoError(t, small.TryAcquire(ctx, 2))
+		n, methods = cnt.take()
+		require.Equal(t, int64(2), n, "TryAcquire of free permits beside a holder: %v", methods)
+		require.ErrorIs(t, big.TryAcquire(ctx, 1), etcdsync.ErrLocked)
+		require.NoError(t, small.Release(ctx))
+		require.NoError(t, a.Release(ctx))
+		require.Empty(t, keys(t, admin, "semfifo/"))
+	})
+}
+
+// Whatever order holders release in, waiters hold as soon as the permits
+// allow, and a release reaches O(capacity) waiters, not all of them. N = 10
+// and 100 waiters.
+func TestSemaphoreReleaseOrderAndHerd(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{10, 100} {
+		t.Run(fmt.Sprintf("N=%d", n), func(t *testing.T) { testSemaphoreHerd(t, n) })
+	}
+}
+
+func testSemaphoreHerd(t *testing.T, waiters int) {
+	c, admin, ctx := kitSingleClient(t)
+	const capacity = 3
+	holders := make([]*etcdsync.Semaphore, capacity)
+	for i := range holders {
+		holders[i] = etcdsync.NewSemaphore(session(t, admin), "semherd", capacity)
+		require.NoError(t, holders[i].Acquire(ctx, 1))
+	}
+	cnt := counter{created: make(chan struct{}, 8*waiters)}
+	cli := kitClient(t, c, cnt.dial()...)
+	got := make(chan int, waiters)
+	ws := make([]*etcdsync.Semaphore, waiters)
+	for i := range ws {
+		ws[i] = etcdsync.NewSemaphore(session(t, cli), "semherd", capacity)
+		go func() {
+			if err := ws[i].Acquire(ctx, 1); err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			got <- i
+		}()
+		waitKeys(t, admin, "semherd/", capacity+i+1) // queue in order
+		// Own key, the nearest capacity-0 keys whose permits exceed the
+		// room (capacity-1 = 2, so 3 keys), and one behind them.
+		for range 1 + min(capacity+i, capacity+1) {
+			within(t, cnt.created, testTimeout, "waiter's watch created")
+		}
+	}
+	events := cnt.events.Load()
+	// Release the holders newest first: the first waiter holds at the
+	// first release although it does not wait for that key alone.
+	for k := capacity - 1; k >= 0; k-- {
+		require.NoError(t, holders[k].Release(ctx))
+		select {
+		case i := <-got:
+			require.Equal(t, capacity-1-k, i, "FIFO")
+		case <-time.After(testTimeout):
+			t.Fatalf("no waiter held after release %d", capacity-k)
+		}
+	}
+	require.LessOrEqual(t, cnt.events.Load()-events, int64(capacity*(capacity+1)), "events for %d releases", capacity)
+	// The rest hand over one by one, in order.
+	for i := 0; i < waiters; i++ {
+		require.NoError(t, ws[i].Release(ctx))
+		if i+capacity < waiters {
+			select {
+			case j := <-got:
+				require.Equal(t, i+capacity, j, "FIFO")
+			case <-time.After(testTimeout):
+				t.Fatalf("waiter %d did not hold", i+capacity)
+			}
+		}
+	}
+	require.Empty(t, keys(t, admin, "semherd/"))
+}
+
+// Bad input and another capacity: errors wrapping sentinels, no key left.
+func TestSemaphoreErrors(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := kitSingleClient(t)
+	s := session(t, cli)
+	require.ErrorIs(t, etcdsync.NewSemaphore(nil, "x", 1).Acquire(ctx, 1), etcdsync.ErrInvalidArgument)
+	require.ErrorIs(t, etcdsync.NewSemaphore(s, "", 1).Acquire(ctx, 1), etcdsync.ErrInvalidName)
+	for _, capacity := range []int64{0, -1} {
+		require.ErrorIs(t, etcdsync.NewSemaphore(s, "semerr", capacity).Acquire(ctx, 1), etcdsync.ErrInvalidArgument)
+	}
+	sm := etcdsync.NewSemaphore(s, "semerr", 2)
+	for _, n := range []int64{0, -1, 3} {
+		require.ErrorIs(t, sm.Acquire(ctx, n), etcdsync.ErrInvalidArgument, "n=%d", n)
+		require.ErrorIs(t, sm.TryAcquire(ctx, n), etcdsync.ErrInvalidArgument, "n=%d", n)
+	}
+	require.ErrorIs(t, sm.Release(ctx), etcdsync.ErrLockReleased)
+	resp, err := cli.Get(ctx, "", clientv3.WithFromKey(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Zero(t, resp.Count)
+
+	require.NoError(t, sm.Acquire(ctx, 1))
+	other := etcdsync.NewSemaphore(session(t, cli), "semerr", 5)
+	for _, acquire := range []func(context.Context, int64) error{other.Acquire, other.TryAcquire} {
+		err := acquire(ctx, 1)
+		require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+		require.Contains(t, err.Error(), "capacity")
+		require.Equal(t, []string{sm.Key()}, keys(t, cli, "semerr/"))
+	}
+	// A Mutex's key under the name is no semaphore participant.
+	require.NoError(t, sm.Release(ctx))
+	m := heldMutex(t, ctx, cli, "semerr")
+	require.ErrorIs(t, sm.Acquire(ctx, 1), etcdsync.ErrInvalidArgument)
+	require.Equal(t, []string{m.Key()}, keys(t, cli, "semerr/"))
+	require.NoError(t, m.Unlock(ctx))
+}
+
+// Cancels at any moment leave no key; a waiter whose key vanishes returns
+// ErrSessionExpired at once.
+func TestSemaphoreLeftovers(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := kitSingleClient(t)
+	holder := etcdsync.NewSemaphore(session(t, cli), "semleft", 2)
+	require.NoError(t, holder.Acquire(ctx, 2))
+	sm := etcdsync.NewSemaphore(session(t, cli), "semleft", 2)
+	cancelsLeaveOnly(t, ctx, cli, "semleft/", holder.Key(), 60, 12, func(rctx context.Context, i int) error { return sm.Acquire(rctx, int64(i%2+1)) })
+	waiterLosesOwnKey(t, ctx, cli, "semleft/", holder.Key(), func() error { return sm.Acquire(ctx, 1) }, "a waiter")
+	require.NoError(t, holder.Release(ctx))
+	require.Empty(t, keys(t, cli, "semleft/"))
+}
+
+// Weights summed in int64: with a capacity near MaxInt64 the sum of the
+// keys ahead overflows and a waiter holds with a full hold ahead of it.
+func TestSemaphoreWeightsSaturate(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := singleClient(t)
+	const capacity = math.MaxInt64
+	const name = "r12overflow"
+	a := etcdsync.NewSemaphore(session(t, cli), name, capacity)
+	require.NoError(t, a.Acquire(ctx, capacity))
+	b := etcdsync.NewSemaphore(session(t, cli), name, capacity)
+	bgot := async(func() error { return b.Acquire(ctx, capacity) })
+	waitKeys(t, cli, name+"/", 2)
+	d := etcdsync.NewSemaphore(session(t, cli), name, capacity)
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	dgot := async(func() error { return d.Acquire(dctx, capacity) })
+	waitKeys(t, cli, name+"/", 3)
+	select {
+	case err := <-dgot:
+		if err == nil {
+			t.Errorf("a third full hold (%s) while the first (%s) holds", d.Key(), a.Key())
+			_ = d.Release(ctx)
+		}
+	case <-time.After(time.Second):
+	}
+	cancel()
+	require.NoError(t, a.Release(ctx))
+	require.NoError(t, resultWithin(t, bgot, testTimeout, "second full hold"))
+	require.NoError(t, b.Release(ctx))
+}
+
+// One Semaphore value, Acquire from two goroutines: one holds, the other
+// waits for its Release, then holds at a later revision.
+func TestSemaphoreValueExcludesItsGoroutines(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	sm := etcdsync.NewSemaphore(session(t, c.Client(t)), "r12two", 3)
+	g1 := async(func() error { return sm.Acquire(ctx, 1) })
+	g2 := async(func() error { return sm.Acquire(ctx, 2) })
+	var first error
+	select {
+	case first = <-g1:
+	case first = <-g2:
+	case <-time.After(testTimeout):
+		t.Fatal("neither Acquire returned")
+	}
+	require.NoError(t, first)
+	rev := sm.Rev()
+	require.Len(t, keys(t, admin, "r12two/"), 1)
+	select {
+	case err := <-g2:
+		require.NoError(t, err)
+		t.Fatal("both Acquires of one value hold")
+	case err := <-g1:
+		require.NoError(t, err)
+		t.Fatal("both Acquires of one value hold")
+	case <-time.After(300 * time.Millisecond):
+	}
+	// whichever is left
+	both := make(chan error, 2)
+	go func() {
+		select {
+		case err := <-g1:
+			both <- err
+		case err := <-g2:
+			both <- err
+		}
+	}()
+	require.NoError(t, sm.Release(ctx))
+	require.NoError(t, resultWithin(t, both, testTimeout, "second Acquire"))
+	require.Greater(t, sm.Rev(), rev)
+	require.NoError(t, sm.Release(ctx))
+	require.Empty(t, keys(t, admin, "r12two/"))
+}
+
+// Weights saturate on the try path too: with capacity MaxInt64 and two
+// keys of MaxInt64/2+1 ahead, TryAcquire(1) is ErrLocked, and Acquire(1)
+// waits until both are gone.
+func TestSemaphoreTryWeightsSaturate(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	const capacity = math.MaxInt64
+	const half = math.MaxInt64/2 + 1
+	name := "r12bsat"
+	a := etcdsync.NewSemaphore(session(t, admin), name, capacity)
+	require.NoError(t, a.Acquire(ctx, half))
+	b := etcdsync.NewSemaphore(session(t, admin), name, capacity)
+	bgot := async(func() error { return b.Acquire(ctx, half) })
+	waitKeys(t, admin, name+"/", 2)
+	d := etcdsync.NewSemaphore(session(t, admin), name, capacity)
+	err := d.TryAcquire(ctx, 1)
+	if err == nil {
+		_ = d.Release(ctx)
+	}
+	require.ErrorIs(t, err, etcdsync.ErrLocked)
+	dgot := async(func() error { return d.Acquire(ctx, capacity-half) })
+	notYet(t, dgot, 300*time.Millisecond, "third while the first two (over capacity) are ahead")
+	require.NoError(t, a.Release(ctx))
+	require.NoError(t, resultWithin(t, bgot, testTimeout, "b"))
+	require.NoError(t, b.Release(ctx))
+	require.NoError(t, resultWithin(t, dgot, testTimeout, "d"))
+	require.NoError(t, d.Release(ctx))
+}

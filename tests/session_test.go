@@ -1,0 +1,366 @@
+package tests
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/etcdsynctest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest/faults"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+func TestSessionBadInput(t *testing.T) {
+	t.Parallel()
+	c := kitSingle(t)
+	cli := c.Client(t)
+	_, err := etcdsync.NewSession(nil)
+	require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+	for _, opts := range [][]etcdsync.SessionOption{
+		{etcdsync.WithTTL(999 * time.Millisecond)},
+		{etcdsync.WithTTL(-time.Second)},
+		{etcdsync.WithTTL(5 * time.Second), etcdsync.WithLease(1)},
+		{nil},
+	} {
+		_, err := etcdsync.NewSession(cli, opts...)
+		require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+	}
+	_, err = etcdsync.NewSession(cli, etcdsync.WithLease(12345))
+	require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "adopting a lease that does not exist")
+	leases, err := cli.Leases(ctxT(t))
+	require.NoError(t, err)
+	require.Empty(t, leases.Leases, "a failed NewSession left a lease")
+}
+
+func TestSessionTTLRoundsUp(t *testing.T) {
+	t.Parallel()
+	c := kitSingle(t)
+	cli := c.Client(t)
+	s := session(t, cli, etcdsync.WithTTL(1500*time.Millisecond))
+	require.Equal(t, 2*time.Second, s.TTL())
+	require.Equal(t, 2*time.Second, s.Slack(), "the default slack: at least 2 s")
+	resp, err := cli.TimeToLive(ctxT(t), s.Lease())
+	require.NoError(t, err)
+	require.Equal(t, int64(4), resp.GrantedTTL, "the lease: the TTL and the slack")
+}
+
+// DeadlineMoved closes when an acknowledged keepalive moves the local
+// deadline (later than before), and at the session's end; after the end it
+// is closed already.
+func TestSessionDeadlineMoved(t *testing.T) {
+	t.Parallel()
+	c := kitSingle(t)
+	s := session(t, c.Client(t), etcdsync.WithTTL(time.Second))
+	for range 3 {
+		moved := s.DeadlineMoved()
+		before := s.Deadline()
+		within(t, moved, 10*time.Second, "an acknowledged keepalive moves the deadline")
+		require.True(t, s.Deadline().After(before), "the deadline moved on")
+		require.Nil(t, s.Err())
+	}
+	moved := s.DeadlineMoved()
+	require.NoError(t, s.Close())
+	within(t, moved, 5*time.Second, "the end closes the channel")
+	select {
+	case <-s.DeadlineMoved():
+	default:
+		t.Fatal("DeadlineMoved after the end: not closed")
+	}
+}
+
+// The lease outlives several TTLs while the session runs; Close revokes it,
+// Orphan leaves it to expire.
+func TestSessionKeepAliveCloseOrphan(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := kitSingleClient(t)
+	s := session(t, cli, etcdsync.WithTTL(time.Second))
+	notWithin(t, s.Done(), 3500*time.Millisecond, "session with keepalives ended")
+	ttl, err := cli.TimeToLive(ctx, s.Lease())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, ttl.TTL, int64(0), "lease still exists")
+	require.True(t, s.Deadline().After(time.Now()))
+
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close())
+	s.Orphan()
+	require.ErrorIs(t, s.Err(), etcdsync.ErrSessionClosed)
+	ttl, err = cli.TimeToLive(ctx, s.Lease())
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), ttl.TTL, "Close revokes")
+
+	o := session(t, cli, etcdsync.WithTTL(30*time.Second))
+	o.Orphan()
+	o.Orphan()
+	within(t, o.Done(), 5*time.Second, "Done after Orphan")
+	require.ErrorIs(t, context.Cause(o.Ctx()), etcdsync.ErrSessionClosed)
+	ttl, err = cli.TimeToLive(ctx, o.Lease())
+	require.NoError(t, err)
+	require.Greater(t, ttl.TTL, int64(0), "Orphan keeps the lease")
+	_, err = cli.Revoke(ctx, o.Lease())
+	require.NoError(t, err)
+}
+
+// Invariant "Loss signal": a lease revoked by someone else ends the session at the next
+// keepalive; cancelling the WithContext context ends it at once.
+func TestSessionEnds(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := kitSingleClient(t)
+	s := session(t, cli, etcdsync.WithTTL(12*time.Second))
+	_, err := cli.Revoke(ctx, s.Lease())
+	require.NoError(t, err)
+	// The next keepalive is due within TTL/3; the local deadline is a TTL away.
+	within(t, s.Done(), 8*time.Second, "session Done after its lease was revoked")
+	require.ErrorIs(t, s.Err(), etcdsync.ErrSessionExpired)
+	require.NoError(t, s.Close(), "closing a session whose lease is gone")
+
+	sctx, cancel := context.WithCancel(ctx)
+	s2 := session(t, cli, etcdsync.WithContext(sctx))
+	cancel()
+	within(t, s2.Done(), 5*time.Second, "session Done after its context was cancelled")
+	require.ErrorIs(t, s2.Err(), context.Canceled)
+}
+
+// Invariant "Loss signal": when keepalives stop getting through (blackhole), the
+// session's Done, and a hold's Done, close before the server deletes the
+// key (watched from another client) (etcd-io/etcd#5571: etcd's Session.Done
+// never closed while etcd was unreachable; since the fix it closes a TTL
+// after the last keepalive reply arrived, which can be after the server's
+// expiry).
+func TestSessionDeadlineBeatsServerExpiry(t *testing.T) {
+	t.Parallel()
+	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
+		ctx := ctxT(t)
+		admin := c.Client(t)
+		cli, link := c.ClientThrough(t)
+		s := session(t, cli, etcdsync.WithTTL(2*time.Second))
+		m := etcdsync.NewMutex(s, "blackhole")
+		require.NoError(t, m.Lock(ctx))
+		holdDone := m.Done()
+
+		wch := admin.Watch(ctx, m.Key(), clientv3.WithRev(m.Rev()+1))
+		doneAt := make(chan time.Time, 1)
+		go func() { <-s.Done(); doneAt <- time.Now() }()
+		cut := time.Now()
+		link.Cut()
+		deleted := awaitDelete(t, wch)
+		require.True(t, isClosed(s.Done()), "the server deleted the key before the session's Done closed")
+		require.True(t, isClosed(holdDone), "the server deleted the key before the hold's Done closed")
+		closed := <-doneAt
+		require.False(t, s.Deadline().After(cut.Add(s.TTL())), "deadline later than the cut plus the TTL")
+		require.False(t, closed.After(s.Deadline().Add(250*time.Millisecond)), "Done closed %v after the local deadline", closed.Sub(s.Deadline()))
+		require.ErrorIs(t, s.Err(), etcdsync.ErrSessionExpired)
+		require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
+		require.ErrorIs(t, m.Err(), etcdsync.ErrLostContact)
+		t.Logf("lead of the local deadline over the server's delete (as seen by a watcher): %v", deleted.Sub(s.Deadline()))
+		link.Heal()
+	})
+}
+
+// NewSession never waits past its context (etcd-io/etcd#14631), nor, without
+// one, past the TTL.
+func TestNewSessionBounded(t *testing.T) {
+	t.Parallel()
+	c := kitSingle(t)
+	cli, link := c.ClientThrough(t)
+	link.Cut()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := etcdsync.NewSession(cli, etcdsync.WithContext(ctx))
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+	}()
+	within(t, done, 5*time.Second, "NewSession with a 300ms context")
+
+	done = make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := etcdsync.NewSession(cli, etcdsync.WithTTL(time.Second))
+		assert.Error(t, err)
+	}()
+	within(t, done, 5*time.Second, "NewSession with a 1s TTL")
+	link.Heal()
+}
+
+// The session keeps its lease while the raft leader is stopped and restarted.
+func TestSessionSurvivesLeaderStop(t *testing.T) {
+	t.Parallel()
+	c := kitThree(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	s := session(t, cli, etcdsync.WithTTL(3*time.Second))
+	m := etcdsync.NewMutex(s, "leader-stop")
+	require.NoError(t, m.Lock(ctx))
+	leader := c.Leader()
+	require.NotNil(t, leader)
+	leader.Stop()
+	notWithin(t, s.Done(), 7*time.Second, "session ended while a quorum was up")
+	require.NoError(t, leader.Restart())
+	resp, err := cli.Get(ctx, m.Key())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	require.Equal(t, m.Rev(), resp.Kvs[0].CreateRevision)
+	require.NoError(t, m.Unlock(ctx))
+}
+
+// Invariant "Loss signal": a lease revoked by someone else ends a session that holds a
+// watched lock within a round trip, not at the next keepalive (TTL/3 = 20s
+// at the default TTL).
+func TestSessionEndsSoonAfterRevoke(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := kitSingleClient(t)
+	s := session(t, cli) // default 60s TTL
+	m := etcdsync.NewMutex(s, "revoke-soon")
+	require.NoError(t, m.Lock(ctx))
+	m.Done()
+	_, err := cli.Revoke(ctx, s.Lease())
+	require.NoError(t, err)
+	within(t, m.Done(), 5*time.Second, "hold Done after the revoke")
+	within(t, s.Done(), 5*time.Second, "session Done after the revoke")
+	require.ErrorIs(t, s.Err(), etcdsync.ErrSessionExpired)
+	require.NotErrorIs(t, s.Err(), etcdsync.ErrLostContact)
+}
+
+// Close returns by the TTL when etcd cannot be reached: its revoke is
+// bounded, the lease is left to expire on the server (etcd-io/etcd#6681:
+// etcd's Session.Close blocked in Revoke for as long as the client had no
+// connection).
+func TestCloseBoundedWhileEtcdUnreachable(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	p := faults.Proxy(t, c)
+	s, err := etcdsync.NewSession(etcdtest.NewClient(t, []string{p.Endpoint()}), etcdsync.WithTTL(2*time.Second))
+	require.NoError(t, err)
+	m := etcdsync.NewMutex(s, "close-unreachable")
+	require.NoError(t, m.Lock(ctx))
+	p.Blackhole(true)
+	defer p.Blackhole(false)
+	closed := async(s.Close)
+	require.Error(t, resultWithin(t, closed, s.TTL()+1500*time.Millisecond, "Close with etcd unreachable"), "the revoke cannot have gone through")
+	waitCount(t, admin, "close-unreachable/", testTimeout, func(n int) bool { return n == 0 }) // the server expires the lease
+}
+
+// cutHolder holds name on s (whose client goes through p), queues a
+// contender on other, cuts p, and returns when the holder was told (its
+// hold's Done), when the contender got the lock, and the send time of the
+// holder's last acknowledged keepalive (its Deadline less its TTL when told).
+func cutHolder(t *testing.T, ctx context.Context, s *etcdsync.Session, p *etcdtest.Proxy, other *clientv3.Client, name string) (told, got, lastAck time.Time) {
+	t.Helper()
+	m := etcdsync.NewMutex(s, name)
+	require.NoError(t, m.Lock(ctx))
+	b := etcdsync.NewMutex(session(t, other), name)
+	bHolds := async(func() error { return b.Lock(ctx) })
+	waitKeys(t, other, name+"/", 2)
+	p.Blackhole(true)
+	within(t, m.Done(), s.TTL()+testTimeout, "the holder is told")
+	told = time.Now()
+	lastAck = s.Deadline().Add(-s.TTL())
+	require.ErrorIs(t, m.Check(), etcdsync.ErrLostContact)
+	require.NoError(t, resultWithin(t, bHolds, s.TTL()+s.Slack()+2*time.Minute, "the contender gets the lock"))
+	got = time.Now()
+	return told, got, lastAck
+}
+
+// A session that adopts a lease (WithLease) after a restart keeps the slack
+// promise whoever granted the lease and with what: etcd's own concurrency
+// package (no slack), etcdsync with another slack or none, with a lock
+// delay adopted with it, or with little of the TTL left. Cut off, the
+// adopter is told at least its slack (and delay) before the next holder
+// gets the lock.
+func TestAdoptedLeaseTellsBeforeSuccessorHolds(t *testing.T) {
+	t.Parallel()
+	slow(t)
+	c := single(t)
+	admin := c.Client(t)
+	orphaned := func(t *testing.T, opts ...etcdsync.SessionOption) clientv3.LeaseID {
+		s, err := etcdsync.NewSession(admin, opts...)
+		require.NoError(t, err)
+		s.Orphan()
+		return s.Lease()
+	}
+	for _, tc := range []struct {
+		name  string
+		lease func(t *testing.T) clientv3.LeaseID
+		opts  []etcdsync.SessionOption
+		delay time.Duration
+	}{
+		{"etcd concurrency TTL 5", func(t *testing.T) clientv3.LeaseID {
+			s, err := concurrency.NewSession(admin, concurrency.WithTTL(5))
+			require.NoError(t, err)
+			s.Orphan()
+			return s.Lease()
+		}, nil, 0},
+		{"etcdsync slack 4s", func(t *testing.T) clientv3.LeaseID {
+			return orphaned(t, etcdsync.WithTTL(3*time.Second), etcdsync.WithSlack(4*time.Second))
+		}, nil, 0},
+		{"etcdsync no slack", func(t *testing.T) clientv3.LeaseID {
+			return orphaned(t, etcdsync.WithTTL(4*time.Second), etcdsync.WithSlack(0))
+		}, nil, 0},
+		{"etcdsync no slack adopted without", func(t *testing.T) clientv3.LeaseID {
+			return orphaned(t, etcdsync.WithTTL(4*time.Second), etcdsync.WithSlack(0))
+		}, []etcdsync.SessionOption{etcdsync.WithSlack(0)}, 0},
+		{"etcdsync lock delay 2s", func(t *testing.T) clientv3.LeaseID {
+			return orphaned(t, etcdsync.WithTTL(3*time.Second), etcdsync.WithLockDelay(2*time.Second))
+		}, []etcdsync.SessionOption{etcdsync.WithLockDelay(2 * time.Second)}, 2 * time.Second},
+		{"little TTL left", func(t *testing.T) clientv3.LeaseID {
+			id := orphaned(t, etcdsync.WithTTL(3*time.Second)) // 5 s granted
+			for {
+				resp, err := admin.TimeToLive(ctxT(t), id)
+				require.NoError(t, err)
+				require.Greater(t, resp.TTL, int64(3), "missed the moment")
+				if resp.TTL == 4 { // 4 s and some left: the adopter has 2 s and some
+					return id
+				}
+				time.Sleep(50 * time.Millisecond) // polling the server's TTL
+			}
+		}, nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t)
+			id := tc.lease(t)
+			cli, p := faults.Proxied(t, c)
+			s := session(t, cli, append([]etcdsync.SessionOption{etcdsync.WithLease(id)}, tc.opts...)...)
+			ttl, err := admin.TimeToLive(ctx, id)
+			require.NoError(t, err)
+			t.Logf("granted %ds: TTL %v, slack %v, delay %v, deadline in %v", ttl.GrantedTTL, s.TTL(), s.Slack(), tc.delay, time.Until(s.Deadline()))
+			require.Equal(t, time.Duration(ttl.GrantedTTL)*time.Second, s.TTL()+s.Slack()+tc.delay)
+			told, got, _ := cutHolder(t, ctx, s, p, admin, "adopted-"+strings.ReplaceAll(tc.name, " ", "-"))
+			t.Logf("the contender got the lock %v after the holder was told", got.Sub(told))
+			require.GreaterOrEqual(t, got.Sub(told), s.Slack()+tc.delay-200*time.Millisecond)
+		})
+	}
+}
+
+// NewSession started while the cluster has no leader (quorum lost for a
+// moment, a leader election) succeeds once a leader is back within its
+// bound (the client's DialTimeout, 5 s here): it waits for an answer that
+// bound. Today the grant fails with "etcdserver: no leader" after etcd's
+// client has spent its retries (about 1.3 s), as it did before the bound.
+func TestNewSessionWaitsForLeaderWithinDialTimeout(t *testing.T) {
+	t.Parallel()
+	slow(t)
+	c := three(t)
+	cli := c.Client(t) // DialTimeout 5 s
+	c.Stop(c.Member(1))
+	c.Stop(c.Member(2))
+	back := time.AfterFunc(2*time.Second, func() { // the fault's schedule: a leader again after about 3 s
+		assert.NoError(t, c.Restart(c.Member(1)))
+	})
+	t.Cleanup(func() { back.Stop() })
+	began := time.Now()
+	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(30*time.Second))
+	t.Logf("after %v: %v", time.Since(began), err)
+	require.NoError(t, err, "NewSession gave up while a leader was being elected")
+	s.Close()
+}

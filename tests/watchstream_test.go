@@ -1,0 +1,420 @@
+package tests
+
+// A wait's watch streams: each wait's own gRPC stream is closed when the
+// wait ends, however it ends (its turn, a cancel at any step, a deadline
+// during the version check), and exclusion holds meanwhile; waits of one
+// client see deletes of one revision across names as they are, also on a
+// lagging follower.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest/faults"
+)
+
+// openWatches counts a client's open Watch gRPC streams: one opened is
+// counted until its context is done (the stream finished: the client's
+// Watcher cancelled it, or the link broke).
+type openWatches struct {
+	open, opened atomic.Int64
+	waits        atomic.Int64 // open streams of waits (etcdsync-wait metadata)
+}
+
+func (o *openWatches) dial() grpc.DialOption {
+	return grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil || method != "/etcdserverpb.Watch/Watch" {
+			return s, err
+		}
+		o.open.Add(1)
+		o.opened.Add(1)
+		md, _ := metadata.FromOutgoingContext(ctx)
+		wait := len(md.Get("etcdsync-wait")) > 0
+		if wait {
+			o.waits.Add(1)
+		}
+		go func() {
+			<-s.Context().Done()
+			o.open.Add(-1)
+			if wait {
+				o.waits.Add(-1)
+			}
+		}()
+		return s, nil
+	})
+}
+
+// settleTo waits, at most d, until o has want open Watch streams.
+func (o *openWatches) settleTo(t *testing.T, want int64, d time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for o.waits.Load() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d Watch streams of waits open after %v (%d in all), want %d", what, o.waits.Load(), d, o.open.Load(), want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Semaphore of capacity 5, weighted requests from many sessions on one
+// client (one probe-capable client, many waits at once, each wait watching
+// up to several keys ahead), a third of them cancelled at random moments.
+// Exclusion: the permits held at once never exceed the capacity. Nothing is
+// left behind: no key, and no Watch stream of the client stays open once
+// every call has returned.
+func TestSemaphoreUnderCancelsExcludesAndLeavesNoWatch(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
+	for _, rig := range []struct {
+		name string
+		eps  []string
+	}{{"direct", c.Endpoints()}, {"grpcproxy", []string{proxy}}} {
+		t.Run(rig.name, func(t *testing.T) { semaphoreNoLeftovers(t, c, rig.eps, "ws-sem-"+rig.name) })
+	}
+}
+
+func semaphoreNoLeftovers(t *testing.T, c *etcdtest.Cluster, eps []string, name string) {
+	ow := &openWatches{}
+	cli := etcdtest.NewClient(t, eps, ow.dial())
+	admin := c.Client(t)
+	const capacity, workers, rounds = 5, 12, 4
+	var held, maxHeld atomic.Int64
+	var violations atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*rounds)
+	for w := range workers {
+		s := session(t, cli)
+		sm := etcdsync.NewSemaphore(s, name, capacity)
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 25))
+			for range rounds {
+				n := 1 + rng.Int64N(capacity)
+				ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+				if rng.IntN(3) == 0 {
+					d := time.Duration(rng.IntN(400)) * time.Millisecond
+					ctx, cancel = context.WithTimeout(context.Background(), d)
+				}
+				err := sm.Acquire(ctx, n)
+				cancel()
+				if err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+						errs <- fmt.Errorf("worker %d: acquire %d: %w", w, n, err)
+					}
+					continue
+				}
+				now := held.Add(n)
+				if now > capacity {
+					violations.Add(1)
+				}
+				for {
+					m := maxHeld.Load()
+					if now <= m || maxHeld.CompareAndSwap(m, now) {
+						break
+					}
+				}
+				time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond)
+				held.Add(-n)
+				rctx, rcancel := context.WithTimeout(context.Background(), testTimeout)
+				if err := sm.Release(rctx); err != nil {
+					errs <- fmt.Errorf("worker %d: release: %w", w, err)
+				}
+				rcancel()
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	within(t, done, 90*time.Second, "all workers")
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	require.Zero(t, violations.Load(), "more than %d permits held at once (max %d)", capacity, maxHeld.Load())
+	t.Logf("max permits held at once: %d; Watch streams opened: %d", maxHeld.Load(), ow.opened.Load())
+	waitNoKeys(t, admin, name+"/")
+	ow.settleTo(t, 0, 5*time.Second, "after every acquire returned")
+}
+
+// A waiter's stream watches its own key and keys ahead; every one of its
+// Lock calls, cancelled at a different moment (before, during and after the
+// watches' creation), leaves no key, and no Watch stream open.
+func TestLockCancelledAtEveryStepLeavesNoWatchStream(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ow := &openWatches{}
+	cli := etcdtest.NewClient(t, c.Endpoints(), ow.dial())
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	const name = "ws-cancel"
+	holders := make([]*etcdsync.Mutex, 3)
+	for i := range holders {
+		holders[i] = etcdsync.NewMutex(session(t, admin), name)
+	}
+	require.NoError(t, holders[0].Lock(ctx))
+	q := make([]<-chan error, 0, 2)
+	for i, h := range holders[1:] { // two queued ahead, in order: the waiter watches the two nearest
+		q = append(q, async(func() error { return h.Lock(ctx) }))
+		waitKeys(t, admin, name+"/", i+2)
+	}
+	waiter := etcdsync.NewMutex(session(t, cli), name)
+	for d := time.Duration(0); d < 60*time.Millisecond; d += 2 * time.Millisecond {
+		cctx, cancel := context.WithTimeout(ctx, d)
+		err := waiter.Lock(cctx)
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded, "after %v", d)
+	}
+	waitCount(t, admin, name+"/", testTimeout, func(have int) bool { return have == 3 })
+	ow.settleTo(t, 0, 5*time.Second, "after every cancelled Lock")
+	require.NoError(t, holders[0].Unlock(ctx))
+	require.NoError(t, resultWithin(t, q[0], testTimeout, "the first queued"))
+	require.NoError(t, holders[1].Unlock(ctx))
+	require.NoError(t, resultWithin(t, q[1], testTimeout, "the second queued"))
+	require.NoError(t, holders[2].Unlock(ctx))
+	waitNoKeys(t, admin, name+"/")
+}
+
+// cancelOnWatch is a Watcher that, on its first Watch call after arm, ends
+// the caller's context (cancel) before it passes the call on: the caller's
+// deadline falling between the wait's start and its first watch's request.
+type cancelOnWatch struct {
+	clientv3.Watcher
+	mu     sync.Mutex
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnWatch) arm(cancel context.CancelFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.cancel = cancel
+}
+
+func (w *cancelOnWatch) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	w.mu.Lock()
+	cancel := w.cancel
+	w.cancel = nil
+	w.mu.Unlock()
+	if cancel != nil {
+		cancel() // the caller's context has ended (cancel returns once it shows)
+	}
+	return w.Watcher.Watch(ctx, key, opts...)
+}
+
+// A Lock whose context ends just as its wait starts watching (between the
+// enqueue and the Watch call) returns the context's error and leaves no key;
+// it must leave no Watch stream open either. The wait's watches go on a gRPC
+// stream of their own (waitContext's metadata), which clientv3 opens on the
+// first Watch of that metadata and closes only when its last watch closes:
+// a Watch whose context ended before its request reached the stream adds no
+// watch, so the stream (a gRPC stream on the client and the server, and the
+// client's goroutines serving it) stays open until the client closes. One
+// leaks per such Lock.
+func TestLockCancelledAsItWatchesLeavesNoWatchStream(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ow := &openWatches{}
+	cli := etcdtest.NewClient(t, c.Endpoints(), ow.dial())
+	cw := &cancelOnWatch{Watcher: cli.Watcher}
+	cli.Watcher = cw
+	failedLocksLeaveNoWatch(t, c, cli, ow, "ws-leak", func(ctx context.Context) (context.Context, context.CancelFunc) {
+		lctx, cancel := context.WithTimeout(ctx, testTimeout)
+		cw.arm(cancel)
+		return lctx, cancel
+	}, context.Canceled, "cancelled Locks")
+}
+
+// failedLocksLeaveNoWatch has a Mutex on name of a session of c hold, and
+// a waiter on a session of cli Lock name 5 times, each under a context of
+// lockCtx that must end the Lock with want; then no Watch stream of a wait
+// of cli (ow counts them) may stay open. what names the failed Locks.
+func failedLocksLeaveNoWatch(t *testing.T, c *etcdtest.Cluster, cli *clientv3.Client, ow *openWatches, name string, lockCtx func(ctx context.Context) (context.Context, context.CancelFunc), want error, what string) {
+	t.Helper()
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	holder := heldMutex(t, ctx, admin, name)
+	waiter := etcdsync.NewMutex(session(t, cli), name)
+	const tries = 5
+	for range tries {
+		lctx, cancel := lockCtx(ctx)
+		err := waiter.Lock(lctx)
+		cancel()
+		require.ErrorIs(t, err, want)
+	}
+	waitCount(t, admin, name+"/", testTimeout, func(have int) bool { return have == 1 })
+	t.Logf("Watch streams opened by the %d %s: %d", tries, what, ow.opened.Load())
+	ow.settleTo(t, 0, 5*time.Second, "after the "+what)
+	require.NoError(t, holder.Unlock(ctx))
+}
+
+// The same leak without a test double in the Watcher: the first waits on a
+// client check its servers' versions (Maintenance.Status, bounded by the
+// wait's ctx) before they watch; a member slow to answer Status (here 300 ms
+// late) and a Lock deadline of 150 ms make every wait end its version check
+// with its ctx done and then call Watch with it. The caps stay unknown (no
+// answer), so each later Lock checks again: each leaves a Watch stream open
+// for the client's life.
+func TestLocksTimingOutDuringTheVersionCheckLeaveNoWatchStream(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ow := &openWatches{}
+	slowStatus := faults.Delay("/etcdserverpb.Maintenance/Status", 300*time.Millisecond)
+	cli := etcdtest.NewClient(t, c.Endpoints(), ow.dial(), slowStatus)
+	failedLocksLeaveNoWatch(t, c, cli, ow, "ws-slowstatus", func(ctx context.Context) (context.Context, context.CancelFunc) {
+		return context.WithTimeout(ctx, 150*time.Millisecond)
+	}, context.DeadlineExceeded, "Locks that timed out")
+}
+
+// lockWaiter is a Mutex.Lock in flight and where its result goes.
+type lockWaiter struct {
+	m   *etcdsync.Mutex
+	key string
+	res <-chan error
+}
+
+// Forty waits on three names, all on one client (each wait on a stream of
+// its own; when waits shared streams, progress answers requested by one wait
+// reached the others), and rounds of one transaction that deletes,
+// on every name at one revision, the holder's key and the first waiter's:
+// each first waiter returns ErrSessionExpired (its key went at the revision
+// its turn would have come), each second waiter holds, nobody else moves.
+func TestWaitsOnOneClientSeeSameRevisionDeletesAcrossNames(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	cli := c.Client(t)
+	names := []string{"a28ss/x", "a28ss/y", "a28ss/z"}
+	perName := 14 // 42 waits: three streams, each with waits of every name
+	if testing.Short() {
+		perName = 6 // 18 waits: two streams
+	}
+	queues := make(map[string][]*lockWaiter)
+	for i := range perName {
+		for _, name := range names {
+			s := session(t, cli)
+			m := etcdsync.NewMutex(s, name)
+			w := &lockWaiter{m: m, key: keyOf(name, s), res: async(func() error { return m.Lock(ctx) })}
+			queues[name] = append(queues[name], w)
+			waitKeys(t, admin, name+"/", i+1) // FIFO order is start order
+		}
+	}
+	for _, name := range names {
+		require.NoError(t, resultWithin(t, queues[name][0].res, testTimeout, "first Lock"))
+	}
+	for round := 0; len(queues[names[0]]) >= 3; round++ {
+		var ops []clientv3.Op
+		for _, name := range names {
+			q := queues[name]
+			ops = append(ops, clientv3.OpDelete(q[0].key), clientv3.OpDelete(q[1].key))
+		}
+		_, err := admin.Txn(ctx).Then(ops...).Commit()
+		require.NoError(t, err)
+		for _, name := range names {
+			q := queues[name]
+			require.ErrorIs(t, resultWithin(t, q[1].res, 5*time.Second, "first waiter"), etcdsync.ErrSessionExpired, "round %d %s", round, name)
+			require.NoError(t, resultWithin(t, q[2].res, 5*time.Second, "second waiter"), "round %d %s", round, name)
+			within(t, q[0].m.Done(), 5*time.Second, "Done of the deleted hold")
+			queues[name] = q[2:]
+		}
+		for _, name := range names {
+			for _, w := range queues[name][1:] {
+				notYet(t, w.res, 0, "a waiter behind the new holder")
+			}
+			resp, err := admin.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+			require.NoError(t, err)
+			require.Equal(t, queues[name][0].key, string(resp.Kvs[0].Key), "the holder is the oldest key")
+		}
+	}
+	for _, name := range names {
+		q := queues[name]
+		require.NoError(t, q[0].m.Unlock(ctx))
+		for _, w := range q[1:] {
+			require.NoError(t, resultWithin(t, w.res, 5*time.Second, "last waiters"))
+			require.NoError(t, w.m.Unlock(ctx))
+		}
+	}
+	waitNoKeys(t, admin, "a28ss/")
+}
+
+// Waits of one client on a follower cut off from its peers: one
+// transaction (on the quorum) deletes, on two names at one revision, the
+// holder's key and the first waiter's. Nothing moves while the follower
+// lags; once it heals, each first waiter returns ErrSessionExpired, each
+// second waiter holds (its Done open), the rest wait.
+func TestWaitsOnLaggingFollowerSeeSameRevisionDeletesAcrossNames(t *testing.T) {
+	t.Parallel()
+	c, f, u := faults.PeerRig(t)
+	ctx := ctxT(t)
+	fi, ui := slices.Index(c.Members(), f), slices.Index(c.Members(), u)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	cli := faults.RoutedClient(t, c, fi, ui) // watches on f, the rest on u
+	names := []string{"a28lag/x", "a28lag/y"}
+	const perName = 9
+	queues := make(map[string][]*lockWaiter)
+	for i := range perName {
+		for _, name := range names {
+			s := session(t, cli, etcdsync.WithTTL(30*time.Second))
+			m := etcdsync.NewMutex(s, name)
+			w := &lockWaiter{m: m, key: keyOf(name, s), res: async(func() error { return m.Lock(ctx) })}
+			queues[name] = append(queues[name], w)
+			waitKeys(t, admin, name+"/", i+1)
+		}
+	}
+	for _, name := range names {
+		require.NoError(t, resultWithin(t, queues[name][0].res, testTimeout, "first Lock"))
+	}
+	for round := 0; round < 3; round++ {
+		resp, err := admin.Get(ctx, "a28lag-rev")
+		require.NoError(t, err)
+		faults.CaughtUp(t, f, resp.Header.Revision) // every waiter watches from here
+		require.NoError(t, c.CutPeers(f))
+		var ops []clientv3.Op
+		for _, name := range names {
+			q := queues[name]
+			ops = append(ops, clientv3.OpDelete(q[0].key), clientv3.OpDelete(q[1].key))
+		}
+		_, err = admin.Txn(ctx).Then(ops...).Commit()
+		require.NoError(t, err)
+		for _, name := range names {
+			for _, w := range queues[name][1:] {
+				notYet(t, w.res, 0, "a waiter while its member lags")
+			}
+		}
+		notYet(t, queues[names[0]][2].res, 300*time.Millisecond, "second waiter while its member lags")
+		require.NoError(t, c.HealPeers(f))
+		for _, name := range names {
+			q := queues[name]
+			require.ErrorIs(t, resultWithin(t, q[1].res, 10*time.Second, "first waiter"), etcdsync.ErrSessionExpired, "round %d %s", round, name)
+			require.NoError(t, resultWithin(t, q[2].res, 10*time.Second, "second waiter"), "round %d %s", round, name)
+			require.NoError(t, q[2].m.Check())
+			queues[name] = q[2:]
+		}
+		for _, name := range names {
+			for _, w := range queues[name][1:] {
+				notYet(t, w.res, 0, "a waiter behind the new holder")
+			}
+		}
+	}
+	for _, name := range names {
+		q := queues[name]
+		require.NoError(t, q[0].m.Unlock(ctx))
+		for _, w := range q[1:] {
+			require.NoError(t, resultWithin(t, w.res, 10*time.Second, "last waiters"))
+			require.NoError(t, w.m.Unlock(ctx))
+		}
+	}
+	waitNoKeys(t, admin, "a28lag/")
+}
