@@ -43,7 +43,10 @@ func TestTLSAndAuth(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, resp.Count, "keys left under %s", name)
 	}
-	tlsFlags := []string{"--endpoints", ep, "--cacert", certs.CAFile}
+	// A long --dial-timeout: under -race and a loaded machine, the member's
+	// password checks (bcrypt) can take seconds; the checks below are of
+	// what fails, not of how fast.
+	tlsFlags := []string{"--endpoints", ep, "--cacert", certs.CAFile, "--dial-timeout", "30s"}
 
 	// Flags: a read-write user runs a command under the lock.
 	code, p := run(t, append(tlsFlags, "--user", "rw:rw-password", "run", "locks/job", "--", "sh", "-c", `echo "$ETCDSYNC_KEY"`)...)
