@@ -45,9 +45,11 @@
 // and nothing else is ahead, the turn is its own with no RPC (a watch progress
 // request, on servers that order its answer, shows that its own key survived;
 // elsewhere one read does). When the key before the predecessor goes first,
-// the waiter learns what is left ahead then, off the critical path. A release
-// reaches at most two waiters at any queue length. A release (Unlock, Resign,
-// Release) is one fenced RPC; TryLock on a held name is one RPC and writes
+// the waiter learns what is left ahead then, off the critical path. A
+// release of a Mutex or an Election reaches at most two waiters at any queue
+// length; an RWMutex writer's release reaches every reader it lets in, and a
+// Semaphore's at most about capacity+1 waiters, never the whole queue. A
+// release (Unlock, Resign, Release) is one fenced RPC; TryLock on a held name is one RPC and writes
 // nothing. Every request goes through the client's interfaces (KV, Watcher,
 // Lease, Maintenance), so a client wrapped by clientv3/namespace, the
 // in-process client of an embedded etcd, a client behind etcd's gRPC proxy
@@ -67,7 +69,8 @@
 //   - Nested names: a holder of NAME/x never blocks NAME.
 //   - FIFO: waiters are served in the order their keys were created, and a
 //     waiter is woken only by the deletes of the keys it watches, so a release
-//     wakes one waiter at any queue length (no herd).
+//     wakes only the waiters watching its key, never the whole queue (no
+//     herd): at most two for a Mutex or an Election.
 //   - Nothing left: a cancelled or failed acquire leaves no key, also when the
 //     cancel races the create or the server applies the create late; a closed
 //     Session leaves no key.

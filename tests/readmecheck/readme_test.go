@@ -1,5 +1,5 @@
-// Package readmecheck checks that the Go code blocks of the README compile
-// against the module's packages as they are.
+// Package readmecheck checks that the Go code blocks of the README and of
+// the guides under docs/ compile against the module's packages as they are.
 package readmecheck
 
 import (
@@ -14,15 +14,16 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// imports are the packages a README block may use without importing them.
+// imports are the packages a block may use without importing them.
 var imports = []string{
-	"context", "crypto/tls", "crypto/x509", "errors", "log", "log/slog", "os", "testing", "time",
+	"context", "crypto/tls", "crypto/x509", "errors", "fmt", "log", "log/slog", "net/http", "os", "testing", "time",
 	"github.com/etcdsync/etcdsync",
 	"github.com/etcdsync/etcdsync/etcdsynctest",
 	"github.com/prometheus/client_golang/prometheus",
@@ -30,8 +31,8 @@ var imports = []string{
 }
 
 // preamble declares what the blocks use from the text around them: a
-// context, a client, a session, a held Mutex, a test, and the user's own
-// functions.
+// context, a client, a session, a held Mutex, an Election, an Observer, a test, and the
+// user's own functions.
 const preamble = `
 var (
 	t     *testing.T
@@ -39,6 +40,8 @@ var (
 	cli   *clientv3.Client
 	s     *etcdsync.Session
 	m     *etcdsync.Mutex
+	e     *etcdsync.Election
+	o     *etcdsync.Observer
 	today string
 	next  string
 	tick  <-chan time.Time
@@ -47,15 +50,19 @@ var (
 func report(ctx context.Context, token int64) error          { return nil }
 func work(ctx context.Context, token int64) <-chan struct{} { return nil }
 func transfer(ctx context.Context, from, to string, amount, token int64) error { return nil }
+func render(ctx context.Context, cfg []byte) error { return nil }
+func runPhase(ctx context.Context) error { return nil }
+func write(ctx context.Context, token int64, data string) error { return nil }
 `
 
-// block is a README code block and the README line of its first line.
+// block is a Go code block of a Markdown file and the file's line of its
+// first line.
 type block struct {
 	line int
 	code string
 }
 
-// goBlocks returns the ```go blocks of the README.
+// goBlocks returns the ```go blocks of a Markdown file.
 func goBlocks(r io.Reader) ([]block, error) {
 	var out []block
 	sc := bufio.NewScanner(r)
@@ -75,22 +82,42 @@ func goBlocks(r io.Reader) ([]block, error) {
 	return out, sc.Err()
 }
 
-// TestReadmeGoBlocksCompile type-checks every Go block of the README as the
-// body of a function, "..." standing for error handling. Variables a block
-// declares and does not use are allowed (the prose goes on with them).
+// TestReadmeGoBlocksCompile type-checks every Go block of the README and
+// of each guide (docs/*.md), a file at a time, each block as the body of a
+// function, "..." standing for error handling. Variables a block declares
+// and does not use are allowed (the prose goes on with them).
 func TestReadmeGoBlocksCompile(t *testing.T) {
-	f, err := os.Open("../../README.md")
+	guides, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	blocks, err := goBlocks(f)
-	if err != nil {
-		t.Fatal(err)
+	exports := exportData(t)
+	for _, path := range append([]string{"../../README.md"}, guides...) {
+		name, _ := filepath.Rel("../..", path)
+		t.Run(name, func(t *testing.T) {
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			blocks, err := goBlocks(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if name == "README.md" && len(blocks) == 0 {
+				t.Fatalf("found %d Go blocks in the README; the parser is wrong", len(blocks))
+			}
+			for _, p := range typeCheck(name, blocks, exports) {
+				t.Error(p)
+			}
+		})
 	}
-	if len(blocks) < 5 {
-		t.Fatalf("found %d Go blocks in the README; the parser is wrong", len(blocks))
-	}
+}
+
+// typeCheck type-checks the blocks of the Markdown file name as one
+// package, each block the body of a function, and returns the problems
+// found, with their lines in the file.
+func typeCheck(name string, blocks []block, exports map[string]string) []string {
 	var src strings.Builder
 	src.WriteString("package readme\n\nimport (\n")
 	for _, p := range imports {
@@ -99,14 +126,13 @@ func TestReadmeGoBlocksCompile(t *testing.T) {
 	src.WriteString(")\n" + preamble)
 	for i, b := range blocks {
 		code := strings.ReplaceAll(b.code, "{ ... }", "{ panic(err) }")
-		fmt.Fprintf(&src, "\nfunc block%d() {\n//line README.md:%d\n%s}\n", i, b.line, code)
+		fmt.Fprintf(&src, "\nfunc block%d() {\n//line %s:%d\n%s}\n", i, name, b.line, code)
 	}
 	fset := token.NewFileSet()
 	file, err := parser.ParseFile(fset, "readme.go", src.String(), parser.ParseComments)
 	if err != nil {
-		t.Fatalf("README Go blocks do not parse: %v", err)
+		return []string{fmt.Sprintf("%s: Go blocks do not parse: %v", name, err)}
 	}
-	exports := exportData(t)
 	lookup := func(path string) (io.ReadCloser, error) {
 		if e, ok := exports[path]; ok {
 			return os.Open(e)
@@ -125,9 +151,7 @@ func TestReadmeGoBlocksCompile(t *testing.T) {
 		},
 	}
 	conf.Check("readme", fset, []*ast.File{file}, nil)
-	for _, p := range problems {
-		t.Error(p)
-	}
+	return problems
 }
 
 // exportData builds the imports and the packages they need and returns
