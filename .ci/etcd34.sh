@@ -4,7 +4,7 @@
 # (compat_test.go). Nothing is installed. To be called by .ci/run, e.g.:
 #
 #   export ETCDSYNC_ETCD34=$(.ci/etcd34.sh "$tmp/etcd34")
-#   go test -run 'TestCompat/etcd34' -count=1 .
+#   go test -run 'TestCompat/etcd34' -count=1 ./tests
 #
 # Without ETCDSYNC_ETCD34 those rows are skipped with a message saying so.
 set -euo pipefail

@@ -71,7 +71,7 @@ func slowBackedGRPCProxy(t *testing.T, c *etcdtest.Cluster) (string, *etcdtest.P
 // round trip well within the TTL), a session's local deadline can run past
 // the last renewal the server received plus the TTL, by at most the proxy's
 // own keepalive pace (TTL/3) and one of its 500 ms resend ticks — a known
-// limit (README, Where it runs): the proxy keeps one keepalive per lease for
+// limit (docs/time.md): the proxy keeps one keepalive per lease for
 // all its streams and answers a beat with whichever of its own renewals
 // replies next, which may have been sent before the beat. The session lives.
 func TestDeadlineThroughGRPCProxyWithinAProxyPace(t *testing.T) {
