@@ -58,8 +58,9 @@ type Metrics struct {
 //   - etcdsync_sessions_expired_total{cause}: sessions that ended on their
 //     own (lost_contact, lease_gone), not by Close.
 //
-// kind is mutex, election, rwmutex, semaphore or group (a Group's
-// membership is a hold); there is no per-name label.
+// kind is mutex, election, rwmutex, semaphore, multilock (one hold per
+// name) or group (a Group's membership is a hold); there is no per-name
+// label.
 // Registering in a registry that already has these collectors (a second
 // NewMetrics on it) returns Metrics that share them; a collector of another
 // type under one of these names is an error wrapping ErrInvalidArgument. A
