@@ -27,6 +27,7 @@ import (
 
 const (
 	faultTTL     = 2 * time.Second
+	faultSlack   = 2 * time.Second // the default slack (WithSlack) at faultTTL
 	faultWorkers = 3
 	faultIncs    = 50 // per worker: 14 faults x 3 x 50 = 2100 guarded increments of Mutex and Election
 	faultIncsToo = 40 // per worker for RWMutex writers and Semaphore: 9 faults x 3 x 40 = 1080 each
@@ -76,7 +77,8 @@ func TestFaults(t *testing.T) {
 			_, err := r.admin.Revoke(r.ctx, v.lease())
 			require.NoError(t, err)
 		}},
-		{name: "process-pause", onHold: true, pause: true, dur: faultTTL + 1500*time.Millisecond, inject: cut, heal: mend},
+		// Paused past the lease (the TTL and the default slack): its guard is stale by then.
+		{name: "process-pause", onHold: true, pause: true, dur: faultTTL + faultSlack + 1500*time.Millisecond, inject: cut, heal: mend},
 		// A follower cut off from its peers (not from clients) for less
 		// than an election timeout, again and again while the workers
 		// unlock and lock: watches it serves lag behind the workers' reads.
