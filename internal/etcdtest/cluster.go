@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/crypto/bcrypt"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver"
@@ -190,6 +192,7 @@ func (m *Member) start() error {
 	}
 	cfg.TickMs, cfg.ElectionMs = 50, 500
 	cfg.UnsafeNoFsync = !m.fsync
+	cfg.BcryptCost = uint(bcrypt.MinCost) // password checks in milliseconds, also under -race (seconds at the default cost)
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.LogLevel = "fatal"
 	cfg.ListenMetricsUrls = nil
