@@ -152,6 +152,7 @@ func (w *faultWorker) run(t *testing.T, progress chan<- struct{}) {
 			done++
 			progress <- struct{}{}
 		}
+		rec.unlocking = time.Now()
 		w.unlock(r.ctx, m)
 		if !ended(&rec) {
 			t.Errorf("worker %d: hold %d: Done never fired", w.id, rec.rev)
