@@ -130,6 +130,7 @@ func (b etcdBinary) start(t *testing.T) *deployment {
 
 // path returns the binary's path, or skips t when it is not given.
 func (b etcdBinary) path(t testing.TB) string {
+	t.Helper()
 	bin := os.Getenv(b.env)
 	if bin == "" {
 		t.Skipf("%s is not set: no etcd %s binary to test against (%s)", b.env, b.line, b.how)
