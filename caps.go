@@ -29,7 +29,7 @@ type caps struct {
 const (
 	capsUnknown    int32 = iota
 	capsProgress         // progress answers confirm a turn
-	capsOldServer        // a server older than 3.6: reads confirm a turn
+	capsOldServer        // a server released before etcd#15220's fix (see progressOrdered): reads confirm a turn
 	capsUnanswered       // a progress request went unanswered: etcd's gRPC proxy, whose serializable reads come from a cache
 )
 
@@ -58,9 +58,10 @@ func capsOf(cli *clientv3.Client) *caps {
 // first call per client asks the server behind each endpoint for its
 // version (client.Maintenance.Status, all at once; without endpoints, as
 // for an in-process client, once with none), blocking for those calls,
-// bounded by ctx and versionTimeout. Only servers from 3.6 on are trusted:
-// before fixes in late 3.4 and 3.5 patch releases (etcd-io/etcd#15220) an
-// answer could overtake the events it vouches for. The answer is kept for
+// bounded by ctx and versionTimeout. Only servers released with the fix of
+// etcd-io/etcd#15220 are trusted (3.4.25, 3.5.8, 3.6.0 on: see
+// progressOrdered): before it an answer could overtake the events it
+// vouches for. The answer is kept for
 // the client once one server answered and none is older; an endpoint that
 // does not answer is not counted (a member down at that moment, which etcd's
 // upgrade rules keep within one minor version of the others). When none
@@ -157,7 +158,21 @@ func (c *caps) cached() bool { return c.state.Load() == capsUnanswered }
 
 // progressOrdered reports whether a server of version v (major.minor.patch)
 // sends the answer to a progress request after every event up to its
-// revision: 3.6 and later.
+// revision: from the release that fixed etcd-io/etcd#15220 in its line.
+//
+// Before the fix a member answered on its stream's control channel with its
+// store's revision while events of that revision could still be queued for
+// the watch, so the answer could overtake them (v3rpc/watch.go's recvLoop in
+// server v3.5.7: "sws.ctrlStream <- &pb.WatchResponse{Header:
+// sws.newResponseHeader(sws.watchStream.Rev()) ..."). The fix (etcd PR
+// #15237, in 3.6.0; backported to 3.5.8 by #15695 and to 3.4.25 by #15697,
+// per their CHANGELOGs) answers through the watchers' own channel, behind
+// their events, and only while every watcher of the stream is synced
+// (mvcc's progressIfSync, the same in v3.5.35 as in v3.7.3); an unsynced
+// stream gets no answer, which a wait meets as an unanswered request (it
+// reads). Whether a member has the fix is not something a probe can tell:
+// before it, answers came in order unless a race was lost, so the release
+// is the test (the tests module measures the race on each server line).
 func progressOrdered(v string) bool {
 	parts := strings.SplitN(v, ".", 3)
 	if len(parts) < 2 {
@@ -168,5 +183,17 @@ func progressOrdered(v string) bool {
 	if err1 != nil || err2 != nil {
 		return false
 	}
-	return major > 3 || major == 3 && minor >= 6
+	if major != 3 || minor >= 6 {
+		return major >= 3
+	}
+	fixed, ok := progressFixedIn[minor]
+	if !ok || len(parts) < 3 {
+		return false
+	}
+	patch, err := strconv.Atoi(parts[2]) // a suffix ("-rc.0") is not trusted
+	return err == nil && patch >= fixed
 }
+
+// progressFixedIn is, per 3.x line older than 3.6, the first patch release
+// with the fix of etcd-io/etcd#15220 (see progressOrdered).
+var progressFixedIn = map[int]int{4: 25, 5: 8}

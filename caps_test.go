@@ -8,11 +8,19 @@ import (
 	"time"
 )
 
-func TestCapsProgressOrderedFrom36(t *testing.T) {
+// Progress answers are trusted from the release that fixed etcd#15220 in
+// each line: 3.4.25, 3.5.8, 3.6.0; the servers before it read.
+func TestCapsProgressOrderedFromTheFix(t *testing.T) {
 	t.Parallel()
 	for v, want := range map[string]bool{
-		"3.4.23": false, "3.5.17": false, "3.6.0": true, "3.7.3": true, "4.0.0": true,
-		"": false, "3": false, "x.y.z": false, "3.6": true,
+		// Before the fix: a read per handoff.
+		"3.3.27": false, "3.4.0": false, "3.4.23": false, "3.4.24": false,
+		"3.5.0": false, "3.5.7": false, "3.5.7-rc.0": false,
+		// With it: a progress request.
+		"3.4.25": true, "3.4.37": true, "3.5.8": true, "3.5.17": true, "3.5.35": true,
+		"3.6.0": true, "3.6.16": true, "3.7.3": true, "4.0.0": true, "3.6": true,
+		// Not a version: read.
+		"": false, "3": false, "x.y.z": false, "3.5": false, "3.5.x": false, "3.5.8-rc.0": false, "2.3.8": false,
 	} {
 		if got := progressOrdered(v); got != want {
 			t.Errorf("progressOrdered(%q) = %v, want %v", v, got, want)
@@ -60,6 +68,6 @@ func TestCapsOldServerNeverAsks(t *testing.T) {
 	c.state.Store(capsOldServer)
 	c.unanswered()
 	if c.probing() || c.cached() || c.state.Load() != capsOldServer {
-		t.Fatal("a client of servers older than 3.6 reads, and is never marked or probed")
+		t.Fatal("a client of servers released before the fix of etcd#15220 reads, and is never marked or probed")
 	}
 }

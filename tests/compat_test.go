@@ -46,18 +46,19 @@ type deployment struct {
 }
 
 type compatRig struct {
-	name  string
-	short bool // runs in -short
-	start func(t *testing.T) *deployment
+	name     string
+	short    bool // runs in -short
+	external bool // an etcd binary named by an environment variable (see etcdBinaries)
+	start    func(t *testing.T) *deployment
 }
 
 func compatRigs() []compatRig {
-	return []compatRig{
-		{"plain", true, func(t *testing.T) *deployment {
+	rigs := []compatRig{
+		{"plain", true, false, func(t *testing.T) *deployment {
 			c := single(t)
 			return &deployment{newClient: func(t *testing.T) *clientv3.Client { return c.Client(t) }, admin: c.Client(t)}
 		}},
-		{"namespace", true, func(t *testing.T) *deployment {
+		{"namespace", true, false, func(t *testing.T) *deployment {
 			c := single(t)
 			return &deployment{
 				newClient: func(t *testing.T) *clientv3.Client {
@@ -71,12 +72,12 @@ func compatRigs() []compatRig {
 				prefix: "tenant/",
 			}
 		}},
-		{"grpcproxy", false, func(t *testing.T) *deployment {
+		{"grpcproxy", false, false, func(t *testing.T) *deployment {
 			c := single(t)
 			addr := etcdtest.StartGRPCProxy(t, c.Endpoints())
 			return &deployment{newClient: func(t *testing.T) *clientv3.Client { return etcdtest.NewClient(t, []string{addr}) }, admin: c.Client(t)}
 		}},
-		{"v3client", false, func(t *testing.T) *deployment {
+		{"v3client", false, false, func(t *testing.T) *deployment {
 			c := single(t)
 			srv := c.Member(0).Server()
 			return &deployment{
@@ -88,7 +89,7 @@ func compatRigs() []compatRig {
 				admin: c.Client(t),
 			}
 		}},
-		{"wrapped", false, func(t *testing.T) *deployment {
+		{"wrapped", false, false, func(t *testing.T) *deployment {
 			c := single(t)
 			calls := &wrapCalls{}
 			return &deployment{
@@ -97,8 +98,44 @@ func compatRigs() []compatRig {
 				after:     calls.check,
 			}
 		}},
-		{"etcd34", false, startEtcd34},
 	}
+	for _, b := range etcdBinaries {
+		rigs = append(rigs, compatRig{name: b.rig, external: true, start: b.start})
+	}
+	return rigs
+}
+
+// etcdBinaries are the etcd servers, besides the embedded one (3.7), that
+// the matrix runs against: each a binary named by an environment variable,
+// its rig skipped with a message when the variable is unset. CI sets them
+// all (.ci/run).
+var etcdBinaries = []etcdBinary{
+	{"etcd34", "ETCDSYNC_ETCD34", "3.4", ".ci/etcd34.sh fetches Debian's"},
+	{"etcd35", "ETCDSYNC_ETCD35", "3.5", ".ci/etcdbin.sh v3.5.x DIR builds one from etcd's module"},
+	{"etcd36", "ETCDSYNC_ETCD36", "3.6", ".ci/etcdbin.sh v3.6.x DIR builds one from etcd's module"},
+}
+
+// etcdBinary is an etcd server binary of one minor line.
+type etcdBinary struct {
+	rig, env, line, how string
+}
+
+// start runs the binary on 127.0.0.1 until t's cleanup (see runEtcdBinary)
+// and returns its deployment: plain clients straight to it. Without the
+// binary t is skipped.
+func (b etcdBinary) start(t *testing.T) *deployment {
+	ep := runEtcdBinary(t, b.path(t))
+	return &deployment{newClient: func(t *testing.T) *clientv3.Client { return etcdtest.NewClient(t, []string{ep}) }, admin: etcdtest.NewClient(t, []string{ep})}
+}
+
+// path returns the binary's path, or skips t when it is not given.
+func (b etcdBinary) path(t testing.TB) string {
+	t.Helper()
+	bin := os.Getenv(b.env)
+	if bin == "" {
+		t.Skipf("%s is not set: no etcd %s binary to test against (%s)", b.env, b.line, b.how)
+	}
+	return bin
 }
 
 // compatCell is one behaviour checked under every deployment.
@@ -565,57 +602,46 @@ func cellPrefixDeleted(t *testing.T, d *deployment, name string) {
 	within(t, holder.Done(), cellTimeout, "Done of the hold whose key was deleted")
 }
 
-// startEtcd34 runs the etcd binary named by ETCDSYNC_ETCD34 (Debian's
-// etcd-server package is 3.4.x; see .ci/etcd34.sh) on 127.0.0.1 until t's
-// cleanup; without it the rig is skipped.
-func startEtcd34(t *testing.T) *deployment {
-	bin := os.Getenv("ETCDSYNC_ETCD34")
-	if bin == "" {
-		t.Skip("ETCDSYNC_ETCD34 is not set: no etcd 3.4 binary to test against (.ci/etcd34.sh fetches one)")
-	}
-	ep := runEtcdBinary(t, bin)
-	return &deployment{newClient: func(t *testing.T) *clientv3.Client { return etcdtest.NewClient(t, []string{ep}) }, admin: etcdtest.NewClient(t, []string{ep})}
-}
-
 // runEtcdBinary starts a single etcd member from bin on free ports of
-// 127.0.0.1, waits until it answers, stops it in t's cleanup and returns
-// its client URL.
-func runEtcdBinary(t *testing.T, bin string) string {
+// 127.0.0.1 (with extra flags after the usual ones), waits until it answers,
+// stops it in tb's cleanup and returns its client URL.
+func runEtcdBinary(tb testing.TB, bin string, extra ...string) string {
 	var ports [2]int
 	for i := range ports {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
+		require.NoError(tb, err)
 		ports[i] = ln.Addr().(*net.TCPAddr).Port
-		require.NoError(t, ln.Close())
+		require.NoError(tb, ln.Close())
 	}
 	client := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])}
 	peer := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])}
 	var out strings.Builder
-	cmd := exec.Command(bin,
-		"--name", "m0", "--data-dir", t.TempDir(),
+	cmd := exec.Command(bin, append([]string{
+		"--name", "m0", "--data-dir", tb.TempDir(),
 		"--listen-client-urls", client.String(), "--advertise-client-urls", client.String(),
 		"--listen-peer-urls", peer.String(), "--initial-advertise-peer-urls", peer.String(),
-		"--initial-cluster", "m0="+peer.String(),
+		"--initial-cluster", "m0=" + peer.String(),
 		"--heartbeat-interval", "50", "--election-timeout", "500",
-		"--logger", "zap", "--log-level", "error")
+		"--logger", "zap", "--log-level", "error"}, extra...)...)
 	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
+	require.NoError(tb, cmd.Start())
 	exited := async(func() error { return cmd.Wait() })
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		cmd.Process.Kill()
 		<-exited
 	})
-	cli := etcdtest.NewClient(t, []string{client.String()})
-	ctx := ctxCell(t)
+	cli := etcdtest.NewClient(tb, []string{client.String()})
+	ctx, cancel := context.WithTimeout(context.Background(), cellTimeout)
+	defer cancel()
 	for {
 		if _, err := cli.Get(ctx, "health", clientv3.WithCountOnly()); err == nil {
 			return client.String()
 		}
 		select {
 		case err := <-exited:
-			t.Fatalf("etcd %s exited: %v\n%s", bin, err, out.String())
+			tb.Fatalf("etcd %s exited: %v\n%s", bin, err, out.String())
 		case <-ctx.Done():
-			t.Fatalf("etcd %s: no answer within %v\n%s", bin, cellTimeout, out.String())
+			tb.Fatalf("etcd %s: no answer within %v\n%s", bin, cellTimeout, out.String())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

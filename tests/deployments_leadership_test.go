@@ -2,7 +2,7 @@ package tests
 
 // Terms, Handover and TryCampaign through every deployment of the
 // compatibility matrix (namespace, gRPC proxy, in-process client, wrapped
-// client, etcd 3.4).
+// client, etcd 3.4, 3.5 and 3.6 binaries).
 
 import (
 	"context"

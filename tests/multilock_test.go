@@ -310,9 +310,9 @@ func TestMultiLockFailedReleaseCanBeRetried(t *testing.T) {
 }
 
 // Under every deployment (namespace, gRPC proxy, in-process client, etcd
-// 3.4, ...) a MultiLock excludes another on the same names and a Mutex on
-// one of them, hands over on Unlock (one transaction of nested ones), and
-// leaves nothing.
+// 3.4 to 3.6 binaries, ...) a MultiLock excludes another on the same names
+// and a Mutex on one of them, hands over on Unlock (one transaction of
+// nested ones), and leaves nothing.
 func TestMultiLockUnderEveryDeployment(t *testing.T) {
 	t.Parallel()
 	for _, rig := range compatRigs() {
