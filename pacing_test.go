@@ -28,7 +28,7 @@ type paceLease struct {
 	clientv3.Lease // not called
 	delay          time.Duration
 	delayOf        func(n int) time.Duration // the n-th beat's delay (from 1), if set
-	fail           func(n int) error // the n-th beat's error (from 1), or nil
+	fail           func(n int) error         // the n-th beat's error (from 1), or nil
 
 	mu      sync.Mutex
 	granted int64
