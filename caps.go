@@ -59,7 +59,7 @@ func capsOf(cli *clientv3.Client) *caps {
 // version (client.Maintenance.Status, all at once; without endpoints, as
 // for an in-process client, once with none), blocking for those calls,
 // bounded by ctx and versionTimeout. Only servers released with the fix of
-// etcd-io/etcd#15220 are trusted (3.4.25, 3.5.8, 3.6.0 on: see
+// etcd-io/etcd#15220 are trusted (3.5.8 and 3.6.0 on: see
 // progressOrdered): before it an answer could overtake the events it
 // vouches for. The answer is kept for
 // the client once one server answered and none is older; an endpoint that
@@ -196,4 +196,6 @@ func progressOrdered(v string) bool {
 
 // progressFixedIn is, per 3.x line older than 3.6, the first patch release
 // with the fix of etcd-io/etcd#15220 (see progressOrdered).
-var progressFixedIn = map[int]int{4: 25, 5: 8}
+// Only the 3.5 fix is read in etcd's own code here (v3.5.8); 3.4.25's is
+// known from a changelog alone, so 3.4 servers read, whatever their patch.
+var progressFixedIn = map[int]int{5: 8}

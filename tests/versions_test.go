@@ -57,8 +57,8 @@ func serverVersion(tb testing.TB, cli *clientv3.Client, ep string) string {
 }
 
 // fixedFor15220 is the library's rule (caps.go, progressOrdered) restated:
-// a server answers progress requests in order with events from 3.4.25,
-// 3.5.8 and 3.6.0 on.
+// a server answers progress requests in order with events from 3.5.8 and
+// 3.6.0 on (and every 3.4 reads).
 func fixedFor15220(v string) bool {
 	var major, minor, patch int
 	if _, err := fmt.Sscanf(v, "%d.%d.%d", &major, &minor, &patch); err != nil {
@@ -68,7 +68,7 @@ func fixedFor15220(v string) bool {
 	case major != 3:
 		return major > 3
 	case minor == 4:
-		return patch >= 25
+		return false
 	case minor == 5:
 		return patch >= 8
 	}
