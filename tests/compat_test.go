@@ -1,14 +1,18 @@
 package tests
 
 // The compatibility matrix (issue 24): every primitive, through every way a
-// user's *clientv3.Client reaches etcd. A deployment gives the library its
-// clients and gives the test an admin client straight to a member (a
-// delete or a revoke made there is one the deployment's client did not
-// make: the proxy's cache does not see it) and the prefix under which the
-// library's keys live in etcd's keyspace.
+// user's *clientv3.Client reaches etcd (namespace, etcd's gRPC proxy, the
+// in-process client, wrapped interfaces, TLS and auth, the etcd binaries of
+// other server lines), and leadership under each deployment. A deployment
+// gives the library its clients and gives the test an admin client straight
+// to a member (a delete or a revoke made there is one the deployment's
+// client did not make: the proxy's cache does not see it) and the prefix
+// under which the library's keys live in etcd's keyspace.
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -21,9 +25,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+	"google.golang.org/grpc"
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
@@ -645,4 +651,314 @@ func runEtcdBinary(tb testing.TB, bin string, extra ...string) string {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// wrapCalls wraps a client's KV, Watcher, Lease and Maintenance with user
+// interceptors that mark each call's context, and checks at the gRPC layer
+// (unary and stream interceptors) that every RPC the client sends carries
+// the mark: a request the library sends around the client's interfaces
+// does not.
+type wrapCalls struct {
+	mu       sync.Mutex
+	calls    map[string]int // through the interfaces, by method
+	bypassed []string       // RPCs without the mark
+}
+
+type wrapMark struct{}
+
+func (w *wrapCalls) mark(ctx context.Context, method string) context.Context {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.calls == nil {
+		w.calls = make(map[string]int)
+	}
+	w.calls[method]++
+	return context.WithValue(ctx, wrapMark{}, true)
+}
+
+func (w *wrapCalls) seen(ctx context.Context, method string) {
+	if ctx.Value(wrapMark{}) != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.bypassed = append(w.bypassed, method)
+}
+
+func (w *wrapCalls) dial() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			w.seen(ctx, method)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			w.seen(ctx, method)
+			return streamer(ctx, desc, cc, method, opts...)
+		}),
+	}
+}
+
+// count returns how many calls of method went through the interfaces.
+func (w *wrapCalls) count(method string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls[method]
+}
+
+// wrappedClient returns a client of endpoints whose interfaces are wrapped
+// (calls sees what goes through them) and whose RPCs cnt counts (each
+// watch created: cnt.created, with room for 16).
+func wrappedClient(t *testing.T, endpoints []string) (*clientv3.Client, *wrapCalls, *counter) {
+	calls := &wrapCalls{}
+	cnt := &counter{created: make(chan struct{}, 16)}
+	return calls.wrap(etcdtest.NewClient(t, endpoints, append(calls.dial(), cnt.dial()...)...)), calls, cnt
+}
+
+// check fails t when an RPC went around the interfaces, and resets.
+func (w *wrapCalls) check(t *testing.T) {
+	t.Helper()
+	w.mu.Lock()
+	bypassed, calls := w.bypassed, w.calls
+	w.bypassed, w.calls = nil, nil
+	w.mu.Unlock()
+	require.Empty(t, bypassed, "RPCs that went around the client's interfaces (calls through them: %v)", calls)
+	require.NotEmpty(t, calls)
+}
+
+func (w *wrapCalls) wrap(cli *clientv3.Client) *clientv3.Client {
+	cli.KV = wrapKV{cli.KV, w}
+	cli.Watcher = wrapWatcher{cli.Watcher, w}
+	cli.Lease = wrapLease{cli.Lease, w}
+	cli.Maintenance = wrapMaintenance{cli.Maintenance, w}
+	return cli
+}
+
+type wrapKV struct {
+	clientv3.KV
+	w *wrapCalls
+}
+
+func (k wrapKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	return k.KV.Get(k.w.mark(ctx, "Get"), key, opts...)
+}
+
+func (k wrapKV) Put(ctx context.Context, key, val string, opts ...clientv3.OpOption) (*clientv3.PutResponse, error) {
+	return k.KV.Put(k.w.mark(ctx, "Put"), key, val, opts...)
+}
+
+func (k wrapKV) Delete(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.DeleteResponse, error) {
+	return k.KV.Delete(k.w.mark(ctx, "Delete"), key, opts...)
+}
+
+func (k wrapKV) Do(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
+	return k.KV.Do(k.w.mark(ctx, "Do"), op)
+}
+
+func (k wrapKV) Txn(ctx context.Context) clientv3.Txn { return k.KV.Txn(k.w.mark(ctx, "Txn")) }
+
+type wrapWatcher struct {
+	clientv3.Watcher
+	w *wrapCalls
+}
+
+func (ww wrapWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	return ww.Watcher.Watch(ww.w.mark(ctx, "Watch"), key, opts...)
+}
+
+func (ww wrapWatcher) RequestProgress(ctx context.Context) error {
+	return ww.Watcher.RequestProgress(ww.w.mark(ctx, "RequestProgress"))
+}
+
+type wrapLease struct {
+	clientv3.Lease
+	w *wrapCalls
+}
+
+func (l wrapLease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	return l.Lease.Grant(l.w.mark(ctx, "Grant"), ttl)
+}
+
+func (l wrapLease) Revoke(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseRevokeResponse, error) {
+	return l.Lease.Revoke(l.w.mark(ctx, "Revoke"), id)
+}
+
+func (l wrapLease) TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error) {
+	return l.Lease.TimeToLive(l.w.mark(ctx, "TimeToLive"), id, opts...)
+}
+
+func (l wrapLease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	return l.Lease.KeepAlive(l.w.mark(ctx, "KeepAlive"), id)
+}
+
+func (l wrapLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
+	return l.Lease.KeepAliveOnce(l.w.mark(ctx, "KeepAliveOnce"), id)
+}
+
+type wrapMaintenance struct {
+	clientv3.Maintenance
+	w *wrapCalls
+}
+
+func (m wrapMaintenance) Status(ctx context.Context, endpoint string) (*clientv3.StatusResponse, error) {
+	return m.Maintenance.Status(m.w.mark(ctx, "Status"), endpoint)
+}
+
+func TestLeadershipThroughDeployments(t *testing.T) {
+	t.Parallel()
+	for _, rig := range compatRigs() {
+		t.Run(rig.name, func(t *testing.T) {
+			if testing.Short() && !rig.short {
+				t.Skip("skipped in -short")
+			}
+			t.Parallel()
+			d := rig.start(t)
+			name := "deploy/leadership"
+			leadershipCell(t, d, name)
+			require.Empty(t, rawKeys(t, d, name), "keys left under %s", name)
+			if d.after != nil {
+				d.after(t)
+			}
+		})
+	}
+}
+
+func leadershipCell(t *testing.T, d *deployment, name string) {
+	ctx := ctxCell(t)
+	ss := d.sessions(t, 3)
+	a, b, c := etcdsync.NewElection(ss[0], name), etcdsync.NewElection(ss[1], name), etcdsync.NewElection(ss[2], name)
+	octx, stop := context.WithCancel(ctx)
+	defer stop()
+	terms := etcdsync.NewObserver(d.newClient(t), name).Terms(octx)
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case tm, ok := <-terms:
+			require.True(t, ok, "Terms closed before %s", what)
+			if tm.Leader == nil {
+				return ""
+			}
+			return string(tm.Leader.Value)
+		case <-ctx.Done():
+			t.Fatalf("Terms: no %s within %v", what, cellTimeout)
+			return ""
+		}
+	}
+	require.Equal(t, "", next("no leader at first"))
+
+	var aWorking atomic.Bool
+	started := make(chan struct{})
+	aRun := async(func() error {
+		return a.Run(ctx, "a", func(ctx context.Context) error {
+			aWorking.Store(true)
+			defer aWorking.Store(false)
+			close(started)
+			<-ctx.Done()
+			time.Sleep(30 * time.Millisecond)
+			return nil
+		})
+	})
+	<-started
+	require.Equal(t, "a", next("a leads"))
+	require.ErrorIs(t, c.TryCampaign(ctx, "c"), etcdsync.ErrLocked)
+	require.Len(t, rawKeys(t, d, name), 1, "a failed TryCampaign leaves no key")
+	bLeads := async(func() error {
+		if err := b.Campaign(ctx, "b"); err != nil {
+			return err
+		}
+		if aWorking.Load() {
+			return errors.New("b leads while a's Run works")
+		}
+		return nil
+	})
+	awaitKeys(t, d, name, 2)
+	require.ErrorIs(t, c.TryCampaign(ctx, "c"), etcdsync.ErrLocked)
+	require.NoError(t, a.Handover(ctx))
+	require.NoError(t, resultWithin(t, aRun, cellTimeout, "a's Run returns"))
+	require.NoError(t, resultWithin(t, bLeads, cellTimeout, "b leads"))
+	require.Equal(t, "b", next("b leads, with no gap"))
+	require.NoError(t, b.Proclaim(ctx, "b2"))
+	require.Equal(t, "b2", next("b's proclamation"))
+	require.NoError(t, b.Handover(ctx))
+	require.Equal(t, "", next("no leader"))
+	require.NoError(t, c.TryCampaign(ctx, "c"))
+	require.Equal(t, "c", next("c leads by a try"))
+	require.NoError(t, c.Resign(ctx))
+	require.Equal(t, "", next("no leader again"))
+}
+
+// secureCluster starts a member serving clients over TLS (certificates made
+// here) with auth enabled: root, "rw" (read-write on locks/), "ro" (read on
+// locks/) and "none" (no permission). It returns a client factory.
+func secureCluster(t *testing.T) func(user string, dial ...grpc.DialOption) *clientv3.Client {
+	certs, err := etcdtest.MakeCerts(t.TempDir())
+	require.NoError(t, err)
+	c := etcdtest.Start(t, etcdtest.Options{TLS: certs})
+	connect := authClients(t, c.Endpoints(), certs.ClientTLS())
+	etcdtest.EnableAuth(t, ctxT(t), connect(""), map[string]string{"root": "root", "rw": "locks-rw", "ro": "locks-ro", "none": ""})
+	return connect
+}
+
+// authClients returns a factory of clients of endpoints (over TLS with
+// tlsConfig, if non-nil) that log in as user (none if "") with its
+// etcdtest.EnableAuth password; each is closed in t's cleanup.
+func authClients(t *testing.T, endpoints []string, tlsConfig *tls.Config) func(user string, dial ...grpc.DialOption) *clientv3.Client {
+	return func(user string, dial ...grpc.DialOption) *clientv3.Client {
+		cfg := etcdtest.ClientConfig(endpoints, dial...)
+		cfg.TLS = tlsConfig
+		if user != "" {
+			cfg.Username, cfg.Password = user, etcdtest.Password(user)
+		}
+		cli, err := clientv3.New(cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+}
+
+func TestAuthAndTLS(t *testing.T) {
+	t.Parallel()
+	connect := secureCluster(t)
+	ctx := ctxT(t)
+	root, rw, ro, none := connect("root"), connect("rw"), connect("ro"), connect("none")
+
+	// A read-write user locks, waits in the queue (the watch stream carries
+	// its credentials), elects and releases.
+	holder := heldMutex(t, ctx, rw, "locks/job")
+	cnt := counter{created: make(chan struct{}, 4)}
+	waiter := etcdsync.NewMutex(session(t, connect("rw", cnt.dial()...)), "locks/job")
+	got := lockAsync(t, ctx, waiter)
+	for i := 0; i < 2; i++ { // own key and predecessor watched, with credentials
+		within(t, cnt.created, testTimeout, "waiter's watch created")
+	}
+	cnt.take()
+	require.NoError(t, holder.Unlock(ctx))
+	within(t, got, testTimeout, "rw waiter after the release")
+	n, methods := cnt.take()
+	require.Zero(t, n, "the handoff fell back to reads: %v", methods)
+	e := etcdsync.NewElection(session(t, rw), "locks/elect")
+	require.NoError(t, e.Campaign(ctx, "rw"))
+	resp, err := e.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "rw", string(resp.Kvs[0].Value))
+
+	// A read-only user gets a permission error and leaves no key.
+	roSession := session(t, ro)
+	require.ErrorIs(t, etcdsync.NewMutex(roSession, "locks/ro").Lock(ctx), rpctypes.ErrPermissionDenied)
+	require.ErrorIs(t, etcdsync.NewElection(roSession, "locks/ro").Campaign(ctx, "x"), rpctypes.ErrPermissionDenied)
+	require.Empty(t, keys(t, root, "locks/ro/"))
+
+	// A user with no access can neither delete nor take over a hold.
+	_, err = none.Delete(ctx, waiter.Key())
+	require.ErrorIs(t, err, rpctypes.ErrPermissionDenied)
+	noneSession := session(t, none)
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	require.ErrorIs(t, etcdsync.NewMutex(noneSession, "locks/job").TryLock(tctx), rpctypes.ErrPermissionDenied)
+	require.ErrorIs(t, etcdsync.NewMutex(noneSession, "locks/job").Lock(tctx), rpctypes.ErrPermissionDenied)
+	_, err = waiter.Do(ctx, clientv3.OpPut("locks/job-state", "still mine"))
+	require.NoError(t, err, "the hold survives")
+	require.NoError(t, waiter.Unlock(ctx))
+	require.NoError(t, e.Resign(ctx))
+	require.Empty(t, keys(t, root, "locks/job/"))
+	require.Empty(t, keys(t, root, "locks/elect/"))
 }

@@ -1,10 +1,16 @@
 package tests
 
+// Runnable examples of every primitive, checked by their // Output: lines:
+// Mutex, RWMutex, Semaphore, MultiLock, Election, Observer terms, handover,
+// Barrier, DoubleBarrier and Group.
+
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
@@ -252,4 +258,310 @@ func ExampleElection_Run() {
 	// Output:
 	// led three rounds
 	// resigned: <nil> true
+}
+
+// Two transfers name the same two accounts in opposite orders. Each holds
+// both accounts or waits; neither waits for the other in a circle.
+func ExampleMultiLock() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	balance := map[string]int64{"alice": 100, "bob": 100}
+	transfer := func(from, to string, amount int64) {
+		s, err := etcdsync.NewSession(cli)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer s.Close()
+		ml := etcdsync.NewMultiLock(s, "/accounts/"+from, "/accounts/"+to)
+		err = ml.Run(ctx, func(ctx context.Context) error {
+			// Both keys were written at one revision: one fencing token.
+			if ml.Rev("/accounts/"+from) != ml.Rev("/accounts/"+to) {
+				return fmt.Errorf("two tokens")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			balance[from] -= amount
+			balance[to] += amount
+			return nil
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Go(func() { transfer("alice", "bob", 10) })
+		wg.Go(func() { transfer("bob", "alice", 3) })
+	}
+	wg.Wait()
+	fmt.Println("alice:", balance["alice"], "bob:", balance["bob"])
+	// Output:
+	// alice: 65 bob: 135
+}
+
+// A pool of workers: each joins with its address; a dispatcher watches who
+// is in. A worker whose session ends (here closed; a crashed one when its
+// lease expires) leaves by itself.
+func ExampleGroup() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	var workers []*etcdsync.Session
+	for _, addr := range []string{"10.0.0.1:8080", "10.0.0.2:8080"} {
+		s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(10*time.Second))
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer s.Close()
+		if err := etcdsync.NewGroup(s, "/pools/render").Join(ctx, addr); err != nil {
+			log.Fatal(err)
+		}
+		workers = append(workers, s)
+	}
+
+	// The dispatcher needs no Session to read or watch the pool.
+	members, _, err := etcdsync.GroupMembers(ctx, cli, "/pools/render")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, m := range members {
+		fmt.Println("in the pool:", string(m.Value))
+	}
+	views, err := etcdsync.WatchGroup(ctx, cli, "/pools/render")
+	if err != nil {
+		log.Fatal(err)
+	}
+	workers[0].Close()
+	for v := range views { // each view is the whole pool at v.Rev
+		if len(v.Members) == 1 {
+			fmt.Println("left in the pool:", string(v.Members[0].Value))
+			break
+		}
+	}
+	// Output:
+	// in the pool: 10.0.0.1:8080
+	// in the pool: 10.0.0.2:8080
+	// left in the pool: 10.0.0.2:8080
+}
+
+// A coordinator holds workers at a barrier until the input is ready. With
+// HoldFor the barrier is bound to the coordinator's session: if the
+// coordinator crashed, its lease would expire and the workers would go on
+// rather than wait forever.
+func ExampleBarrier() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(10*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	gate := etcdsync.NewBarrier(cli, "/jobs/import/input-ready")
+	if err := gate.HoldFor(ctx, s); err != nil {
+		log.Fatal(err)
+	}
+
+	var wg sync.WaitGroup
+	var ready atomic.Bool
+	var early atomic.Int32
+	for range 3 {
+		wg.Go(func() {
+			if err := etcdsync.NewBarrier(cli, "/jobs/import/input-ready").Wait(ctx); err != nil {
+				log.Fatal(err)
+			}
+			if !ready.Load() {
+				early.Add(1)
+			}
+		})
+	}
+	ready.Store(true) // the input is written
+	if err := gate.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	wg.Wait()
+	fmt.Println("workers that went before the release:", early.Load())
+	// Output:
+	// workers that went before the release: 0
+}
+
+// Three workers start a phase together and finish it together: none starts
+// before all three have entered, and none goes on before all three are done.
+// Each worker is a Session: one that crashed would no longer count, so it
+// would not hold the others past its lease.
+func ExampleDoubleBarrier() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	const workers = 3
+	var entered, done atomic.Int32
+	var startedEarly, leftEarly atomic.Bool
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(10*time.Second))
+			if err != nil {
+				log.Fatal(err)
+			}
+			defer s.Close()
+			phase := etcdsync.NewDoubleBarrier(s, "/jobs/import/phase", workers)
+			entered.Add(1)
+			if err := phase.Enter(ctx); err != nil {
+				log.Fatal(err)
+			}
+			if entered.Load() < workers {
+				startedEarly.Store(true)
+			}
+			// ... the phase's work ...
+			done.Add(1)
+			if err := phase.Leave(ctx); err != nil {
+				log.Fatal(err)
+			}
+			if done.Load() < workers {
+				leftEarly.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("a worker started before all entered:", startedEarly.Load())
+	fmt.Println("a worker went on before all were done:", leftEarly.Load())
+	// Output:
+	// a worker started before all entered: false
+	// a worker went on before all were done: false
+}
+
+// Watch the terms of an election, "no leader" included: a dashboard or an
+// alert on a leader-only service that has nobody running it.
+func ExampleObserver_Terms() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	terms := etcdsync.NewObserver(cli, "/services/indexer-leader").Terms(ctx)
+	show := func() {
+		if t := <-terms; t.Leader == nil {
+			fmt.Println("no leader")
+		} else {
+			fmt.Printf("leader: %s\n", t.Leader.Value)
+		}
+	}
+	show() // the state when it starts
+
+	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(10*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	e := etcdsync.NewElection(s, "/services/indexer-leader")
+	if err := e.Campaign(ctx, "host-a"); err != nil {
+		log.Fatal(err)
+	}
+	show()
+	if err := e.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	show() // nobody was queued behind host-a
+	// Output:
+	// no leader
+	// leader: host-a
+	// no leader
+}
+
+// Step down on shutdown (SIGTERM in a rolling deploy): Handover stops the
+// work under Run, resigns once it has returned, and the next candidate leads
+// at once instead of after the TTL.
+func ExampleElection_Handover() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	newCandidate := func() (*etcdsync.Election, func() error) {
+		s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(60*time.Second))
+		if err != nil {
+			log.Fatal(err)
+		}
+		return etcdsync.NewElection(s, "/services/indexer-leader"), s.Close
+	}
+	a, closeA := newCandidate() // host-a
+	defer closeA()
+	b, closeB := newCandidate() // host-b, another process in real life
+	defer closeB()
+
+	working := make(chan struct{})
+	ran := make(chan error)
+	go func() {
+		ran <- a.Run(ctx, "host-a", func(ctx context.Context) error {
+			close(working)
+			<-ctx.Done() // the leader-only loop, until told to stop
+			fmt.Println("host-a: work stopped:", errors.Is(context.Cause(ctx), etcdsync.ErrLockReleased))
+			return nil
+		})
+	}()
+	<-working
+	bLeads := make(chan error)
+	go func() { bLeads <- b.Campaign(ctx, "host-b") }()
+
+	// SIGTERM arrives at host-a.
+	if err := a.Handover(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if err := <-ran; err != nil {
+		log.Fatal(err)
+	}
+	if err := <-bLeads; err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("host-b leads")
+	// Output:
+	// host-a: work stopped: true
+	// host-b leads
+}
+
+// Run a job only if nobody runs it now, without queuing: TryRun returns
+// ErrLocked at once (one RPC, nothing written) when the lock is taken.
+func ExampleMutex_TryRun() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	newMutex := func() (*etcdsync.Mutex, func() error) {
+		s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(10*time.Second))
+		if err != nil {
+			log.Fatal(err)
+		}
+		return etcdsync.NewMutex(s, "/jobs/reindex"), s.Close
+	}
+	other, closeOther := newMutex() // another process, in real life
+	mine, closeMine := newMutex()
+	defer closeMine()
+	reindex := func(ctx context.Context) error {
+		fmt.Println("reindexing")
+		return nil
+	}
+
+	if err := other.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	err := mine.TryRun(ctx, reindex)
+	fmt.Println("locked:", errors.Is(err, etcdsync.ErrLocked))
+	closeOther() // the other process ends
+	if err := mine.TryRun(ctx, reindex); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// locked: true
+	// reindexing
 }

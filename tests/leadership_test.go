@@ -1,14 +1,17 @@
 package tests
 
-// Shared leadership: ResumeElection shares a leadership (and nothing else)
-// of the session.
+// Leadership: ResumeElection shares a leadership (and nothing else) of the
+// session; lock-delay keeps the next holder out after a holder lost
+// contact, and not after a clean end.
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -140,4 +143,230 @@ func TestResumeElectionAfterResignSharesNothing(t *testing.T) {
 	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
 	require.NoError(t, e2.Campaign(ctx, "d"))
 	require.NoError(t, e2.Resign(ctx))
+}
+
+// A holder cut off from etcd is told at its local deadline (the TTL); the
+// next holder gets the lock no sooner than the slack and the delay after
+// that, and within TTL + slack + delay and some.
+func TestLockDelayAfterLostContact(t *testing.T) {
+	t.Parallel()
+	slow(t)
+	c := single(t)
+	ctx := ctxT(t)
+	const ttl, delay = 2 * time.Second, 3 * time.Second
+	acli, p := faults.Proxied(t, c)
+	as := session(t, acli, etcdsync.WithTTL(ttl), etcdsync.WithLockDelay(delay))
+	require.Equal(t, ttl, as.TTL())
+	ttlResp, err := acli.TimeToLive(ctx, as.Lease())
+	require.NoError(t, err)
+	require.Equal(t, int64((ttl+as.Slack()+delay)/time.Second), ttlResp.GrantedTTL, "the lease carries the slack and the delay")
+	a := etcdsync.NewMutex(as, "delay")
+	require.NoError(t, a.Lock(ctx))
+	lost := a.Done()
+
+	cli := c.Client(t)
+	b := etcdsync.NewMutex(session(t, cli), "delay")
+	bHolds := async(func() error { return b.Lock(ctx) })
+	waitKeys(t, cli, "delay/", 2)
+	cut := time.Now()
+	p.Blackhole(true)
+	defer p.Blackhole(false)
+	within(t, lost, ttl+testTimeout, "the holder is told of its loss")
+	told := time.Now()
+	require.ErrorIs(t, a.Check(), etcdsync.ErrSessionExpired)
+	require.NoError(t, resultWithin(t, bHolds, ttl+as.Slack()+delay+testTimeout, "the next holder gets the lock"))
+	got := time.Now()
+	// The server frees the key at least the slack and the delay after the
+	// holder's local deadline (they add up); a second of the two covers a
+	// late timer on the holder's side.
+	require.GreaterOrEqual(t, got.Sub(told), as.Slack()+delay-time.Second, "the next holder got the lock %v after the loss", got.Sub(told))
+	require.Less(t, got.Sub(cut), ttl+as.Slack()+delay+10*time.Second)
+}
+
+// With a delay set, Unlock and Close hand over at once: the next holder does
+// not wait out the (long) delay.
+func TestLockDelayNotAfterCleanEnd(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const delay = time.Minute
+	for _, end := range []string{"Unlock", "Close"} {
+		t.Run(end, func(t *testing.T) {
+			name := "delay-clean-" + end
+			as := session(t, cli, etcdsync.WithTTL(2*time.Second), etcdsync.WithLockDelay(delay))
+			a := etcdsync.NewMutex(as, name)
+			require.NoError(t, a.Lock(ctx))
+			b := etcdsync.NewMutex(session(t, cli), name)
+			bHolds := async(func() error { return b.Lock(ctx) })
+			waitKeys(t, cli, name+"/", 2)
+			if end == "Unlock" {
+				require.NoError(t, a.Unlock(ctx))
+			} else {
+				require.NoError(t, as.Close())
+			}
+			require.NoError(t, resultWithin(t, bHolds, testTimeout, "the next holder gets the lock at once"))
+		})
+	}
+}
+
+// A negative delay is an error; WithLease takes the delay out of the adopted
+// lease's TTL.
+func TestLockDelayOptions(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	_, err := etcdsync.NewSession(cli, etcdsync.WithLockDelay(-time.Second))
+	require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+
+	s := session(t, cli, etcdsync.WithTTL(5*time.Second), etcdsync.WithLockDelay(3*time.Second))
+	adopted := session(t, cli, etcdsync.WithLease(s.Lease()), etcdsync.WithLockDelay(3*time.Second))
+	require.Equal(t, 5*time.Second, adopted.TTL())
+	require.True(t, adopted.Deadline().Before(time.Now().Add(5*time.Second)), "the adopted deadline leaves the delay out")
+	s.Orphan()
+	adopted.Orphan()
+	_, err = etcdsync.NewSession(cli, etcdsync.WithLease(s.Lease()), etcdsync.WithLockDelay(10*time.Second))
+	require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "a lease with less TTL left than the delay")
+}
+
+// A holder that lost contact is told at its local deadline; when contact
+// comes back and the program then closes its session (as `defer s.Close()`
+// does once its Run returned on the loss), the next holder still waits the
+// delay from when the holder was told: the hold ended by loss, not release.
+func TestLockDelayHoldsWhenLostSessionIsClosed(t *testing.T) {
+	slow(t)
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	const ttl, delay = 2 * time.Second, 6 * time.Second
+	acli, p := faults.Proxied(t, c)
+	as, err := etcdsync.NewSession(acli, etcdsync.WithTTL(ttl), etcdsync.WithLockDelay(delay))
+	require.NoError(t, err)
+	a := etcdsync.NewMutex(as, "delay-close-lost")
+	require.NoError(t, a.Lock(ctx))
+	lost := a.Done()
+
+	cli := c.Client(t)
+	b := etcdsync.NewMutex(session(t, cli), "delay-close-lost")
+	bHolds := async(func() error { return b.Lock(ctx) })
+	waitKeys(t, cli, "delay-close-lost/", 2)
+	p.Blackhole(true)
+	within(t, lost, ttl+testTimeout, "the holder is told of its loss")
+	told := time.Now()
+	require.ErrorIs(t, a.Err(), etcdsync.ErrSessionExpired)
+	p.Blackhole(false)
+	// The program, told, winds down and closes its session.
+	_ = as.Close()
+	require.NoError(t, resultWithin(t, bHolds, delay+testTimeout, "the next holder gets the lock"))
+	got := time.Since(told)
+	require.GreaterOrEqual(t, got, delay-time.Second, "the next holder got the lock %v after the holder was told of its loss (lock delay %v)", got, delay)
+}
+
+// A holder whose session is revoked by someone else is told within a watch
+// round trip and the next holder takes over at once (the delay lives in the
+// lost holder's lease and a revoke ends it): a Run's fn sees its context end
+// before the next holder's Lock returns.
+func TestLockDelayRevokedElsewhereEndsRunFirst(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	as := session(t, cli, etcdsync.WithTTL(5*time.Second), etcdsync.WithLockDelay(30*time.Second))
+	a := etcdsync.NewMutex(as, "delay-revoked")
+	working := make(chan struct{})
+	ended := make(chan struct{})
+	run := async(func() error {
+		return a.Run(ctx, func(ctx context.Context) error {
+			close(working)
+			<-ctx.Done()
+			close(ended)
+			return nil
+		})
+	})
+	<-working
+	b := etcdsync.NewMutex(session(t, cli), "delay-revoked")
+	bHolds := async(func() error { return b.Lock(ctx) })
+	waitKeys(t, cli, "delay-revoked/", 2)
+	_, err := c.Client(t).Revoke(ctx, as.Lease())
+	require.NoError(t, err)
+	require.NoError(t, resultWithin(t, bHolds, testTimeout, "the next holder gets the lock at once"))
+	within(t, ended, testTimeout, "the revoked Run's fn is told")
+	err = resultWithin(t, run, testTimeout, "the Run returns")
+	require.True(t, errors.Is(err, etcdsync.ErrNotHeld) || errors.Is(err, etcdsync.ErrSessionExpired), "the Run's error says the hold was lost: %v", err)
+	require.Error(t, a.Check())
+	within(t, as.Done(), testTimeout, "the session learns its lease is gone")
+	require.ErrorIs(t, as.Check(), etcdsync.ErrSessionExpired)
+}
+
+// A Run that returns on its own (a clean end) hands over at once even with a
+// long delay; so does a Handover of an Election's Run.
+func TestLockDelayNotAfterRunOrHandover(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	cli := c.Client(t)
+	ctx := ctxT(t)
+	const delay = time.Minute
+	as := session(t, cli, etcdsync.WithTTL(2*time.Second), etcdsync.WithLockDelay(delay))
+
+	m := etcdsync.NewMutex(as, "delay-run")
+	release := make(chan struct{})
+	run := async(func() error {
+		return m.Run(ctx, func(context.Context) error { <-release; return nil })
+	})
+	waitKeys(t, cli, "delay-run/", 1)
+	b := etcdsync.NewMutex(session(t, cli), "delay-run")
+	bHolds := async(func() error { return b.Lock(ctx) })
+	waitKeys(t, cli, "delay-run/", 2)
+	close(release)
+	require.NoError(t, resultWithin(t, run, testTimeout, "the Run returns"))
+	require.NoError(t, resultWithin(t, bHolds, testTimeout, "the next holder gets the lock at once"))
+
+	e := etcdsync.NewElection(as, "delay-handover")
+	working := make(chan struct{})
+	erun := async(func() error {
+		return e.Run(ctx, "a", func(ctx context.Context) error { close(working); <-ctx.Done(); return nil })
+	})
+	<-working
+	f := etcdsync.NewElection(session(t, cli), "delay-handover")
+	fLeads := async(func() error { return f.Campaign(ctx, "f") })
+	waitKeys(t, cli, "delay-handover/", 2)
+	require.NoError(t, e.Handover(ctx))
+	require.NoError(t, resultWithin(t, erun, testTimeout, "the Run returns"))
+	require.NoError(t, resultWithin(t, fLeads, testTimeout, "the next candidate leads at once"))
+}
+
+// A process that adopts a lease granted with a delay and loses contact is
+// told by the adopted TTL less the delay; the next holder still waits the
+// delay after that.
+func TestLockDelayAdoptedLeaseAfterLostContact(t *testing.T) {
+	slow(t)
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	cli := c.Client(t)
+	const ttl, delay = 2 * time.Second, 4 * time.Second
+	first := session(t, cli, etcdsync.WithTTL(ttl), etcdsync.WithLockDelay(delay))
+	m := etcdsync.NewMutex(first, "delay-adopt")
+	require.NoError(t, m.Lock(ctx))
+	first.Orphan() // the process restarts
+
+	acli, p := faults.Proxied(t, c)
+	as, err := etcdsync.NewSession(acli, etcdsync.WithLease(first.Lease()), etcdsync.WithLockDelay(delay))
+	require.NoError(t, err)
+	defer as.Orphan()
+	require.Equal(t, ttl, as.TTL())
+	a := etcdsync.NewMutex(as, "delay-adopt")
+	require.NoError(t, a.Lock(ctx), "resumes the hold")
+	lost := a.Done()
+	b := etcdsync.NewMutex(session(t, cli), "delay-adopt")
+	bHolds := async(func() error { return b.Lock(ctx) })
+	waitKeys(t, cli, "delay-adopt/", 2)
+	p.Blackhole(true)
+	defer p.Blackhole(false)
+	within(t, lost, ttl+testTimeout, "the adopter is told of its loss")
+	told := time.Now()
+	require.Error(t, a.Check())
+	require.Error(t, as.Check())
+	require.NoError(t, resultWithin(t, bHolds, delay+testTimeout, "the next holder gets the lock"))
+	require.GreaterOrEqual(t, time.Since(told), delay-time.Second)
 }

@@ -1,12 +1,15 @@
 package tests
 
-// Model checks of Semaphore and RWMutex: random orders of releases,
-// revokes and deletes, checked after every step against who may hold.
+// Model checks, properties and fuzzing: random orders of releases, revokes
+// and deletes, checked after every step against who may hold (Semaphore,
+// RWMutex), and random histories checked for linearizability.
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -258,4 +261,128 @@ func (p *modelPart) wantGone() error {
 		return etcdsync.ErrSessionClosed
 	}
 	return etcdsync.ErrSessionExpired
+}
+
+// No leftovers: Lock and Campaign cancelled at random points (before, during
+// and after the create transaction, while waiting, or not at all) leave no
+// key of theirs once the call has returned, and none once the session closed.
+func TestNoLeftoversProperty(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := kitSingleClient(t)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	holder := etcdsync.NewMutex(session(t, cli), "prop")
+	s, err := etcdsync.NewSession(cli)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	mine := func() []string {
+		var out []string
+		for _, k := range keys(t, cli, "prop/") {
+			if strings.HasSuffix(k, "/"+leaseHex(s)) {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	const trials = 240
+	for i := 0; i < trials; i++ {
+		contended := i%2 == 0
+		if contended {
+			require.NoError(t, holder.Lock(ctx))
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		delay := time.Duration(rng.IntN(3000)) * time.Microsecond
+		timer := time.AfterFunc(delay, cancel)
+		var err error
+		var release func() error
+		if i%4 < 2 {
+			m := etcdsync.NewMutex(s, "prop")
+			err = m.Lock(cctx)
+			release = func() error { return m.Unlock(ctx) }
+		} else {
+			e := etcdsync.NewElection(s, "prop")
+			err = e.Campaign(cctx, "v")
+			release = func() error { return e.Resign(ctx) }
+		}
+		timer.Stop()
+		cancel()
+		if err == nil {
+			require.NotEmpty(t, mine(), "trial %d: held, key expected", i)
+			require.NoError(t, release())
+		}
+		require.Empty(t, mine(), "trial %d (contended %v, cancel after %v, err %v)", i, contended, delay, err)
+		if contended {
+			require.NoError(t, holder.Unlock(ctx))
+		}
+	}
+	require.NoError(t, s.Close())
+	require.Empty(t, mine())
+}
+
+func leaseHex(s *etcdsync.Session) string { return fmt.Sprintf("%x", int64(s.Lease())) }
+
+// FuzzName: any name gives no panic; a valid one round-trips to its key
+// NAME/<lease-hex> through TryLock/Unlock and Campaign/Leader/Resign and
+// leaves nothing behind; an invalid one gets ErrInvalidName and writes
+// nothing. `go test` runs the seeds; `go test -fuzz FuzzName` explores.
+func FuzzName(f *testing.F) {
+	for _, seed := range []string{"", "a", "/a/b", "a\x00b", "\x00", "/", "ü", "\xff\xfe", "a/", strings.Repeat("n", 300)} {
+		f.Add(seed)
+	}
+	c := etcdtest.Start(f, etcdtest.Options{})
+	cli, err := clientv3.New(etcdtest.ClientConfig(c.Endpoints()))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { cli.Close() })
+	s, err := etcdsync.NewSession(cli)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { s.Close() })
+
+	f.Fuzz(func(t *testing.T, name string) { checkName(t, cli, s, name) })
+}
+
+// checkName is FuzzName's property for one name.
+func checkName(t *testing.T, cli *clientv3.Client, s *etcdsync.Session, name string) {
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		invalid := name == "" || strings.ContainsRune(name, 0)
+		m := etcdsync.NewMutex(s, name)
+		e := etcdsync.NewElection(s, name)
+		lockErr := m.TryLock(ctx)
+		if invalid {
+			if !errors.Is(lockErr, etcdsync.ErrInvalidName) {
+				t.Fatalf("TryLock(%q) = %v, want ErrInvalidName", name, lockErr)
+			}
+			if err := e.Campaign(ctx, "v"); !errors.Is(err, etcdsync.ErrInvalidName) {
+				t.Fatalf("Campaign(%q) = %v, want ErrInvalidName", name, err)
+			}
+			return
+		}
+		want := fmt.Sprintf("%s/%x", name, int64(s.Lease()))
+		if lockErr != nil || m.Key() != want {
+			t.Fatalf("TryLock(%q) = %v, key %q, want key %q", name, lockErr, m.Key(), want)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock(%q) = %v", name, err)
+		}
+		if err := e.Campaign(ctx, "v"); err != nil {
+			t.Fatalf("Campaign(%q) = %v", name, err)
+		}
+		resp, err := e.Leader(ctx)
+		if err != nil || string(resp.Kvs[0].Key) != want {
+			t.Fatalf("Leader(%q) = %v, %v; want key %q", name, resp, err, want)
+		}
+		if err := e.Resign(ctx); err != nil {
+			t.Fatalf("Resign(%q) = %v", name, err)
+		}
+		left, err := cli.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil || left.Count != 0 {
+			t.Fatalf("after %q: %v keys left (%v)", name, left.Count, err)
+		}
+	}
 }

@@ -1,9 +1,14 @@
 package tests
 
+// Run: the hold while fn runs, fn's context ended with the cause the moment
+// the hold ends (every way it can end, also cut off), the release after fn,
+// and reentrancy (a Run inside fn enters the hold already there).
+
 import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +16,8 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest/faults"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -476,4 +483,666 @@ func TestRunEndKeepsNewHoldAfterSelfRelease(t *testing.T) {
 			require.NoError(t, resultWithin(t, b, 10*time.Second, "B"))
 		})
 	}
+}
+
+// Cut off past the TTL while fn runs, for every kind: fn's context ends
+// (ErrLostContact) before a contender of another session gets the hold, and
+// Run's error carries the cause.
+func TestRunCutOffEndsFnFirstEveryKind(t *testing.T) {
+	slow(t)
+	t.Parallel() // slow and independent (own etcd): see TestFaults
+	c := single(t)
+	admin := c.Client(t)
+	for _, k := range runKinds(nil, "x") {
+		t.Run(k.kind, func(t *testing.T) {
+			ctx := ctxT(t)
+			cli, p := faults.Proxied(t, c)
+			s := session(t, cli, etcdsync.WithTTL(2*time.Second))
+			k := runKindOf(s, "r13bh", k.kind)
+			take, release := k.next(session(t, admin))
+			err, cause := fnEndsFirst(t, ctx, admin, k.prefix, 10*time.Second, k.run, take, func() func() {
+				p.Blackhole(true)
+				return func() { p.Blackhole(false) }
+			})
+			require.ErrorIs(t, cause, etcdsync.ErrLostContact)
+			require.ErrorIs(t, err, etcdsync.ErrSessionExpired)
+			require.ErrorIs(t, err, etcdsync.ErrLostContact)
+			require.NoError(t, release(ctx))
+		})
+	}
+}
+
+// fnEndsFirst runs run (a Run of a hold on prefix) with an fn that starts
+// take (a contender of another session), waits until the contender's key
+// is queued under prefix (as admin sees it), cuts the hold off with cut
+// (and heals with what cut returns as fn returns), and waits at most d for
+// fn's context to end. The contender must then hold, within d and not
+// before fn's context ended. It returns Run's error and the cause fn's
+// context ended with.
+func fnEndsFirst(t *testing.T, ctx context.Context, admin *clientv3.Client, prefix string, d time.Duration,
+	run func(ctx context.Context, fn func(context.Context) error) error, take func(ctx context.Context) error, cut func() (heal func())) (err, cause error) {
+	t.Helper()
+	gotAt := make(chan time.Time, 1)
+	var cancelledAt time.Time
+	err = run(ctx, func(fctx context.Context) error {
+		go func() {
+			if take(ctx) == nil {
+				gotAt <- time.Now()
+			}
+		}()
+		waitKeys(t, admin, prefix, 2)
+		heal := cut()
+		defer heal()
+		select {
+		case <-fctx.Done():
+			cancelledAt = time.Now()
+		case <-time.After(d):
+			t.Fatal("fn's context did not end")
+		}
+		cause = context.Cause(fctx)
+		return nil
+	})
+	select {
+	case got := <-gotAt:
+		require.True(t, cancelledAt.Before(got), "fn's context ended %v, the contender held at %v", cancelledAt, got)
+	case <-time.After(d):
+		t.Fatal("the contender did not get the hold once the lease expired")
+	}
+	return err, cause
+}
+
+// Lease revoked, key deleted, Session Close and Orphan while fn runs, for
+// every kind: fn's context ends with the cause, Run's error carries that
+// very cause, and no key is left (but for Orphan, which leaves its keys to
+// the lease).
+func TestRunLossCarriesCauseEveryWay(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ways := []struct {
+		name string
+		end  func(t *testing.T, s *etcdsync.Session, prefix string)
+		want error
+	}{
+		{"revoke", func(t *testing.T, s *etcdsync.Session, _ string) {
+			_, err := admin.Revoke(ctxT(t), s.Lease())
+			require.NoError(t, err)
+		}, nil},
+		{"delete", func(t *testing.T, _ *etcdsync.Session, prefix string) {
+			_, err := admin.Delete(ctxT(t), prefix, clientv3.WithPrefix())
+			require.NoError(t, err)
+		}, etcdsync.ErrNotHeld},
+		{"close", func(t *testing.T, s *etcdsync.Session, _ string) { require.NoError(t, s.Close()) }, etcdsync.ErrSessionClosed},
+		{"orphan", func(t *testing.T, s *etcdsync.Session, _ string) { s.Orphan() }, etcdsync.ErrSessionClosed},
+	}
+	for _, w := range ways {
+		for _, k0 := range runKinds(nil, "x") {
+			t.Run(w.name+"/"+k0.kind, func(t *testing.T) {
+				ctx := ctxT(t)
+				s := session(t, admin)
+				k := runKindOf(s, "r13loss-"+w.name, k0.kind)
+				var cause error
+				err := k.run(ctx, func(fctx context.Context) error {
+					w.end(t, s, k.prefix)
+					within(t, fctx.Done(), 5*time.Second, "fn's context after "+w.name)
+					cause = context.Cause(fctx)
+					return nil
+				})
+				if w.want != nil {
+					require.ErrorIs(t, cause, w.want)
+				} else if !errors.Is(cause, etcdsync.ErrNotHeld) && !errors.Is(cause, etcdsync.ErrSessionExpired) {
+					t.Fatalf("cause after revoke: %v", cause)
+				}
+				require.Error(t, err)
+				require.True(t, errors.Is(err, cause), "Run's error %v does not carry fn's cause %v", err, cause)
+				require.NotErrorIs(t, err, etcdsync.ErrLockReleased)
+				if w.name == "orphan" {
+					require.Len(t, keys(t, admin, k.prefix), 1, "Orphan leaves the key to the lease")
+					_, err := admin.Revoke(ctx, s.Lease())
+					require.NoError(t, err)
+				}
+				require.Empty(t, keys(t, admin, k.prefix))
+			})
+		}
+	}
+}
+
+// The release after fn: with ctx already ended and a slow link (replies
+// delayed TTL/2), it still happens, within the TTL, leaving no key, and Run
+// returns only fn's error.
+func TestRunReleasesOverSlowLink(t *testing.T) {
+	slow(t)
+	t.Parallel() // slow and independent (own etcd): see TestFaults
+	c := single(t)
+	admin := c.Client(t)
+	const ttl = 3 * time.Second
+	for _, k0 := range runKinds(nil, "x") {
+		t.Run(k0.kind, func(t *testing.T) {
+			cli, p := faults.Proxied(t, c)
+			s := session(t, cli, etcdsync.WithTTL(ttl))
+			k := runKindOf(s, "r13slow", k0.kind)
+			ctx, cancel := context.WithCancel(ctxT(t))
+			var returned time.Time
+			err := k.run(ctx, func(fctx context.Context) error {
+				p.SetLatency(ttl / 2)
+				cancel()
+				returned = time.Now()
+				return fctx.Err()
+			})
+			took := time.Since(returned)
+			p.SetLatency(0)
+			require.ErrorIs(t, err, context.Canceled)
+			require.Equal(t, context.Canceled.Error(), err.Error(), "only fn's error")
+			require.Less(t, took, ttl, "release bounded by the TTL")
+			require.Empty(t, keys(t, admin, k.prefix))
+			require.NoError(t, s.Err(), "a slow link is not a lost one")
+		})
+	}
+}
+
+// The release after fn with the link blackholed as fn returns (ctx ended
+// too): Run returns within about the TTL (not hanging on the release), says
+// the hold is lost, and the key goes when the lease expires.
+func TestRunReturnsWhenReleaseCutOff(t *testing.T) {
+	slow(t)
+	t.Parallel() // slow and independent (own etcd): see TestFaults
+	c := single(t)
+	admin := c.Client(t)
+	const ttl = 2 * time.Second
+	for _, kind := range []string{"mutex", "rrun", "semaphore"} {
+		t.Run(kind, func(t *testing.T) {
+			cli, p := faults.Proxied(t, c)
+			s := session(t, cli, etcdsync.WithTTL(ttl))
+			k := runKindOf(s, "r13bhrel", kind)
+			ctx, cancel := context.WithCancel(ctxT(t))
+			var returned time.Time
+			err := k.run(ctx, func(fctx context.Context) error {
+				p.Blackhole(true)
+				cancel()
+				returned = time.Now()
+				return nil
+			})
+			took := time.Since(returned)
+			p.Blackhole(false)
+			require.Less(t, took, ttl+time.Second, "Run bounded by the TTL")
+			require.Error(t, err, "the release could not have happened")
+			waitCount(t, admin, k.prefix, 3*ttl, func(have int) bool { return have == 0 })
+		})
+	}
+}
+
+// ownGoroutines lists the goroutines running the package's own code.
+func ownGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		// Tests paused in t.Parallel wait for this one (it runs alone).
+		if strings.Contains(g, "etcdsync/etcdsync.") && !strings.Contains(g, "testing.(*T).Parallel") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+func noGoroutinesLeft(t *testing.T, what string, match string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var left []string
+		for _, g := range ownGoroutines() {
+			if strings.Contains(g, match) {
+				left = append(left, g)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: goroutines left:\n%s", what, strings.Join(left, "\n\n"))
+		}
+		time.Sleep(20 * time.Millisecond) // goroutine exit is not an event to wait on
+	}
+}
+
+// No goroutine of a Run (its Done watch) outlives Run, after a release,
+// after a loss, and none of the session after Close ends a Run's hold.
+//
+// It counts the process's goroutines, so it does not run in parallel.
+func TestRunLeavesNoGoroutines(t *testing.T) {
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	for _, k := range runKinds(s, "r13leak") {
+		require.NoError(t, k.run(ctx, func(context.Context) error { return nil }))
+		require.Error(t, k.run(ctx, func(fctx context.Context) error {
+			_, err := admin.Delete(ctx, k.prefix, clientv3.WithPrefix())
+			require.NoError(t, err)
+			<-fctx.Done()
+			return nil
+		}))
+	}
+	noGoroutinesLeft(t, "after Runs", "(*hold).watchKey")
+
+	s2, err := etcdsync.NewSession(admin)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	in := make(chan struct{}, 5)
+	for _, k := range runKinds(s2, "r13leak2") {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.ErrorIs(t, k.run(ctx, func(fctx context.Context) error {
+				in <- struct{}{}
+				<-fctx.Done()
+				return nil
+			}), etcdsync.ErrSessionClosed)
+		}()
+	}
+	for range 5 {
+		within(t, in, 10*time.Second, "Runs starting")
+	}
+	require.NoError(t, s2.Close())
+	wg.Wait()
+	require.Empty(t, keys(t, admin, "r13leak2"))
+	require.NoError(t, s.Close())
+	noGoroutinesLeft(t, "after Close", "etcdsync/etcdsync.")
+}
+
+// 3 members, Options.PeerProxies. The leader stopped while fn runs is no
+// loss (fn's context stays, Run releases, no key left); the client's member
+// cut off from its peers past the TTL is: fn's context ends before a
+// contender on the majority gets the lock.
+func TestRunLossOnThreeMembers(t *testing.T) {
+	t.Parallel() // slow and independent (own etcd): see TestFaults
+	if testing.Short() {
+		t.Skip("3 members")
+	}
+	c := etcdtest.Start(t, etcdtest.Options{Members: 3, PeerProxies: true})
+	t.Run("leader stopped", func(t *testing.T) {
+		ctx := ctxT(t)
+		cli := c.Client(t)
+		m := etcdsync.NewMutex(session(t, cli, etcdsync.WithTTL(5*time.Second)), "r13lead")
+		err := m.Run(ctx, func(fctx context.Context) error {
+			leader := c.Leader()
+			require.NotNil(t, leader)
+			c.Stop(leader)
+			defer func() { require.NoError(t, c.Restart(leader)) }()
+			for c.Leader() == nil { // no event to wait for: bounded by fctx
+				if fctx.Err() != nil {
+					return context.Cause(fctx)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			var err error
+			for i := 0; i < 50; i++ {
+				if _, err = m.Do(fctx, clientv3.OpPut("r13lead-data", "x")); err == nil {
+					break
+				}
+				if errors.Is(err, etcdsync.ErrNotHeld) || fctx.Err() != nil {
+					return err
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
+				return err
+			}
+			if fctx.Err() != nil {
+				return fmt.Errorf("fn's context ended: %w", context.Cause(fctx))
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.Empty(t, keys(t, cli, "r13lead/"))
+	})
+	t.Run("member cut off", func(t *testing.T) {
+		ctx := ctxT(t)
+		var f *etcdtest.Member
+		for _, m := range c.Members() {
+			if m.Running() && !m.IsLeader() {
+				f = m
+			}
+		}
+		require.NotNil(t, f)
+		var others []string
+		for _, m := range c.Members() {
+			if m != f {
+				others = append(others, m.Endpoint())
+			}
+		}
+		cli := etcdtest.NewClient(t, []string{f.Endpoint()})
+		admin := etcdtest.NewClient(t, others)
+		m := etcdsync.NewMutex(session(t, cli, etcdsync.WithTTL(3*time.Second)), "r13cut")
+		next := etcdsync.NewMutex(session(t, admin, etcdsync.WithTTL(10*time.Second)), "r13cut")
+		err, cause := fnEndsFirst(t, ctx, admin, "r13cut/", 15*time.Second, m.Run, next.Lock, func() func() {
+			require.NoError(t, c.CutPeers(f))
+			return func() { require.NoError(t, c.HealPeers(f)) }
+		})
+		require.ErrorIs(t, cause, etcdsync.ErrSessionExpired)
+		require.True(t, errors.Is(err, cause), "Run's error %v lacks the cause %v", err, cause)
+		require.NoError(t, next.Unlock(ctx))
+	})
+}
+
+// A reentrant (inner) Run whose hold ends while its fn runs returns fn's
+// error joined with the cause, as every Run does.
+func TestReentrantRunErrorCarriesCause(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	m := etcdsync.NewMutex(s, "r13recause")
+	var inner error
+	err := m.Run(ctx, func(fctx context.Context) error {
+		inner = m.Run(fctx, func(ictx context.Context) error {
+			_, err := admin.Delete(ctx, "r13recause/", clientv3.WithPrefix())
+			require.NoError(t, err)
+			within(t, ictx.Done(), 5*time.Second, "inner fn's context")
+			return ictx.Err()
+		})
+		return nil
+	})
+	require.ErrorIs(t, err, etcdsync.ErrNotHeld, "outer Run")
+	require.ErrorIs(t, inner, context.Canceled)
+	require.ErrorIs(t, inner, etcdsync.ErrNotHeld, "inner (reentrant) Run's error %v lacks the loss cause", inner)
+}
+
+// A Mutex (or Election, Semaphore) and an RWMutex of one name use different
+// keys (NAME/<lease> vs NAME/read|write/<lease>) and never block each other:
+// nested in one another's Run they take their own holds, not an
+// ErrInvalidArgument.
+func TestMutexAndRWMutexOfOneNameNest(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	rw := etcdsync.NewRWMutex(s, "r13mix")
+	m := etcdsync.NewMutex(s, "r13mix")
+	// Outside Run the two are independent.
+	require.NoError(t, rw.Lock(ctx))
+	require.NoError(t, m.Lock(ctx))
+	require.NoError(t, m.Unlock(ctx))
+	require.NoError(t, rw.Unlock(ctx))
+
+	inner := func(ictx context.Context) error {
+		key, _, ok := etcdsync.HoldFrom(ictx)
+		if !ok || key != m.Key() {
+			return fmt.Errorf("HoldFrom %q, the Mutex holds %q", key, m.Key())
+		}
+		return nil
+	}
+	err := rw.Run(ctx, func(fctx context.Context) error { return m.Run(fctx, inner) })
+	require.NoError(t, err, "Mutex.Run inside RWMutex.Run of the same name")
+	err = rw.RRun(ctx, func(fctx context.Context) error { return m.Run(fctx, inner) })
+	require.NoError(t, err, "Mutex.Run inside RWMutex.RRun of the same name")
+	err = m.Run(ctx, func(fctx context.Context) error {
+		return rw.Run(fctx, func(context.Context) error { return nil })
+	})
+	require.NoError(t, err, "RWMutex.Run inside Mutex.Run of the same name")
+	sm := etcdsync.NewSemaphore(s, "r13mix", 2)
+	err = rw.RRun(ctx, func(fctx context.Context) error {
+		return sm.Run(fctx, 1, func(context.Context) error { return nil })
+	})
+	require.NoError(t, err, "Semaphore.Run inside RWMutex.RRun of the same name")
+	require.Empty(t, keys(t, admin, "r13mix/"))
+}
+
+// A Mutex on NAME/write uses the very key of NAME's RWMutex writer (the
+// documented exception): nested in rw.Run it could never be granted, so it
+// must be an error wrapping ErrInvalidArgument, not a wait until ctx ends.
+func TestMutexOnWriteDirInsideRWMutexIsInvalid(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	rw := etcdsync.NewRWMutex(s, "r13dir")
+	m := etcdsync.NewMutex(s, "r13dir/write")
+	err := rw.Run(ctx, func(fctx context.Context) error {
+		ictx, cancel := context.WithTimeout(fctx, 3*time.Second)
+		defer cancel()
+		return m.Run(ictx, func(context.Context) error { return nil })
+	})
+	require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "a self-deadlock until ctx ended")
+}
+
+// Election inside Election of the same value with another val: the nested
+// Run either proclaims its val (as Campaign on a leading value does) or is
+// refused; it must not run fn "leading with v2" while v1 is proclaimed.
+func TestNestedElectionOfOtherValueNeverLeadsUnproclaimed(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	e := etcdsync.NewElection(session(t, admin), "r13ev")
+	obs := etcdsync.NewObserver(admin, "r13ev")
+	var innerErr error
+	err := e.Run(ctx, "v1", func(fctx context.Context) error {
+		innerErr = e.Run(fctx, "v2", func(ictx context.Context) error {
+			resp, err := obs.Leader(ictx)
+			if err != nil {
+				return err
+			}
+			if v := string(resp.Kvs[0].Value); v != "v2" {
+				return fmt.Errorf("nested Election.Run with v2 runs fn while the leader's value is %q", v)
+			}
+			return nil
+		})
+		return nil
+	})
+	require.NoError(t, err)
+	if !errors.Is(innerErr, etcdsync.ErrInvalidArgument) {
+		require.NoError(t, innerErr)
+	}
+}
+
+// A Run inside a Run whose hold already ended must not run fn; a ctx from
+// fn used after the outer Run returned cannot re-enter the dead hold (an
+// uncancelled copy of it takes a new hold, with a new fencing token).
+func TestRunInsideEndedHoldNeverRuns(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	m := etcdsync.NewMutex(s, "r13ended")
+	ran := false
+	err := m.Run(ctx, func(fctx context.Context) error {
+		_, err := admin.Delete(ctx, "r13ended/", clientv3.WithPrefix())
+		require.NoError(t, err)
+		within(t, fctx.Done(), 5*time.Second, "outer fn's context")
+		ierr := m.Run(fctx, func(context.Context) error { ran = true; return nil })
+		require.Error(t, ierr)
+		require.Empty(t, keys(t, admin, "r13ended/"))
+		return nil
+	})
+	require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+	require.False(t, ran, "fn ran inside an ended hold")
+
+	var saved context.Context
+	var oldRev int64
+	require.NoError(t, m.Run(ctx, func(fctx context.Context) error {
+		saved = context.WithValue(fctx, nestedCtxKey{}, 1) // derived from fn's context
+		_, oldRev, _ = etcdsync.HoldFrom(fctx)
+		return nil
+	}))
+	done := async(func() error {
+		return m.Run(saved, func(context.Context) error { ran = true; return nil })
+	})
+	require.ErrorIs(t, resultWithin(t, done, 5*time.Second, "Run on a ctx of a returned Run"), context.Canceled)
+	require.False(t, ran)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(saved), 5*time.Second)
+	defer cancel()
+	require.NoError(t, m.Run(wctx, func(ictx context.Context) error {
+		_, rev, ok := etcdsync.HoldFrom(ictx)
+		require.True(t, ok)
+		require.Greater(t, rev, oldRev, "a new hold, not the dead one")
+		require.Len(t, keys(t, admin, "r13ended/"), 1)
+		return nil
+	}))
+	require.Empty(t, keys(t, admin, "r13ended/"))
+}
+
+type nestedCtxKey struct{}
+
+// Nested RRun/Run of RWMutex values of one session: different names take
+// their own holds (HoldFrom is the innermost), same name enters (a read in a
+// write; a write in a read is ErrInvalidArgument, also further out).
+func TestNestedRWMutexValues(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	a, b := etcdsync.NewRWMutex(s, "r13a"), etcdsync.NewRWMutex(s, "r13b")
+	a2 := etcdsync.NewRWMutex(s, "r13a")
+	var writeInRead, readInWrite error
+	err := a.RRun(ctx, func(actx context.Context) error {
+		akey, _, _ := etcdsync.HoldFrom(actx)
+		require.True(t, strings.HasPrefix(akey, "r13a/read/"), akey)
+		return b.Run(actx, func(bctx context.Context) error {
+			bkey, _, _ := etcdsync.HoldFrom(bctx)
+			require.True(t, strings.HasPrefix(bkey, "r13b/write/"), bkey)
+			require.Len(t, keys(t, admin, "r13b/"), 1)
+			writeInRead = a2.Run(bctx, func(context.Context) error { return nil })
+			require.NoError(t, a2.RRun(bctx, func(ictx context.Context) error {
+				k, _, _ := etcdsync.HoldFrom(ictx)
+				require.Equal(t, bkey, k, "reentrant: innermost stays b's")
+				return nil
+			}))
+			require.NoError(t, b.RRun(bctx, func(context.Context) error { return nil }))
+			return nil
+		})
+	})
+	require.NoError(t, err)
+	require.ErrorIs(t, writeInRead, etcdsync.ErrInvalidArgument)
+	readInWrite = a.Run(ctx, func(actx context.Context) error {
+		return a2.RRun(actx, func(ictx context.Context) error {
+			require.Len(t, keys(t, admin, "r13a/"), 1, "no read key of its own")
+			return nil
+		})
+	})
+	require.NoError(t, readInWrite)
+	require.Empty(t, keys(t, admin, "r13a/"))
+	require.Empty(t, keys(t, admin, "r13b/"))
+}
+
+// Semaphore nested: fewer or as many permits enter (any value of the
+// session and name), more is ErrInvalidArgument; HoldFrom is the outer's.
+func TestNestedSemaphore(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	sm, sm2 := etcdsync.NewSemaphore(s, "r13sem", 3), etcdsync.NewSemaphore(s, "r13sem", 3)
+	err := sm.Run(ctx, 2, func(fctx context.Context) error {
+		_, rev, _ := etcdsync.HoldFrom(fctx)
+		require.NoError(t, sm.Run(fctx, 2, func(ictx context.Context) error {
+			_, r, _ := etcdsync.HoldFrom(ictx)
+			require.Equal(t, rev, r)
+			return sm2.Run(ictx, 1, func(context.Context) error { return nil })
+		}))
+		require.ErrorIs(t, sm2.Run(fctx, 3, func(context.Context) error { return nil }), etcdsync.ErrInvalidArgument)
+		require.Len(t, keys(t, admin, "r13sem/"), 1)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Empty(t, keys(t, admin, "r13sem/"))
+}
+
+// A Semaphore value of another capacity on the same name nested in a
+// Semaphore Run: a participant with another capacity is an error wrapping
+// ErrInvalidArgument (the design's rule), also when it would re-enter.
+func TestNestedSemaphoreOfOtherCapacityIsInvalid(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	sm, other := etcdsync.NewSemaphore(s, "r13semcap", 3), etcdsync.NewSemaphore(s, "r13semcap", 5)
+	var inner error
+	require.NoError(t, sm.Run(ctx, 2, func(fctx context.Context) error {
+		inner = other.Run(fctx, 1, func(context.Context) error { return nil })
+		return nil
+	}))
+	require.ErrorIs(t, inner, etcdsync.ErrInvalidArgument)
+}
+
+// Panics: in a reentrant Run, in a nested Run of another name, after the
+// hold was lost, and runtime.Goexit: every hold is released, the panic value
+// goes on unchanged.
+func TestRunPanicsReleaseEveryHold(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	m, n := etcdsync.NewMutex(s, "r13pa"), etcdsync.NewMutex(s, "r13pb")
+	boom := errors.New("boom")
+	require.PanicsWithError(t, "boom", func() {
+		m.Run(ctx, func(fctx context.Context) error {
+			return m.Run(fctx, func(context.Context) error { panic(boom) })
+		})
+	})
+	require.Empty(t, keys(t, admin, "r13pa/"))
+	require.PanicsWithValue(t, "inner", func() {
+		m.Run(ctx, func(fctx context.Context) error {
+			return n.Run(fctx, func(context.Context) error {
+				require.Len(t, keys(t, admin, "r13p"), 2)
+				panic("inner")
+			})
+		})
+	})
+	require.Empty(t, keys(t, admin, "r13p"))
+	require.PanicsWithValue(t, "after loss", func() {
+		m.Run(ctx, func(fctx context.Context) error {
+			_, err := admin.Delete(ctx, "r13pa/", clientv3.WithPrefix())
+			require.NoError(t, err)
+			within(t, fctx.Done(), 5*time.Second, "fn's context")
+			panic("after loss")
+		})
+	})
+	require.Empty(t, keys(t, admin, "r13p"))
+	// panic(nil) is a *runtime.PanicNilError since Go 1.21: still released.
+	func() {
+		defer func() {
+			var pe *runtime.PanicNilError
+			err, _ := recover().(error)
+			require.ErrorAs(t, err, &pe)
+		}()
+		m.Run(ctx, func(context.Context) error { panic(nil) })
+	}()
+	require.Empty(t, keys(t, admin, "r13p"))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.Run(ctx, func(context.Context) error { runtime.Goexit(); return nil })
+	}()
+	within(t, done, 10*time.Second, "Goexit in fn")
+	require.Empty(t, keys(t, admin, "r13p"))
+	require.NoError(t, m.Run(ctx, func(context.Context) error { return nil }), "usable after the panics")
+}
+
+// HoldFrom: none outside any Run, the innermost inside nested Runs, the
+// outer's again once the inner Run returned; in a read entered inside a
+// write, the write's.
+func TestHoldFromIsInnermostRun(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	s := session(t, admin)
+	_, _, ok := etcdsync.HoldFrom(ctx)
+	require.False(t, ok)
+	_, _, ok = etcdsync.HoldFrom(context.Background())
+	require.False(t, ok)
+	m, n := etcdsync.NewMutex(s, "r13hfa"), etcdsync.NewMutex(s, "r13hfb")
+	rw := etcdsync.NewRWMutex(s, "r13hfrw")
+	require.NoError(t, m.Run(ctx, func(actx context.Context) error {
+		ak, ar, ok := etcdsync.HoldFrom(actx)
+		require.True(t, ok)
+		require.Equal(t, m.Key(), ak)
+		require.Equal(t, m.Rev(), ar)
+		require.NoError(t, n.Run(actx, func(bctx context.Context) error {
+			bk, br, _ := etcdsync.HoldFrom(bctx)
+			require.Equal(t, n.Key(), bk)
+			require.Equal(t, n.Rev(), br)
+			return rw.Run(bctx, func(wctx context.Context) error {
+				wk, _, _ := etcdsync.HoldFrom(wctx)
+				return rw.RRun(wctx, func(rctx context.Context) error {
+					rk, _, _ := etcdsync.HoldFrom(rctx)
+					require.Equal(t, wk, rk)
+					require.True(t, strings.HasPrefix(rk, "r13hfrw/write/"))
+					return nil
+				})
+			})
+		}))
+		k, r, _ := etcdsync.HoldFrom(actx)
+		require.Equal(t, ak, k)
+		require.Equal(t, ar, r)
+		return nil
+	}))
 }
