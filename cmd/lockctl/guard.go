@@ -153,9 +153,20 @@ func (g *guard) run(in *os.File, path string, argv []string) int {
 	if !ok { // lockctl is gone: the hold is not ours to use
 		return exitFailure
 	}
-	if untilMono(deadline) <= 0 { // etcd may have given the hold to another
-		g.record(recExpired)
-		return exitFailure
+	// lockctl writes each deadline as the session's moves: one written while
+	// the guard was starting is behind this one on the pipe. Take the latest
+	// before deciding; every deadline lockctl writes is one the hold had.
+	for untilMono(deadline) <= 0 {
+		select {
+		case d, ok := <-deadlines:
+			if !ok { // lockctl is gone
+				return exitFailure
+			}
+			deadline = max(deadline, d)
+		case <-time.After(staleWait): // none later: etcd may have given the hold to another
+			g.record(recExpired)
+			return exitFailure
+		}
 	}
 	cmd := &exec.Cmd{
 		Path:        path,
@@ -295,3 +306,7 @@ func readRecords(r io.Reader, out chan<- guardRecord) {
 		out <- rec
 	}
 }
+
+// staleWait is how long a guard whose first deadline has passed waits for a
+// later one from lockctl before it reports the hold expired.
+const staleWait = time.Second

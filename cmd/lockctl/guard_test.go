@@ -99,7 +99,7 @@ func TestGuardBoundsCommandByHold(t *testing.T) {
 // starts it, with deadline first on its deadlines pipe, and returns its
 // first record and its exit code, once it has exited (bounded by
 // testTimeout).
-func runGuard(t *testing.T, deadline time.Time, argv ...string) (guardRecord, int) {
+func runGuard(t *testing.T, deadlines []time.Time, argv ...string) (guardRecord, int) {
 	t.Helper()
 	dr, dw, err := os.Pipe()
 	require.NoError(t, err)
@@ -107,7 +107,9 @@ func runGuard(t *testing.T, deadline time.Time, argv ...string) (guardRecord, in
 	rr, rw, err := os.Pipe()
 	require.NoError(t, err)
 	defer rr.Close()
-	require.NoError(t, writeDeadline(dw, deadline))
+	for _, d := range deadlines {
+		require.NoError(t, writeDeadline(dw, d))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	g := exec.CommandContext(ctx, bin, append([]string{guardArg, "1s"}, argv...)...)
@@ -130,13 +132,21 @@ func runGuard(t *testing.T, deadline time.Time, argv ...string) (guardRecord, in
 func TestGuardDoesNotStartPastDeadline(t *testing.T) {
 	t.Parallel()
 	ran := filepath.Join(t.TempDir(), "ran")
-	rec, code := runGuard(t, time.Now().Add(-time.Millisecond), "/usr/bin/touch", "touch", ran)
+	rec, code := runGuard(t, []time.Time{time.Now().Add(-time.Millisecond)}, "/usr/bin/touch", "touch", ran)
 	require.Equal(t, recExpired, rec.kind)
 	require.Equal(t, exitFailure, code)
 	require.NoFileExists(t, ran)
 
-	rec, code = runGuard(t, time.Now().Add(testTimeout), "/usr/bin/touch", "touch", ran)
+	rec, code = runGuard(t, []time.Time{time.Now().Add(testTimeout)}, "/usr/bin/touch", "touch", ran)
 	require.Equal(t, recStarted, rec.kind, "before the deadline it starts the command")
+	require.Equal(t, 0, code)
+	require.FileExists(t, ran)
+
+	// A later deadline behind a passed one (the session's moved while the
+	// guard started, under load): the latest counts, and the command runs.
+	require.NoError(t, os.Remove(ran))
+	rec, code = runGuard(t, []time.Time{time.Now().Add(-time.Millisecond), time.Now().Add(testTimeout)}, "/usr/bin/touch", "touch", ran)
+	require.Equal(t, recStarted, rec.kind, "a later deadline behind a passed one")
 	require.Equal(t, 0, code)
 	require.FileExists(t, ran)
 }
@@ -146,7 +156,7 @@ func TestGuardReportsExecErrno(t *testing.T) {
 	t.Parallel()
 	f := filepath.Join(t.TempDir(), "f")
 	require.NoError(t, os.WriteFile(f, []byte("vm\n"), 0o755))
-	rec, code := runGuard(t, time.Now().Add(testTimeout), f, f)
+	rec, code := runGuard(t, []time.Time{time.Now().Add(testTimeout)}, f, f)
 	require.Equal(t, recFailed, rec.kind)
 	require.Equal(t, syscall.ENOEXEC, rec.errno, "%+v", rec)
 	require.Contains(t, rec.msg, "exec format error")
