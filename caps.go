@@ -59,7 +59,7 @@ func capsOf(cli *clientv3.Client) *caps {
 // version (client.Maintenance.Status, all at once; without endpoints, as
 // for an in-process client, once with none), blocking for those calls,
 // bounded by ctx and versionTimeout. Only servers released with the fix of
-// etcd-io/etcd#15220 are trusted (3.5.8 and 3.6.0 on: see
+// etcd-io/etcd#15220 are trusted (releases from 3.6.0 on: see
 // progressOrdered): before it an answer could overtake the events it
 // vouches for. The answer is kept for
 // the client once one server answered and none is older; an endpoint that
@@ -156,46 +156,39 @@ func (c *caps) probing() bool {
 // right away saves a round trip.
 func (c *caps) cached() bool { return c.state.Load() == capsUnanswered }
 
-// progressOrdered reports whether a server of version v (major.minor.patch)
-// sends the answer to a progress request after every event up to its
-// revision: from the release that fixed etcd-io/etcd#15220 in its line.
+// progressOrdered reports whether progress answers of a server of version v
+// (major.minor.patch) may confirm a turn: releases from 3.6.0 on.
 //
-// Before the fix a member answered on its stream's control channel with its
-// store's revision while events of that revision could still be queued for
-// the watch, so the answer could overtake them (v3rpc/watch.go's recvLoop in
-// server v3.5.7: "sws.ctrlStream <- &pb.WatchResponse{Header:
+// The property needed is that a member sends the answer to a progress
+// request after every event up to its revision. Before the fix of
+// etcd-io/etcd#15220 a member answered on its stream's control channel with
+// its store's revision while events of that revision could still be queued
+// for the watch, so the answer could overtake them (v3rpc/watch.go's
+// recvLoop in server v3.5.7: "sws.ctrlStream <- &pb.WatchResponse{Header:
 // sws.newResponseHeader(sws.watchStream.Rev()) ..."). The fix (etcd PR
-// #15237, in 3.6.0; backported to 3.5.8 by #15695 and to 3.4.25 by #15697,
-// per their CHANGELOGs) answers through the watchers' own channel, behind
-// their events, and only while every watcher of the stream is synced
-// (mvcc's progressIfSync, the same in v3.5.35 as in v3.7.3); an unsynced
-// stream gets no answer, which a wait meets as an unanswered request (it
-// reads). Whether a member has the fix is not something a probe can tell:
-// before it, answers came in order unless a race was lost, so the release
-// is the test (the tests module measures the race on each server line).
+// #15237, in 3.6.0; backported to 3.5.8) answers through the watchers' own
+// channel, behind their events, and only while every watcher of the stream
+// is synced (mvcc's progressIfSync, the same in v3.5.35 as in v3.7.3). A
+// probe cannot tell a member with the fix: before it, answers came in order
+// unless a race was lost, so the release is the test.
+//
+// 3.5.8 and later 3.5 releases have the fix too (measured: no event after
+// the answer that covers it, on 3.5.35), but a client is judged once, from
+// the versions its endpoints answered with: a 3.5 member before 3.5.8 that
+// was down when asked, or rolled back to later, would go unseen, and etcd's
+// upgrade rules do not rule that out within one minor line. Until each
+// answer is checked against the member that sent it, 3.5 servers read. A
+// pre-release (3.6.0-alpha.0 was built from main before the fix) reads too.
 func progressOrdered(v string) bool {
 	parts := strings.SplitN(v, ".", 3)
-	if len(parts) < 2 {
+	if len(parts) != 3 {
 		return false
 	}
 	major, err1 := strconv.Atoi(parts[0])
 	minor, err2 := strconv.Atoi(parts[1])
-	if err1 != nil || err2 != nil {
+	_, err3 := strconv.Atoi(parts[2]) // a suffix ("-rc.0", "-alpha.0") is not trusted
+	if err1 != nil || err2 != nil || err3 != nil {
 		return false
 	}
-	if major != 3 || minor >= 6 {
-		return major >= 3
-	}
-	fixed, ok := progressFixedIn[minor]
-	if !ok || len(parts) < 3 {
-		return false
-	}
-	patch, err := strconv.Atoi(parts[2]) // a suffix ("-rc.0") is not trusted
-	return err == nil && patch >= fixed
+	return major > 3 || major == 3 && minor >= 6
 }
-
-// progressFixedIn is, per 3.x line older than 3.6, the first patch release
-// with the fix of etcd-io/etcd#15220 (see progressOrdered).
-// Only the 3.5 fix is read in etcd's own code here (v3.5.8); 3.4.25's is
-// known from a changelog alone, so 3.4 servers read, whatever their patch.
-var progressFixedIn = map[int]int{5: 8}

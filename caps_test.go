@@ -8,22 +8,24 @@ import (
 	"time"
 )
 
-// Progress answers are trusted from the release that fixed etcd#15220 in
-// its line, where etcd's code shows the fix: 3.5.8, 3.6.0; the servers
-// before it, and every 3.4 (its fix, 3.4.25, is known from a changelog
-// alone), read.
+// Progress answers are trusted from release 3.6.0 on. Servers before the
+// fix of etcd#15220 read; so do 3.5 releases with the fix (a client is
+// judged once, and a 3.5 member before 3.5.8 could go unseen), 3.4 whatever
+// its patch, and pre-releases.
 func TestCapsProgressOrderedFromTheFix(t *testing.T) {
 	t.Parallel()
 	for v, want := range map[string]bool{
 		// Before the fix: a read per handoff.
 		"3.3.27": false, "3.4.0": false, "3.4.23": false, "3.4.24": false,
 		"3.5.0": false, "3.5.7": false, "3.5.7-rc.0": false,
-		// With it: a progress request.
-		"3.4.25": false, "3.4.37": false, // 3.4: read, fix or not
-		"3.5.8": true, "3.5.17": true, "3.5.35": true,
-		"3.6.0": true, "3.6.16": true, "3.7.3": true, "4.0.0": true, "3.6": true,
+		// The fix in 3.4 and 3.5 lines: still a read (see progressOrdered).
+		"3.4.25": false, "3.4.37": false, "3.5.8": false, "3.5.17": false, "3.5.35": false,
+		// Releases from 3.6.0: a progress request.
+		"3.6.0": true, "3.6.16": true, "3.7.3": true, "4.0.0": true,
+		// Pre-releases: read.
+		"3.6.0-alpha.0": false, "3.6.0-rc.1": false,
 		// Not a version: read.
-		"": false, "3": false, "x.y.z": false, "3.5": false, "3.5.x": false, "3.5.8-rc.0": false, "2.3.8": false,
+		"": false, "3": false, "x.y.z": false, "3.5": false, "3.6": false, "3.5.x": false, "3.5.8-rc.0": false, "2.3.8": false,
 	} {
 		if got := progressOrdered(v); got != want {
 			t.Errorf("progressOrdered(%q) = %v, want %v", v, got, want)
