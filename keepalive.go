@@ -19,11 +19,10 @@ import (
 // keepAlive refreshes the lease until the session ends: each beat is one
 // KeepAliveOnce through the client's Lease (so a wrapper, a namespace, an
 // in-process client or a proxy sees it), run in a goroutine of its own and
-// bounded by the TTL. Beats are paced from their send times, every TTL/3,
-// or more often while replies are slower than that (paceFor), whatever the
-// replies do, so on a slow link several may be in flight: while the server
-// acknowledges each beat within the TTL less the pace of its sending, the
-// session lives. Each acknowledgement moves the local deadline to its beat's send
+// bounded by the TTL. Beats are paced from their send times, every TTL/3
+// whatever the replies do, so on a slow link several may be in flight: while
+// the server acknowledges a beat within the TTL of its sending the session
+// lives. Each acknowledgement moves the local deadline to its beat's send
 // time plus the TTL the server granted, less the slack and the lock delay
 // (WithSlack, WithLockDelay);
 // a beat knows its own send time, so
@@ -37,8 +36,6 @@ func (s *Session) keepAlive(first time.Time) {
 	defer s.finishHolds()
 	defer s.unlink()
 	pace := s.ttl / 3
-	var slowest time.Duration // the slowest recent reply, decaying: sets the pace (paceFor)
-	var last time.Time        // the last beat's send time
 	next := first
 	replies := make(chan reply)
 	bctx, stopBeats := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
@@ -75,14 +72,10 @@ func (s *Session) keepAlive(first time.Time) {
 				}
 				next = earliest(next, time.Now().Add(min(retryPause, pace)))
 			default:
-				rtt := time.Since(r.sent)
 				if s.rep != nil {
-					s.rep.keepaliveAcked(s, rtt)
+					s.rep.keepaliveAcked(s, time.Since(r.sent))
 				}
 				s.extend(r.sent.Add(time.Duration(r.ttl)*time.Second - s.beyond()))
-				slowest = max(rtt, slowest*7/8)
-				pace = paceFor(s.ttl, slowest)
-				next = earliest(next, last.Add(pace))
 			}
 			continue
 		case <-timer.C:
@@ -102,21 +95,8 @@ func (s *Session) keepAlive(first time.Time) {
 			case <-bctx.Done():
 			}
 		}()
-		last = time.Now()
-		next = last.Add(pace)
+		next = time.Now().Add(pace)
 	}
-}
-
-// paceFor is the time between beats of a session of ttl whose recent
-// replies took up to slowest. A beat sent one pace after the last
-// acknowledged one must be answered within ttl-pace, before that one's
-// deadline passes; so the pace is a third of the TTL while replies come
-// within a third of it, and on a slower link half of what the slowest reply
-// leaves of the TTL, no less than a tenth of it: replies then keep the
-// session while each comes within the TTL less the pace, and a link that
-// slows down by up to half of what is left keeps it too.
-func paceFor(ttl, slowest time.Duration) time.Duration {
-	return min(ttl/3, max(ttl/10, (ttl-slowest)/2))
 }
 
 // beat sends one keepalive and waits for its reply, bounded by ctx and the

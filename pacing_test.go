@@ -27,8 +27,7 @@ import (
 type paceLease struct {
 	clientv3.Lease // not called
 	delay          time.Duration
-	delayOf        func(n int) time.Duration // the n-th beat's delay (from 1), if set
-	fail           func(n int) error         // the n-th beat's error (from 1), or nil
+	fail           func(n int) error // the n-th beat's error (from 1), or nil
 
 	mu      sync.Mutex
 	granted int64
@@ -56,16 +55,12 @@ func (l *paceLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*cl
 			return nil, err
 		}
 	}
-	delay := l.delay
-	if l.delayOf != nil {
-		delay = l.delayOf(n)
-	}
-	if delay < 0 {
+	if l.delay < 0 {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
 	select {
-	case <-time.After(delay):
+	case <-time.After(l.delay):
 		return &clientv3.LeaseKeepAliveResponse{ResponseHeader: &pb.ResponseHeader{Revision: 1}, ID: id, TTL: ttl}, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -239,33 +234,6 @@ func TestPacingLateLoopWarnsPastHalfTheSlack(t *testing.T) {
 		defer h.mu.Unlock()
 		if len(h.late) != 1 || h.late[0] != 800*time.Millisecond {
 			t.Fatalf("lateness warned: %v, want one of 800ms", h.late)
-		}
-	})
-}
-
-// A link that slows down: replies take TTL/2, then 0.7 TTL, more than the
-// TTL less a third of it. Beats go more often once replies are slow
-// (paceFor), so every reply still comes before the deadline it must beat,
-// and the session lives; each deadline is still its beat's send time plus
-// the TTL. At a pace of TTL/3 throughout, the first 0.7 TTL reply would come
-// after the deadline of the beat before it.
-func TestPacingSlowerLinkBeatsMoreOften(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		l := &paceLease{delayOf: func(n int) time.Duration {
-			if n <= 3 {
-				return 1500 * time.Millisecond
-			}
-			return 2100 * time.Millisecond
-		}}
-		s := paceSession(t, l, 3*time.Second, WithSlack(0))
-		time.Sleep(15 * time.Second)
-		if err := s.Err(); err != nil {
-			t.Fatalf("a session whose replies come within the TTL less the pace ended: %v", err)
-		}
-		sends := l.sent()
-		g := gaps(sends)
-		if first, late := g[0], g[len(g)-1]; first != time.Second || late >= time.Second || late < 300*time.Millisecond {
-			t.Errorf("gaps between beats %v: want TTL/3 at first, then shorter, no less than TTL/10", g)
 		}
 	})
 }
