@@ -11,6 +11,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -27,7 +29,8 @@ import (
 type paceLease struct {
 	clientv3.Lease // not called
 	delay          time.Duration
-	fail           func(n int) error // the n-th beat's error (from 1), or nil
+	delayOf        func(n int) time.Duration // the n-th beat's delay (from 1), if set
+	fail           func(n int) error         // the n-th beat's error (from 1), or nil
 
 	mu      sync.Mutex
 	granted int64
@@ -55,12 +58,16 @@ func (l *paceLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*cl
 			return nil, err
 		}
 	}
-	if l.delay < 0 {
+	delay := l.delay
+	if l.delayOf != nil {
+		delay = l.delayOf(n)
+	}
+	if delay < 0 {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
 	select {
-	case <-time.After(l.delay):
+	case <-time.After(delay):
 		return &clientv3.LeaseKeepAliveResponse{ResponseHeader: &pb.ResponseHeader{Revision: 1}, ID: id, TTL: ttl}, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -290,6 +297,185 @@ func TestPacingLeaseNotFoundEndsAtOnce(t *testing.T) {
 		}
 		if err := s.Err(); !errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrLostContact) {
 			t.Errorf("cause %v, want ErrSessionExpired without ErrLostContact", err)
+		}
+	})
+}
+
+// boundLease is a paceLease that also counts the beats in flight and keeps
+// the send time of each acknowledged one.
+type boundLease struct {
+	paceLease
+	inFlight, maxInFlight int
+	acked                 []time.Time
+}
+
+func (l *boundLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
+	sent := time.Now()
+	l.mu.Lock()
+	l.inFlight++
+	l.maxInFlight = max(l.maxInFlight, l.inFlight)
+	l.mu.Unlock()
+	resp, err := l.paceLease.KeepAliveOnce(ctx, id)
+	l.mu.Lock()
+	l.inFlight--
+	if err == nil {
+		l.acked = append(l.acked, sent)
+	}
+	l.mu.Unlock()
+	return resp, err
+}
+
+// Whatever the replies do (random delays up to the TTL and past it, the
+// link slowing down and speeding up), the session ends no later than the
+// earliest moment the server may expire the lease (the latest acknowledged
+// beat's send time plus the TTL granted), the local deadline is never
+// later than that, and the beats in flight stay bounded (each is bounded by
+// the TTL, and they go every TTL/3).
+func TestPacingRandomRepliesNeverOutliveTheLease(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const ttl = 3 * time.Second
+				rng := rand.New(rand.NewPCG(seed, 1))
+				var mu sync.Mutex
+				l := &boundLease{}
+				l.delayOf = func(n int) time.Duration {
+					mu.Lock()
+					defer mu.Unlock()
+					switch p := rng.IntN(100); {
+					case p < 2:
+						return -1 // never answered
+					case p < 40:
+						return time.Duration(rng.Int64N(int64(ttl / 10)))
+					default:
+						return time.Duration(rng.Int64N(int64(ttl * 95 / 100)))
+					}
+				}
+				cli := clientv3.NewCtxClient(context.Background())
+				cli.Lease = l
+				s, err := NewSession(cli, WithTTL(ttl), WithSlack(0))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { s.Close(); cli.Close() }()
+				acked := func() int {
+					l.mu.Lock()
+					defer l.mu.Unlock()
+					return len(l.acked)
+				}
+				bound := func() time.Time {
+					l.mu.Lock()
+					defer l.mu.Unlock()
+					var latest time.Time
+					for _, a := range l.acked {
+						if a.After(latest) {
+							latest = a
+						}
+					}
+					return latest.Add(time.Duration(l.granted) * time.Second)
+				}
+				for range 600 { // 60 s, checked every 100 ms
+					if d := s.Deadline(); acked() > 0 && d.After(bound()) {
+						t.Fatalf("deadline %v past the earliest expiry the server may make %v", d, bound())
+					}
+					select {
+					case <-s.Done():
+					case <-time.After(100 * time.Millisecond):
+						continue
+					}
+					break
+				}
+				if s.Err() != nil && acked() > 0 && time.Now().After(bound()) {
+					t.Errorf("session ended at %v, past the earliest expiry the server may make (%v)", time.Now(), bound())
+				}
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				t.Logf("beats %d, acknowledged %d, at most %d in flight, ended: %v", len(l.sends), len(l.acked), l.maxInFlight, s.Err() != nil)
+				if l.maxInFlight > 4 {
+					t.Errorf("beats in flight at once: %d, want at most TTL/(TTL/3)+1", l.maxInFlight)
+				}
+			})
+		})
+	}
+}
+
+// loadedLeases is a server whose keepalive replies take c for each beat any
+// session sent in the second before (a leader whose latency grows with the
+// rate of keepalives it serves: each KeepAliveOnce is a gRPC stream of its
+// own). lease returns a Lease of it for one session.
+type loadedLeases struct {
+	c     time.Duration
+	mu    sync.Mutex
+	sends []time.Time
+}
+
+type loadedLease struct {
+	clientv3.Lease // not called
+	srv            *loadedLeases
+}
+
+func (l loadedLease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	return &clientv3.LeaseGrantResponse{ResponseHeader: &pb.ResponseHeader{Revision: 1}, ID: 0x1a, TTL: ttl}, nil
+}
+
+func (l loadedLease) Revoke(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseRevokeResponse, error) {
+	return &clientv3.LeaseRevokeResponse{Header: &pb.ResponseHeader{Revision: 1}}, nil
+}
+
+func (l loadedLease) Close() error { return nil }
+
+func (l loadedLease) KeepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
+	now := time.Now()
+	l.srv.mu.Lock()
+	l.srv.sends = append(l.srv.sends, now)
+	n := 0
+	for _, s := range l.srv.sends {
+		if now.Sub(s) < time.Second {
+			n++
+		}
+	}
+	l.srv.mu.Unlock()
+	select {
+	case <-time.After(time.Duration(n) * l.srv.c):
+		return &clientv3.LeaseKeepAliveResponse{ResponseHeader: &pb.ResponseHeader{Revision: 1}, ID: id, TTL: 3}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Ten sessions of a 3 s TTL on a server whose replies slow down with the
+// rate of keepalives (150 ms per beat in the last second). At a pace of
+// TTL/3 the load settles: ten beats a second, replies in 1.5 s, within the
+// 2 s a beat has (TTL less the pace), and every session lives. A pace that
+// shortens on slow replies (tried and withdrawn, 2026-11-27) answered them
+// with more beats (pace 0.75 s, so 13 a second, replies in 2 s, pace 0.5 s,
+// 20 a second, replies in 3 s), and every session was lost.
+func TestPacingLoadedServerKeepsTheSessions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &loadedLeases{c: 150 * time.Millisecond}
+		var sessions []*Session
+		for i := range 10 {
+			cli := clientv3.NewCtxClient(context.Background())
+			cli.Lease = loadedLease{srv: srv}
+			s, err := NewSession(cli, WithTTL(3*time.Second), WithSlack(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { s.Close(); cli.Close() }()
+			sessions = append(sessions, s)
+			time.Sleep(100 * time.Millisecond * time.Duration(min(i, 1))) // spread over a second
+		}
+		time.Sleep(60 * time.Second)
+		lost := 0
+		for _, s := range sessions {
+			if s.Err() != nil {
+				lost++
+			}
+		}
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		if lost > 0 {
+			t.Errorf("%d of 10 sessions lost on a server that keeps them all at a pace of TTL/3 (beats sent: %d in 60 s, %d at that pace)", lost, len(srv.sends), 10*60)
 		}
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -333,4 +334,162 @@ func benchHandoffRPCs(b *testing.B, ep string, admin *clientv3.Client) {
 	}
 	reportLatency(b, samples, "handoff-")
 	b.ReportMetric(float64(rpcs)/float64(b.N), "rpcs/handoff")
+}
+
+// The library's stream shape, in order: one gRPC stream carrying watches of
+// single keys with WithFilterPut (a waiter's own key and the keys ahead), a
+// prefix watch with WithPrevKV and WithFragment whose responses exceed the
+// server's request limit (fragments), and watches added from the current
+// revision as the load runs, while a writer puts a batch of large values
+// twice and deletes it by prefix (one revision, many deletes) over and
+// over, and progress is asked every millisecond on the stream. An answer
+// at revision R reaches every watch of the stream and vouches for each
+// one's events up to R: an event of revision R or lower on a watch after
+// an answer it got is out of order. Held on 3.5.35 and 3.7.3.
+func TestProgressAnswersInOrderOnTheLibrarysStream(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	for _, line := range serverLines(false) {
+		t.Run(line.name, func(t *testing.T) {
+			t.Parallel()
+			ep := line.start(t)
+			admin := etcdtest.NewClient(t, []string{ep})
+			v := serverVersion(t, admin, ep)
+			r := progressOrderShaped(t, ep, admin, 3*time.Second, false)
+			t.Logf("etcd %s: %d progress answers (summed over watches), %d events, %d fragmented responses, %d events after an answer that vouched for them", v, r.answers, r.events, r.fragmented, r.late)
+			require.Positive(t, r.answers, "etcd %s answered no progress request", v)
+			require.Positive(t, r.fragmented, "etcd %s: no fragmented response", v)
+			if fixedFor15220(v) {
+				require.Zero(t, r.late, "etcd %s: events after a progress answer of their revision", v)
+			}
+		})
+	}
+}
+
+type shapedResult struct {
+	answers, late, events, fragmented int
+	lateSeen                          []string
+}
+
+// progressOrderShaped runs the load of TestProgressAnswersInOrderOnTheLibrarysStream
+// on the server at ep for d, the watches added as it runs from a past
+// revision if past, and says what the watches saw.
+func progressOrderShaped(t *testing.T, ep string, admin *clientv3.Client, d time.Duration, past bool) (r shapedResult) {
+	ctx, cancel := context.WithTimeout(context.Background(), d+cellTimeout)
+	defer cancel()
+	watcher := etcdtest.NewClient(t, []string{ep})
+	const keysN = 8
+	big := strings.Repeat("v", 180<<10) // 8 puts with their prev values: past the 1.5 MiB limit
+	start, err := admin.Get(ctx, "shaped/", clientv3.WithCountOnly())
+	require.NoError(t, err)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+
+	var mu sync.Mutex
+	var readers sync.WaitGroup
+	var lastRev atomic.Int64
+	loadCtx, stopLoad := context.WithTimeout(ctx, d)
+	defer stopLoad()
+	answers, late, events, fragmented := &r.answers, &r.late, &r.events, &r.fragmented
+	read := func(tag string, wch clientv3.WatchChan, until func(seen int64) bool) {
+		readers.Go(func() {
+			var vouched, seen, created int64
+			for {
+				select {
+				case wr, ok := <-wch:
+					if !ok {
+						return
+					}
+					mu.Lock()
+					if wr.Created {
+						created = wr.Header.Revision
+					}
+					if wr.IsProgressNotify() {
+						*answers++
+						vouched = max(vouched, wr.Header.Revision)
+					}
+					size := 0
+					for _, ev := range wr.Events {
+						size += len(ev.Kv.Value)
+						if ev.PrevKv != nil {
+							size += len(ev.PrevKv.Value)
+						}
+					}
+					if size > 3<<19 { // past the server's 1.5 MiB: it came in fragments
+						*fragmented++
+					}
+					for _, ev := range wr.Events {
+						*events++
+						seen = max(seen, ev.Kv.ModRevision)
+						if ev.Kv.ModRevision <= vouched {
+							*late++
+							if len(r.lateSeen) < 10 {
+								r.lateSeen = append(r.lateSeen, fmt.Sprintf("%s: %s %s@%d after an answer at %d (response header %d, %d events)", tag, ev.Type, ev.Kv.Key, ev.Kv.ModRevision, vouched, wr.Header.Revision, len(wr.Events)))
+							}
+						}
+					}
+					mu.Unlock()
+				case <-time.After(10 * time.Millisecond):
+				}
+				if loadCtx.Err() != nil && until(max(seen, created)) || ctx.Err() != nil {
+					return
+				}
+			}
+		})
+	}
+	caughtUp := func(seen int64) bool { return seen >= lastRev.Load() }
+	// The prefix watch (fragments) and the keys' watches (deletes only).
+	pre := watcher.Watch(wctx, "shaped/", clientv3.WithPrefix(), clientv3.WithRev(start.Header.Revision+1), clientv3.WithPrevKV(), clientv3.WithFragment(), clientv3.WithCreatedNotify())
+	require.True(t, (<-pre).Created)
+	read("prefix", pre, caughtUp)
+	for i := range keysN {
+		wch := watcher.Watch(wctx, "shaped/"+strconv.Itoa(i), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+		require.True(t, (<-wch).Created)
+		read("key "+strconv.Itoa(i), wch, caughtUp)
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { // writer: a batch of large puts, then its delete by prefix
+		puts := make([]clientv3.Op, keysN)
+		for loadCtx.Err() == nil {
+			for i := range puts {
+				puts[i] = clientv3.OpPut("shaped/"+strconv.Itoa(i), big)
+			}
+			for range 2 { // the second with the first's values as prev: fragments
+				if _, err := admin.Txn(loadCtx).Then(puts...).Commit(); err != nil {
+					return
+				}
+			}
+			resp, err := admin.Delete(loadCtx, "shaped/", clientv3.WithPrefix())
+			if err != nil {
+				return
+			}
+			lastRev.Store(resp.Header.Revision)
+		}
+	})
+	wg.Go(func() { // more watches on the stream as the load runs, some from the past
+		for n := 0; loadCtx.Err() == nil && n < 40; n++ {
+			opts := []clientv3.OpOption{clientv3.WithFilterPut(), clientv3.WithCreatedNotify()}
+			if past && n%2 == 0 {
+				opts = append(opts, clientv3.WithRev(max(start.Header.Revision+1, lastRev.Load()-5)))
+			}
+			read(fmt.Sprintf("added %d (past: %v)", n, past && n%2 == 0), watcher.Watch(wctx, "shaped/"+strconv.Itoa(n%keysN), opts...), caughtUp)
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+	wg.Go(func() {
+		for loadCtx.Err() == nil {
+			if watcher.RequestProgress(wctx) != nil {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	wg.Wait()
+	readers.Wait()
+	require.NoError(t, ctx.Err(), "the watches did not catch up with the writes")
+	stopWatch()
+	return r
 }
