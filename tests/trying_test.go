@@ -161,53 +161,53 @@ func TestTryFormsCancelledAtEveryStepLeaveNoKey(t *testing.T) {
 	type try struct {
 		name string
 		do   func(ctx context.Context, name string, fn func(context.Context) error) error
-		hold func(name string) func() // another session holds name; returns its release
+		hold func(t *testing.T, name string) func() // another session holds name; returns its release (t: the subtest's)
 	}
 	other := session(t, cli)
 	tries := []try{
 		{"election", func(ctx context.Context, name string, fn func(context.Context) error) error {
 			return etcdsync.NewElection(s, name).TryRun(ctx, "v", fn)
-		}, func(name string) func() {
+		}, func(t *testing.T, name string) func() {
 			e := etcdsync.NewElection(other, name)
 			require.NoError(t, e.Campaign(ctx, "o"))
 			return func() { require.NoError(t, e.Resign(ctx)) }
 		}},
-		{"trycampaign", func(ctx context.Context, name string, fn func(context.Context) error) error {
+		{"trycampaign", func(ctx context.Context, name string, fn func(context.Context) error) (err error) {
 			e := etcdsync.NewElection(s, name)
 			if err := e.TryCampaign(ctx, "v"); err != nil {
 				return err
 			}
-			defer func() { require.NoError(t, e.Resign(context.Background())) }()
+			defer func() { err = errors.Join(err, e.Resign(context.Background())) }()
 			return fn(ctx)
-		}, func(name string) func() {
+		}, func(t *testing.T, name string) func() {
 			e := etcdsync.NewElection(other, name)
 			require.NoError(t, e.Campaign(ctx, "o"))
 			return func() { require.NoError(t, e.Resign(ctx)) }
 		}},
 		{"mutex", func(ctx context.Context, name string, fn func(context.Context) error) error {
 			return etcdsync.NewMutex(s, name).TryRun(ctx, fn)
-		}, func(name string) func() {
+		}, func(t *testing.T, name string) func() {
 			m := etcdsync.NewMutex(other, name)
 			require.NoError(t, m.Lock(ctx))
 			return func() { require.NoError(t, m.Unlock(ctx)) }
 		}},
 		{"rwmutex-w", func(ctx context.Context, name string, fn func(context.Context) error) error {
 			return etcdsync.NewRWMutex(s, name).TryRun(ctx, fn)
-		}, func(name string) func() {
+		}, func(t *testing.T, name string) func() {
 			m := etcdsync.NewRWMutex(other, name)
 			require.NoError(t, m.RLock(ctx))
 			return func() { require.NoError(t, m.RUnlock(ctx)) }
 		}},
 		{"rwmutex-r", func(ctx context.Context, name string, fn func(context.Context) error) error {
 			return etcdsync.NewRWMutex(s, name).TryRRun(ctx, fn)
-		}, func(name string) func() {
+		}, func(t *testing.T, name string) func() {
 			m := etcdsync.NewRWMutex(other, name)
 			require.NoError(t, m.Lock(ctx))
 			return func() { require.NoError(t, m.Unlock(ctx)) }
 		}},
 		{"semaphore", func(ctx context.Context, name string, fn func(context.Context) error) error {
 			return etcdsync.NewSemaphore(s, name, 2).TryRun(ctx, 2, fn)
-		}, func(name string) func() {
+		}, func(t *testing.T, name string) func() {
 			m := etcdsync.NewSemaphore(other, name, 2)
 			require.NoError(t, m.Acquire(ctx, 1))
 			return func() { require.NoError(t, m.Release(ctx)) }
@@ -221,7 +221,7 @@ func TestTryFormsCancelledAtEveryStepLeaveNoKey(t *testing.T) {
 				held := i%3 == 0
 				var release func()
 				if held {
-					release = tr.hold(name)
+					release = tr.hold(t, name)
 				}
 				d := time.Duration(rng.IntN(1500)) * time.Microsecond
 				tctx, cancel := context.WithTimeout(ctx, d)
