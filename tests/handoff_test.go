@@ -398,33 +398,23 @@ func TestWaitsWatchOnAStreamEach(t *testing.T) {
 // the answer, so Lock says its key went, never that it holds. Forty rounds
 // each, the watches' channels delivering the two deletes in either order.
 func TestPrefixDeleteNeverHandsTheTurnPerServer(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("skipped in -short")
-	}
-	for _, line := range serverLines(false) {
-		t.Run(line.name, func(t *testing.T) {
-			t.Parallel()
-			ep := line.start(t)
-			admin := etcdtest.NewClient(t, []string{ep})
-			v := serverVersion(t, admin, ep)
-			ctx := ctxCell(t)
-			cnt := &counter{created: make(chan struct{}, 16)}
-			cli := etcdtest.NewClient(t, []string{ep}, cnt.dial()...)
-			for i := range 40 {
-				name := "pd/" + strconv.Itoa(i)
-				holder := etcdsync.NewMutex(session(t, admin), name)
-				waiter := etcdsync.NewMutex(session(t, cli), name)
-				require.NoError(t, holder.Lock(ctx))
-				w := async(func() error { return waiter.Lock(ctx) })
-				for range 2 {
-					within(t, cnt.created, cellTimeout, "the waiter's watches created")
-				}
-				_, err := admin.Delete(ctx, name+"/", clientv3.WithPrefix())
-				require.NoError(t, err)
-				err = resultWithin(t, w, cellTimeout, "the waiter after the prefix delete")
-				require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "etcd %s, round %d: the waiter held after a delete of its own key", v, i)
+	perServerLine(t, func(t *testing.T, ep string, admin *clientv3.Client, v string) {
+		ctx := ctxCell(t)
+		cnt := &counter{created: make(chan struct{}, 16)}
+		cli := etcdtest.NewClient(t, []string{ep}, cnt.dial()...)
+		for i := range 40 {
+			name := "pd/" + strconv.Itoa(i)
+			holder := etcdsync.NewMutex(session(t, admin), name)
+			waiter := etcdsync.NewMutex(session(t, cli), name)
+			require.NoError(t, holder.Lock(ctx))
+			w := async(func() error { return waiter.Lock(ctx) })
+			for range 2 {
+				within(t, cnt.created, cellTimeout, "the waiter's watches created")
 			}
-		})
-	}
+			_, err := admin.Delete(ctx, name+"/", clientv3.WithPrefix())
+			require.NoError(t, err)
+			err = resultWithin(t, w, cellTimeout, "the waiter after the prefix delete")
+			require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "etcd %s, round %d: the waiter held after a delete of its own key", v, i)
+		}
+	})
 }

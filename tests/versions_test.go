@@ -48,6 +48,24 @@ func serverLines(fsync bool) []serverLine {
 	return lines
 }
 
+// perServerLine runs f as a parallel subtest per server line (see
+// serverLines), with the line's endpoint, a client of it and the version it
+// reports; in -short it skips t.
+func perServerLine(t *testing.T, f func(t *testing.T, ep string, admin *clientv3.Client, v string)) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("skipped in -short")
+	}
+	for _, line := range serverLines(false) {
+		t.Run(line.name, func(t *testing.T) {
+			t.Parallel()
+			ep := line.start(t)
+			admin := etcdtest.NewClient(t, []string{ep})
+			f(t, ep, admin, serverVersion(t, admin, ep))
+		})
+	}
+}
+
 // serverVersion returns the version the server at ep reports.
 func serverVersion(tb testing.TB, cli *clientv3.Client, ep string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), cellTimeout)
@@ -92,47 +110,37 @@ func progressTrusted(v string) bool {
 // Unlock to the waiter's Lock, from the second handoff on (the first wait
 // also asks the server's version).
 func TestHandoffPathPerServer(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("skipped in -short")
-	}
-	for _, line := range serverLines(false) {
-		t.Run(line.name, func(t *testing.T) {
-			t.Parallel()
-			ep := line.start(t)
-			admin := etcdtest.NewClient(t, []string{ep})
-			v := serverVersion(t, admin, ep)
-			want := 1
-			if progressTrusted(v) {
-				want = 0
+	perServerLine(t, func(t *testing.T, ep string, admin *clientv3.Client, v string) {
+		want := 1
+		if progressTrusted(v) {
+			want = 0
+		}
+		ctx := ctxCell(t)
+		cnt := &counter{created: make(chan struct{}, 16)}
+		cli := etcdtest.NewClient(t, []string{ep}, cnt.dial()...)
+		holder := etcdsync.NewMutex(session(t, admin), "path")
+		waiter := etcdsync.NewMutex(session(t, cli), "path")
+		var got []int64
+		for i := range 4 {
+			require.NoError(t, holder.Lock(ctx))
+			w := async(func() error { return waiter.Lock(ctx) })
+			for range 2 { // the waiter's watches of its key and the holder's
+				within(t, cnt.created, cellTimeout, "the waiter's watches created")
 			}
-			ctx := ctxCell(t)
-			cnt := &counter{created: make(chan struct{}, 16)}
-			cli := etcdtest.NewClient(t, []string{ep}, cnt.dial()...)
-			holder := etcdsync.NewMutex(session(t, admin), "path")
-			waiter := etcdsync.NewMutex(session(t, cli), "path")
-			var got []int64
-			for i := range 4 {
-				require.NoError(t, holder.Lock(ctx))
-				w := async(func() error { return waiter.Lock(ctx) })
-				for range 2 { // the waiter's watches of its key and the holder's
-					within(t, cnt.created, cellTimeout, "the waiter's watches created")
-				}
-				before := cnt.unary.Load()
-				require.NoError(t, holder.Unlock(ctx))
-				require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
-				if i > 0 {
-					got = append(got, cnt.unary.Load()-before)
-				}
-				require.NoError(t, waiter.Unlock(ctx))
+			before := cnt.unary.Load()
+			require.NoError(t, holder.Unlock(ctx))
+			require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
+			if i > 0 {
+				got = append(got, cnt.unary.Load()-before)
 			}
-			t.Logf("etcd %s: RPCs after the predecessor's delete, per handoff: %v", v, got)
-			for i, n := range got {
-				require.EqualValues(t, want, n, "etcd %s: RPCs on the critical path of handoff %d", v, i+1)
-			}
-			require.Empty(t, keys(t, admin, "path/"))
-		})
-	}
+			require.NoError(t, waiter.Unlock(ctx))
+		}
+		t.Logf("etcd %s: RPCs after the predecessor's delete, per handoff: %v", v, got)
+		for i, n := range got {
+			require.EqualValues(t, want, n, "etcd %s: RPCs on the critical path of handoff %d", v, i+1)
+		}
+		require.Empty(t, keys(t, admin, "path/"))
+	})
 }
 
 // Whether a server answers progress requests in order with events: one
@@ -143,24 +151,14 @@ func TestHandoffPathPerServer(t *testing.T) {
 // etcd#15220 must show none; the others are measured and logged (the race
 // is lost now and then, which is why no probe can tell the two apart).
 func TestProgressAnswersInOrder(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("skipped in -short")
-	}
-	for _, line := range serverLines(false) {
-		t.Run(line.name, func(t *testing.T) {
-			t.Parallel()
-			ep := line.start(t)
-			admin := etcdtest.NewClient(t, []string{ep})
-			v := serverVersion(t, admin, ep)
-			answers, late, events := progressOrder(t, ep, admin, 3*time.Second)
-			t.Logf("etcd %s: %d progress answers, %d events, %d events after an answer that vouched for them", v, answers, events, late)
-			require.Positive(t, answers, "etcd %s answered no progress request", v)
-			if fixedFor15220(v) {
-				require.Zero(t, late, "etcd %s: events after a progress answer of their revision", v)
-			}
-		})
-	}
+	perServerLine(t, func(t *testing.T, ep string, admin *clientv3.Client, v string) {
+		answers, late, events := progressOrder(t, ep, admin, 3*time.Second)
+		t.Logf("etcd %s: %d progress answers, %d events, %d events after an answer that vouched for them", v, answers, events, late)
+		require.Positive(t, answers, "etcd %s answered no progress request", v)
+		if fixedFor15220(v) {
+			require.Zero(t, late, "etcd %s: events after a progress answer of their revision", v)
+		}
+	})
 }
 
 // progressOrder runs TestProgressAnswersInOrder's load on the server at ep
@@ -347,25 +345,15 @@ func benchHandoffRPCs(b *testing.B, ep string, admin *clientv3.Client) {
 // one's events up to R: an event of revision R or lower on a watch after
 // an answer it got is out of order. Held on 3.5.35 and 3.7.3.
 func TestProgressAnswersInOrderOnTheLibrarysStream(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("skipped in -short")
-	}
-	for _, line := range serverLines(false) {
-		t.Run(line.name, func(t *testing.T) {
-			t.Parallel()
-			ep := line.start(t)
-			admin := etcdtest.NewClient(t, []string{ep})
-			v := serverVersion(t, admin, ep)
-			r := progressOrderShaped(t, ep, admin, 3*time.Second, false)
-			t.Logf("etcd %s: %d progress answers (summed over watches), %d events, %d fragmented responses, %d events after an answer that vouched for them", v, r.answers, r.events, r.fragmented, r.late)
-			require.Positive(t, r.answers, "etcd %s answered no progress request", v)
-			require.Positive(t, r.fragmented, "etcd %s: no fragmented response", v)
-			if fixedFor15220(v) {
-				require.Zero(t, r.late, "etcd %s: events after a progress answer of their revision", v)
-			}
-		})
-	}
+	perServerLine(t, func(t *testing.T, ep string, admin *clientv3.Client, v string) {
+		r := progressOrderShaped(t, ep, admin, 3*time.Second, false)
+		t.Logf("etcd %s: %d progress answers (summed over watches), %d events, %d fragmented responses, %d events after an answer that vouched for them", v, r.answers, r.events, r.fragmented, r.late)
+		require.Positive(t, r.answers, "etcd %s answered no progress request", v)
+		require.Positive(t, r.fragmented, "etcd %s: no fragmented response", v)
+		if fixedFor15220(v) {
+			require.Zero(t, r.late, "etcd %s: events after a progress answer of their revision", v)
+		}
+	})
 }
 
 type shapedResult struct {
