@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdsync/etcdsync"
@@ -253,40 +252,6 @@ func BenchmarkHandoffPerServer(b *testing.B) {
 			b.Run("handoff", func(b *testing.B) { benchHandoffRPCs(b, ep, admin) })
 		})
 	}
-}
-
-// benchFloorAt is BenchmarkFloor on the server at ep.
-func benchFloorAt(b *testing.B, ep string, admin *clientv3.Client) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ws, err := pb.NewWatchClient(etcdtest.Conn(b, ep)).Watch(ctx)
-	must(b, err)
-	must(b, ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
-		Key: []byte("floor"), Filters: []pb.WatchCreateRequest_FilterType{pb.WatchCreateRequest_NOPUT}}}}))
-	created, err := ws.Recv()
-	must(b, err)
-	if !created.Created {
-		b.Fatalf("first response on the floor's watch: %v", created)
-	}
-	var samples []time.Duration
-	b.ResetTimer()
-	for range b.N {
-		_, err := admin.Put(ctx, "floor", "x")
-		must(b, err)
-		start := time.Now()
-		_, err = admin.Delete(ctx, "floor")
-		must(b, err)
-		for {
-			resp, err := ws.Recv()
-			must(b, err)
-			if len(resp.Events) > 0 {
-				break
-			}
-		}
-		samples = append(samples, time.Since(start))
-	}
-	b.StopTimer()
-	reportLatency(b, samples, "floor-")
 }
 
 // benchHandoffRPCs measures one waiter's handoffs on the server at ep: the
