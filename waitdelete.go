@@ -59,6 +59,14 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 // probe's answer no longer than the probe's own progressWait.
 const progressWait = 500 * time.Millisecond
 
+// lateAnswerWait bounds the wait for the answer to a progress request on a
+// client whose servers have answered one before: there a missing answer is
+// a late one (a loaded member; or a request a member dropped because a
+// watch of the stream was catching up after a resume), so the waiter asks
+// again every progressWait rather than adding a read, herd-like, to the
+// load that made the answer late; past lateAnswerWait it reads.
+const lateAnswerWait = 2 * time.Second
+
 // watch watches our key and the nearest keys ahead and waits. It returns
 // nil when the turn came (nothing blocks us), an error wrapping
 // ErrSessionExpired when our key went, or another error when a watch
@@ -204,7 +212,8 @@ func (st *stream) next(ctx context.Context) (string, int64, error) {
 // seen, once our own key's watch shows that it was not deleted by then: it
 // asks for progress and waits for the answer on that watch. Where progress
 // answers cannot be trusted, or the answer does not come within
-// progressWait (the client is then marked, see caps), it reads instead.
+// progressWait (the client is then marked, see caps; lateAnswerWait on a
+// client whose servers answered before), it reads instead.
 func (st *stream) confirm(ctx context.Context, rev int64) error {
 	t := st.t
 	c := t.s.caps
@@ -215,6 +224,7 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 	if st.probe != nil { // the probe is out: its answer would have come by its end
 		wait = max(0, time.Until(st.probeEnd))
 	}
+	late := time.Now().Add(lateAnswerWait)
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	st.confirming = true
@@ -225,6 +235,10 @@ func (st *stream) confirm(ctx context.Context, rev int64) error {
 		case err != nil:
 			return err
 		case fired:
+			if c.answered.Load() && time.Now().Before(late) && t.s.client.RequestProgress(st.ctx) == nil {
+				timer.Reset(min(progressWait, time.Until(late))) // late, not absent: ask again
+				continue
+			}
 			c.unanswered()
 			return t.settle(ctx, rev)
 		}

@@ -75,12 +75,14 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 	}
 }
 
-// A progress request that goes unanswered on a client whose requests were
-// answered before (a member busy for a moment) costs that handoff a read,
-// and only that one: the client's later waiters ask again, and their
-// handoffs take no RPC. The first wait's requests (its probe, unless its
-// turn came first, and its confirmation) are answered; the second wait's
-// confirmation, the next request, is dropped.
+// On a client whose progress requests were answered before, a missing
+// answer is a late one (a member busy for a moment, or a request dropped
+// while a watch of the stream caught up): the wait asks again every
+// progressWait (500 ms) rather than read, and reads only when none came
+// within lateAnswerWait (2 s), and the client stays one whose waits ask.
+// Handoff 1's first request is dropped: it asks again and takes no RPC.
+// Handoff 2's requests are all dropped: it reads, once, after 2 s.
+// Handoff 3 asks once and takes no RPC.
 func TestCompatLateProgressKeepsClient(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -94,27 +96,39 @@ func TestCompatLateProgressKeepsClient(t *testing.T) {
 	cli.Watcher = drop
 	holder := etcdsync.NewMutex(session(t, c.Client(t)), "late-progress")
 	waiter := etcdsync.NewMutex(session(t, cli), "late-progress")
-	const handoffs = 4
-	for i := range handoffs {
+	for i, tc := range []struct {
+		drop     int32 // requests dropped from the handoff's first
+		requests int32 // requests the handoff sends
+		rpcs     int64
+		atLeast  time.Duration
+	}{
+		{0, 1, 0, 0}, // answers the probe, or its turn came first
+		{1, 2, 0, 500 * time.Millisecond},
+		{100, 4, 1, 2 * time.Second}, // at 0, 0.5, 1 and 1.5 s; 2 s ends the wait
+		{0, 1, 0, 0},
+	} {
 		require.NoError(t, holder.Lock(ctx))
 		w := async(func() error { return waiter.Lock(ctx) })
 		for range 2 { // the waiter's watches of its key and the holder's
 			within(t, cnt.created, cellTimeout, "the waiter's watches created")
 		}
+		if i == 0 { // the first wait's probe, once answered
+			require.Eventually(t, func() bool { return drop.n.Load() > 0 }, cellTimeout, time.Millisecond, "the probe sent")
+		}
+		n := drop.n.Load()
+		drop.from.Store(n + 1)
+		drop.until.Store(n + 1 + tc.drop)
 		before := cnt.unary.Load()
+		start := time.Now()
 		require.NoError(t, holder.Unlock(ctx))
 		require.NoError(t, resultWithin(t, w, cellTimeout, "handoff"))
-		if i == 0 {
-			drop.drop.Store(drop.n.Load() + 1)
-		}
-		want := 0
-		if i == 1 { // the dropped request: this handoff reads
-			want = 1
-		}
-		require.EqualValues(t, want, cnt.unary.Load()-before, "RPCs on the critical path of handoff %d", i)
+		took := time.Since(start)
+		require.EqualValues(t, tc.rpcs, cnt.unary.Load()-before, "RPCs on the critical path of handoff %d", i)
+		require.EqualValues(t, tc.requests, drop.n.Load()-n, "progress requests of handoff %d", i)
+		require.GreaterOrEqual(t, took, tc.atLeast, "handoff %d", i)
+		t.Logf("handoff %d: %v", i, took.Round(time.Millisecond))
 		require.NoError(t, waiter.Unlock(ctx))
 	}
-	require.EqualValues(t, handoffs-1, drop.n.Load()-drop.drop.Load()+1, "progress requests after the first handoff: one per handoff")
 }
 
 // A client learns that its progress requests go unanswered off the
@@ -148,16 +162,15 @@ func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
 	require.NoError(t, waiter.Unlock(ctx))
 }
 
-// dropProgress is a Watcher that drops its drop-th progress request (it
-// says it sent it).
+// dropProgress is a Watcher that drops its progress requests numbered from
+// from to until-1, counting from 1 (it says it sent them).
 type dropProgress struct {
 	clientv3.Watcher
-	n    atomic.Int32
-	drop atomic.Int32 // 0: none
+	n, from, until atomic.Int32
 }
 
 func (d *dropProgress) RequestProgress(ctx context.Context) error {
-	if d.n.Add(1) == d.drop.Load() {
+	if n := d.n.Add(1); n >= d.from.Load() && n < d.until.Load() {
 		return nil
 	}
 	return d.Watcher.RequestProgress(ctx)
