@@ -1,8 +1,8 @@
 package etcdsync
 
-// The acquire step every primitive shares: reserve the key in the session,
-// write it if absent and list the queue in one transaction (enqueue.go), wait for the
-// turn (waitdelete.go) unless it is a try, and on any failure withdraw the
+// The acquire step every primitive shares: reserve the keys in the session,
+// write them if absent and list the queues in one transaction, wait for the
+// turn (both turn.go) unless it is a try, and on any failure withdraw the
 // key this call may have written, however late the server applies the
 // create. Every request goes through the client's interfaces (KV, Watcher,
 // Lease, Maintenance), so that a namespace, a wrapper, an in-process client
@@ -21,41 +21,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
-
-// withdraw deletes the key this call may have written: the one at rev, or
-// (rev 0: the create's outcome is unknown) the key with our lease created
-// after the session began that a read finds, at its create revision; never a
-// hold that a restarted process resumes (WithLease), and, however late the
-// server applies it, never a later hold. When it fails the session sweeps
-// the key (see Session.sweep). It runs under a short bounded context of its
-// own, as it cleans up after calls whose context may have ended.
-func (sl *slot) withdraw(rev int64) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.s.ctx), createGrace)
-	defer cancel()
-	err := sl.deleteAt(ctx, rev)
-	if err != nil {
-		sl.s.disown(sl.key, rev) // before the key's claim is freed: the sweeper acts
-		sl.s.sweep(sl.key)
-		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.key, err)
-	}
-	return nil
-}
-
-// deleteAt deletes our key at create revision rev; with rev 0, the key with
-// our lease created after the session began, if any.
-func (sl *slot) deleteAt(ctx context.Context, rev int64) error {
-	if rev == 0 {
-		resp, err := sl.s.client.Get(ctx, sl.key)
-		if err != nil {
-			return err
-		}
-		if len(resp.Kvs) == 0 || !sl.s.made(resp.Kvs[0]) {
-			return nil
-		}
-		rev = resp.Kvs[0].CreateRevision
-	}
-	return deleteAtRev(ctx, sl.s.client, sl.key, rev)
-}
 
 // deleteAtRev deletes key only while it is the incarnation created at rev, so
 // that however late the server applies it, it never deletes a later one.
@@ -84,25 +49,6 @@ const (
 // context (or the session) ended: long enough to learn, in most cases, whether
 // it committed, so that the cleanup knows what to delete.
 const createGrace = time.Second
-
-// acquire takes the slot's key for one hold: it reserves the key in the
-// session, enqueues, and (in waitTurn mode) waits for its turn. ctx bounds it
-// all; the session's end also ends it. A ctx that has ended sends nothing. On
-// error no key of this call is left behind: the cleanup runs under a short
-// bounded context of its own, and a key it cannot remove, or a create whose
-// outcome stays unknown, is swept by the session, however late the server
-// applies it. Past ctx's end it blocks at most createGrace for the create and
-// as long again for the cleanup. The reservation is freed. In tryTurn mode a held
-// name gives an error wrapping ErrLocked. A hold is returned only while the
-// session lives. Under a shared rule, a live hold of the key in the session
-// is joined (counted) without touching etcd.
-func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
-	hs, value, err := acquire(ctx, []*slot{sl}, val, m)
-	if err != nil {
-		return nil, nil, err
-	}
-	return hs[0], value, nil
-}
 
 // acquire is slot.acquire for the keys of several slots of one session at
 // once (a MultiLock), all or none: one transaction writes them all, at one
@@ -137,7 +83,7 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 		return nil, nil, sl.s.endedErr()
 	}
 	if sl.rule.shared {
-		switch h, err := sl.s.shareKey(ctx, sl.key, m == waitTurn); {
+		switch h, err := sl.s.reg.shareKey(ctx, sl.key, m == waitTurn); {
 		case err != nil:
 			return nil, nil, err
 		case h != nil:
@@ -170,7 +116,7 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 	}
 	for _, t := range ts {
 		if qerr == nil && t.wrote && t.value == nil {
-			t.s.created(t.key, t.rev) // a sweeper of the key leaves it to us
+			t.s.reg.created(t.key, t.rev) // a sweeper of the key leaves it to us
 		}
 	}
 	err := qerr
@@ -227,14 +173,14 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 	for i, t := range ts {
 		switch {
 		case qerr != nil && t.wrote && t.hdr == nil: // the create failed, and may yet be applied: the session removes the key if it was, or will be, created
-			t.s.sweep(t.key)
+			t.s.reg.sweep(t.key)
 		case t.wrote:
 			err = errors.Join(err, t.withdraw(t.rev))
 		}
 		if i < len(hs) {
 			hs[i].finish(err)
 		} else {
-			t.s.releaseKey(t.key)
+			t.s.reg.releaseKey(t.key)
 		}
 	}
 	return nil, nil, err
@@ -286,7 +232,7 @@ func keysAt(ctx context.Context, cli *clientv3.Client, keys []string, rev int64,
 // on error it frees those it reserved.
 func claimKeys(ctx context.Context, sls []*slot, wait bool) error {
 	for i, sl := range sls {
-		if err := sl.s.claimKey(ctx, sl.key, wait); err != nil {
+		if err := sl.s.reg.claimKey(ctx, sl.key, wait); err != nil {
 			releaseKeys(sls[:i])
 			return err
 		}
@@ -297,7 +243,7 @@ func claimKeys(ctx context.Context, sls []*slot, wait bool) error {
 // releaseKeys frees the slots' reservations.
 func releaseKeys(sls []*slot) {
 	for _, sl := range sls {
-		sl.s.releaseKey(sl.key)
+		sl.s.reg.releaseKey(sl.key)
 	}
 }
 
@@ -314,15 +260,4 @@ func unsure(err error) bool {
 		return false
 	}
 	return true
-}
-
-// why wraps err with what ended the call: the caller's context, or the session.
-func (sl *slot) why(ctx context.Context, err error) error {
-	switch {
-	case ctx.Err() != nil:
-		return fmt.Errorf("etcdsync: acquire %s: %w", sl.name(), ctx.Err())
-	case sl.s.ctx.Err() != nil:
-		return sl.s.endedErr()
-	}
-	return err
 }

@@ -1,5 +1,12 @@
 package etcdsync
 
+// What the library learns about the servers behind a client (type caps):
+// whether a waiter may confirm its turn by a watch progress request
+// (stream.confirm) rather than by a read. Learned once per client from the
+// servers' versions (Maintenance.Status: releases from 3.6.0 on, see
+// progressOrdered), and from whether progress requests are answered at all
+// (a probe off the critical path; etcd's gRPC proxy never answers them).
+
 import (
 	"context"
 	"runtime"

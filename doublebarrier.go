@@ -4,7 +4,7 @@ package etcdsync
 // its session's lease; the party whose key makes count puts NAME/ready,
 // which lets every party of the round out of Enter; in Leave the oldest
 // party waits until the others' keys are gone and deletes its own, with
-// ready, last (doublebarrier_leave.go). These are the keys and the Leave
+// ready, last (leaving.go). These are the keys and the Leave
 // order of etcd's recipe DoubleBarrier, so parties of the two mix in one
 // round.
 
@@ -124,7 +124,7 @@ func (db *DoubleBarrier) Leave(ctx context.Context) error {
 		return err
 	}
 	err = db.leave(ctx, rev, round)
-	db.sl.s.releaseKey(db.sl.key)
+	db.sl.s.reg.releaseKey(db.sl.key)
 	db.end(0, 0)
 	return err
 }
@@ -188,7 +188,7 @@ func (db *DoubleBarrier) enter(ctx context.Context) (rev, round int64, err error
 	if s.Err() != nil {
 		return 0, 0, s.endedErr()
 	}
-	if err := s.claimKey(ctx, sl.key, false); err != nil {
+	if err := s.reg.claimKey(ctx, sl.key, false); err != nil {
 		return 0, 0, fmt.Errorf("%w: double barrier %s: this session is a party already, through another value (a Session is one party)", ErrInvalidArgument, sl.name())
 	}
 	wctx, cancel := s.bound(ctx)
@@ -201,11 +201,11 @@ func (db *DoubleBarrier) enter(ctx context.Context) (rev, round int64, err error
 	switch {
 	case s.Err() != nil: // the key goes with the lease
 	case wrote && rev == 0: // the create's outcome is unknown
-		s.sweep(sl.key)
+		s.reg.sweep(sl.key)
 	case wrote:
 		err = errors.Join(err, sl.withdraw(rev))
 	}
-	s.releaseKey(sl.key)
+	s.reg.releaseKey(sl.key)
 	return 0, 0, err
 }
 
@@ -382,4 +382,57 @@ func watchFor(ctx context.Context, cli *clientv3.Client, from int64, key string,
 			}
 		}
 	}
+}
+
+// leave runs the Leave order for the party's key created at rev in the
+// round that filled at round. On error it removes the key, if it is still
+// there and the session lives.
+func (db *DoubleBarrier) leave(ctx context.Context, rev, round int64) error {
+	s := db.sl.s
+	if s.Err() != nil {
+		return s.endedErr()
+	}
+	wctx, cancel := s.bound(ctx)
+	defer cancel()
+	l := leaving{db: db, rev: rev, round: round}
+	err := l.run(wctx)
+	if err == nil {
+		return nil
+	}
+	err = db.why("leave", ctx, err)
+	if !l.left && s.Err() == nil && !errors.Is(err, errOwnKeyGone) {
+		err = errors.Join(err, db.withdraw(rev, round, l.alone))
+	}
+	return err
+}
+
+// depart deletes the party's key, created at rev, and, when last, ready
+// too if it is still the round's put. It reports false when the key was
+// gone already.
+func (db *DoubleBarrier) depart(ctx context.Context, rev, round int64, last bool) (ok bool, at int64, err error) {
+	ops := []clientv3.Op{clientv3.OpDelete(db.sl.key)}
+	if last {
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(db.ready), "=", round)},
+			[]clientv3.Op{clientv3.OpDelete(db.ready)}, nil))
+	}
+	resp, err := db.sl.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(db.sl.key), "=", rev)).Then(ops...).Commit()
+	if err != nil {
+		return false, 0, err
+	}
+	return resp.Succeeded, resp.Header.Revision, nil
+}
+
+// withdraw removes the key of a party whose Leave failed, and ready with it
+// when it was the round's last party, under a short context of its own (see
+// slot.withdraw, which the session's sweeper backs).
+func (db *DoubleBarrier) withdraw(rev, round int64, last bool) error {
+	if last {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(db.sl.s.ctx), createGrace)
+		_, _, err := db.depart(ctx, rev, round, true)
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return db.sl.withdraw(rev)
 }

@@ -1,11 +1,15 @@
 package etcdsync
 
-// A held key: the state a primitive value has while it holds (Done, the
-// guard, Do and the causes of loss; the fenced release is in release.go),
-// and the watch that learns of its loss.
+// A held key (type hold): the state a primitive value has while it holds
+// (Done, the guard, Do and the causes of loss), the watch that learns of its
+// loss, the Runs under it (run.go), and the fenced release: a held key is
+// deleted only while it is the hold's (its create revision), one hold or
+// several in one transaction, so that a retried or late release never
+// deletes a newer hold.
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -24,9 +28,9 @@ type hold struct {
 	rev       int64
 	start     startHeader  // of the revision at which the hold began
 	releasing atomic.Int32 // Unlocks in flight: a delete seen meanwhile may be theirs
-	shares    int32        // values of the session that share the hold (s.mu; 1 but for read holds)
+	shares    int32        // values of the session that share the hold (s.reg.mu; 1 but for read holds)
 	over      atomic.Bool  // finish ran
-	closing   bool         // its last share is releasing it: nobody joins (s.mu)
+	closing   bool         // its last share is releasing it: nobody joins (s.reg.mu)
 
 	mu    sync.Mutex
 	cause error      // why it ended, once over
@@ -71,22 +75,22 @@ func (h *hold) extra() *holdExtra {
 // frees the reservation when it finishes.
 func newHold(sl *slot, rev int64, hdr *pb.ResponseHeader) *hold {
 	h := &hold{slot: sl, rev: rev, shares: 1, start: startHeader{cluster: hdr.ClusterId, member: hdr.MemberId, rev: hdr.Revision, term: hdr.RaftTerm}}
-	sl.s.mu.Lock()
-	use := sl.s.keys[sl.key]
+	sl.s.reg.mu.Lock()
+	use := sl.s.reg.keys[sl.key]
 	use.hold = h
-	sl.s.keys[sl.key] = use
+	sl.s.reg.keys[sl.key] = use
 	if sl.rule.shared {
-		sl.s.wakeLocked(sl.key) // those waiting to share it join
+		sl.s.reg.wakeLocked(sl.key) // those waiting to share it join
 	}
-	sl.s.mu.Unlock()
+	sl.s.reg.mu.Unlock()
 	return h
 }
 
 // leave drops one share of h and reports whether it was the last, which
 // then releases the key (unhold) while nobody joins.
 func (h *hold) leave() bool {
-	h.s.mu.Lock()
-	defer h.s.mu.Unlock()
+	h.s.reg.mu.Lock()
+	defer h.s.reg.mu.Unlock()
 	h.shares--
 	h.closing = h.shares == 0
 	return h.closing
@@ -97,9 +101,9 @@ func (h *hold) leave() bool {
 // joins the hold any more (it stays closing), and its watch, started here,
 // ends it if the key goes.
 func (h *hold) kept() {
-	h.s.mu.Lock()
+	h.s.reg.mu.Lock()
 	h.shares++
-	h.s.mu.Unlock()
+	h.s.reg.mu.Unlock()
 	h.done()
 }
 
@@ -132,29 +136,6 @@ func (h *hold) context() context.Context {
 		x.ctx, x.end = context.WithCancelCause(h.s.ctx)
 	}
 	return x.ctx
-}
-
-// resume returns a hold of the slot's key at rev without touching etcd, for a
-// value that takes over a hold (ResumeElection): the live hold of a value of
-// this session when it holds the key at rev (the two values then share one
-// hold), else a new one when no value of the session uses the key. A hold at
-// rev that is gone shows at the first guarded call or through Done.
-func (sl *slot) resume(rev int64) (*hold, error) {
-	sl.s.mu.Lock()
-	h := sl.s.keys[sl.key].hold
-	sl.s.mu.Unlock()
-	switch {
-	case h != nil && h.live() && h.kind != sl.kind:
-		return nil, fmt.Errorf("%w: %s is held by a %s of this session", ErrNotHeld, sl.key, h.kind)
-	case h != nil && h.live() && h.rev == rev:
-		return h, nil
-	case h != nil && h.live():
-		return nil, fmt.Errorf("%w: %s is held by this session at revision %d, not %d", ErrNotHeld, sl.key, h.rev, rev)
-	}
-	if err := sl.s.claimKey(context.Background(), sl.key, false); err != nil {
-		return nil, err
-	}
-	return newHold(sl, rev, &pb.ResponseHeader{Revision: rev}), nil
 }
 
 // advance records the header of a later write through the hold (Proclaim);
@@ -216,7 +197,7 @@ func (h *hold) finish(cause error) {
 		if end != nil {
 			end(cause)
 		}
-		h.s.releaseKey(h.key)
+		h.s.reg.releaseKey(h.key)
 	})
 }
 
@@ -390,3 +371,115 @@ func (h *hold) put(ctx context.Context, val string) (*pb.ResponseHeader, error) 
 
 // putTries bounds how often put writes over a value it did not expect.
 const putTries = 4
+
+// unhold deletes the key at the held revision only (a retried release never
+// deletes a newer hold). It is bounded by ctx and by the hold itself: when the
+// hold ends meanwhile (the session reached its local deadline, the key was
+// deleted) it returns at once. On an RPC error the hold stays, so it can be
+// retried; when there was nothing to delete the hold ends and the error wraps
+// ErrLockReleased. The hold ends once the delete has committed.
+func (h *hold) unhold(ctx context.Context) error { return unhold(ctx, []*hold{h})[0] }
+
+// unhold releases several holds of one session in one RPC (see hold.unhold
+// for each): one transaction deletes each key that is still its hold's, at
+// one revision. It returns one error per hold, nil for those released; it
+// is bounded by ctx and, with one hold, by that hold.
+func unhold(ctx context.Context, hs []*hold) []error {
+	errs := make([]error, len(hs))
+	var live []int
+	for i, h := range hs {
+		switch {
+		case !h.live():
+			errs[i] = fmt.Errorf("%w: not held", ErrLockReleased)
+		case ctx.Err() != nil: // nothing is sent: the hold stays as it was
+			errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.key, ctx.Err())
+		default:
+			live = append(live, i)
+		}
+	}
+	if len(live) == 0 {
+		return errs
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	txn := hs[live[0]].s.client.Txn(ctx)
+	if len(hs) == 1 {
+		h := hs[0]
+		stop := context.AfterFunc(h.context(), cancel)
+		defer stop()
+		txn = txn.If(h.guard(h.prefix)).Then(clientv3.OpDelete(h.key))
+	} else {
+		ops := make([]clientv3.Op, len(live))
+		for j, i := range live {
+			h := hs[i]
+			ops[j] = clientv3.OpTxn([]clientv3.Cmp{h.guard(h.prefix)}, []clientv3.Op{clientv3.OpDelete(h.key)}, nil)
+		}
+		txn = txn.Then(ops...)
+	}
+	for _, i := range live {
+		hs[i].releasing.Add(1)
+	}
+	resp, err := txn.Commit()
+	for j, i := range live {
+		h := hs[i]
+		switch {
+		case err != nil:
+			// The delete may have committed; a Done watch that saw it while
+			// it was in flight has reported a release. From now on a loss is
+			// someone else's doing.
+			h.releasing.Add(-1)
+			switch {
+			case h.live():
+				errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.key, err)
+			case !errors.Is(h.err(), ErrLockReleased):
+				errs[i] = fmt.Errorf("%w: %s: the hold ended while releasing: %w", ErrLockReleased, h.key, h.err())
+			}
+		case len(hs) == 1 && resp.Succeeded, len(hs) > 1 && resp.Responses[j].GetResponseTxn().Succeeded:
+			h.stop(ErrLockReleased)
+		default:
+			h.releasing.Add(-1)
+			h.lost(resp.Header.Revision)
+			h.stop(nil)
+			errs[i] = fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
+		}
+	}
+	return errs
+}
+
+// addRun registers a Run under h, whose work stop cancels; the returned
+// function, called once the Run has released, unregisters it. When a
+// Handover has begun on h (stopRuns), it reports handedOver: the Run must
+// not start its work.
+func (h *hold) addRun(stop context.CancelCauseFunc) (leave func(), handedOver bool) {
+	r := &running{stop: stop, over: make(chan struct{})}
+	h.mu.Lock()
+	x := h.extraLocked()
+	if x.runs == nil {
+		x.runs = make(map[*running]struct{})
+	}
+	x.runs[r] = struct{}{}
+	handedOver = x.handing
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		delete(x.runs, r)
+		h.mu.Unlock()
+		close(r.over)
+	}, handedOver
+}
+
+// stopRuns begins a Handover of h: no Run registered from now on starts its
+// work, and the work of every Run under h is cancelled with cause. It
+// returns channels that close as each Run has released.
+func (h *hold) stopRuns(cause error) []chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	x := h.extraLocked()
+	x.handing = true
+	var over []chan struct{}
+	for r := range x.runs {
+		r.stop(cause)
+		over = append(over, r.over)
+	}
+	return over
+}

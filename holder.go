@@ -1,12 +1,13 @@
 package etcdsync
 
-// The holder: what a primitive value (a Mutex, an Election, one side of an
-// RWMutex, a Semaphore) keeps between calls: its slot and its current hold,
-// and the calls every primitive shares on it (acquire, release, Do, Done,
-// Err, the guard).
+// The holder (type holder): what a primitive value (a Mutex, an Election,
+// one side of an RWMutex, a Semaphore) keeps between calls: its slot and its
+// current hold, and the calls every primitive shares on it (acquire,
+// release, Run and its reentrancy, Do, Done, Err, the guard).
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -219,3 +220,86 @@ var closed = func() chan struct{} {
 	close(c)
 	return c
 }()
+
+// run is the Run of every primitive: it takes a hold (acquire, bounded by ctx),
+// calls fn with a context that ends when ctx ends or, with the hold's cause
+// (context.Cause), the moment the hold ends, and releases the hold (release)
+// once fn has returned or panicked, bounded by the session's TTL whatever ctx
+// says; a panic goes on after the release. It returns acquire's error, or fn's
+// error joined with why the hold ended if it ended before the release (unless
+// fn's error wraps that already: see stated), and with the release's error. fn's context carries the hold (n: its permits;
+// tag: what else a Run inside must agree on, an Election's value or a
+// Semaphore's capacity): a Run whose ctx carries a live hold of the same
+// session and name enters it (see reenter), and returns fn's error joined
+// with why the hold ended if it ended meanwhile.
+func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release func(context.Context) error, fn func(context.Context) error) (err error) {
+	if e, err := hr.reenter(ctx, n, tag); err != nil || e != nil {
+		if err != nil {
+			return err
+		}
+		err = fn(ctx)
+		if cause := e.h.err(); !errors.Is(cause, ErrLockReleased) {
+			err = stated(err, cause)
+		}
+		return err
+	}
+	if err := acquire(ctx); err != nil {
+		return err
+	}
+	h := hr.current()
+	if h == nil { // ended as it began
+		return hr.err()
+	}
+	h.done() // watch the key: a delete behind our back ends fn's context
+	hctx := h.context()
+	e := &ctxHold{h: h, n: n, tag: tag, outer: holdIn(ctx)}
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, e))
+	defer cancel(nil)
+	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
+	defer stop()
+	leave, handedOver := h.addRun(cancel)
+	defer leave() // after the release below: a Handover waits for both
+	defer func() {
+		p := recover()
+		cause, released := e.afterRun(ctx, release)
+		err = stated(stated(err, cause), released)
+		if p != nil {
+			panic(p)
+		}
+	}()
+	if handedOver { // between the acquire and now: fn must not run beside the successor
+		return fmt.Errorf("%w: %s was handed over before fn ran", ErrLockReleased, h.key)
+	}
+	return fn(fctx)
+}
+
+// reenter returns the live hold ctx carries that a Run of this session and
+// name, for n permits and tag, enters: the same kind of hold (a Mutex in a
+// Mutex, a read or a write in a write of an RWMutex, a read in a read,
+// permits within those held, the same Election value or Semaphore
+// capacity). A hold ctx carries that such a Run could never get (a write
+// inside a read, more permits, another value or capacity, another kind of
+// primitive on the same key) is an error wrapping ErrInvalidArgument, not a
+// deadlock. With neither, it returns nil.
+func (hr *holder) reenter(ctx context.Context, n int64, tag string) (*ctxHold, error) {
+	sl := &hr.slot
+	for e := holdIn(ctx); e != nil; e = e.outer {
+		h := e.h
+		sameKey, sameName := h.key == sl.key, h.prefix == sl.prefix && h.kind == sl.kind
+		switch {
+		case h.s != sl.s || !h.live() || !sameKey && !sameName:
+			continue // another lock (an RWMutex and a Mutex on one name use other keys)
+		case !sameName: // a Mutex, an Election, a Semaphore on one name; a Mutex on NAME/write
+			return nil, fmt.Errorf("%w: %s is held by a %s Run of this context", ErrInvalidArgument, h.key, h.kind)
+		case e.tag != tag:
+			return nil, fmt.Errorf("%w: a Run of %s with %q inside one with %q", ErrInvalidArgument, sl.name(), tag, e.tag)
+		case h.rule.dir == sl.rule.dir && n <= e.n, sl.rule.shared: // same hold, or a read in a write
+			return e, nil
+		case n > e.n:
+			return nil, fmt.Errorf("%w: a Run for %d permits of %s inside one holding %d", ErrInvalidArgument, n, sl.name(), e.n)
+		default:
+			return nil, fmt.Errorf("%w: a write Run inside a read Run of %s could never be granted", ErrInvalidArgument, sl.name())
+		}
+	}
+	return nil, nil
+}

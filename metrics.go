@@ -2,8 +2,9 @@ package etcdsync
 
 // Observability: a session reports its state changes to an optional
 // slog.Logger (WithLogger) and to optional Prometheus collectors
-// (WithMetrics). Unset, a report is one nil check: nothing is allocated,
-// timed or started for it.
+// (WithMetrics), through one interface the core owns (type reports, at the
+// end): the core never calls the reporting code any other way. Unset, a
+// report is one nil check: nothing is allocated, timed or started for it.
 
 import (
 	"context"
@@ -168,7 +169,7 @@ func WithMetrics(m *Metrics) SessionOption {
 }
 
 // report is where a session made WithLogger or WithMetrics reports: its
-// reports (report.go) go to a logger, metrics, or both.
+// reports (type reports, below) go to a logger, metrics, or both.
 type report struct {
 	log *slog.Logger
 	m   *Metrics
@@ -344,4 +345,25 @@ func (c *marginCollector) remove(s *Session) {
 	c.mu.Lock()
 	delete(c.sessions, s)
 	c.mu.Unlock()
+}
+
+// reports receives a session's state changes, as they happen. Its methods
+// must not block.
+type reports interface {
+	sessionBegan(s *Session)
+	// sessionEnded is told once the session's holds have ended.
+	sessionEnded(s *Session, cause error)
+	keepaliveFailed(s *Session, err error)
+	keepaliveAcked(s *Session, rtt time.Duration)
+	// actedLate is told, each time the keepalive loop's timer fires (a beat
+	// or the deadline due), how long after it was due the loop ran: a
+	// process short of CPU runs late.
+	actedLate(s *Session, late time.Duration)
+	acquireFailed(sl *slot, err error)
+	// holdBegan is told when an acquire hands out h, after wait; a hold
+	// joined (counted) again is told again.
+	holdBegan(h *hold, wait time.Duration)
+	// holdEnded is told when h ended with cause (released or lost), before
+	// its Done closes.
+	holdEnded(h *hold, cause error)
 }

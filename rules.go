@@ -36,13 +36,6 @@ type rule struct {
 // prefix created before ours blocks, and none may remain.
 var exclusive = rule{blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return isChild(prefix, string(kv.Key)) }, newest: true}
 
-// blocking returns the keys of kvs (sorted by create revision) created before
-// rev that block, oldest first. A key whose weight the rule cannot read is an
-// error wrapping ErrInvalidArgument.
-func (sl *slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
-	return sl.rule.blocking(sl.prefix, kvs, rev)
-}
-
 // blocking is slot.blocking for a key under prefix.
 func (r *rule) blocking(prefix string, kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
 	if r.blocks == nil {
@@ -89,36 +82,4 @@ func addWeights(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
-}
-
-// nearest returns the keys ahead a waiter watches: the nearest ones whose
-// weight exceeds the room (the turn cannot come before one of them goes),
-// and, unless the rule is exact, the one behind them.
-func (t *turn) nearest() []*mvccpb.KeyValue {
-	i, w := len(t.ahead), int64(0)
-	for i > 0 && w <= t.rule.room {
-		i--
-		w = addWeights(w, t.rule.weight(t.ahead[i:i+1]))
-	}
-	if t.rule.exact {
-		return t.ahead[i:]
-	}
-	return t.ahead[max(0, i-1):]
-}
-
-// blocked reports whether more weight that blocks us is listed ahead than
-// the rule leaves room for.
-func (t *turn) blocked() bool { return addWeights(t.rule.weight(t.ahead), t.far) > t.rule.room }
-
-// keepNearest keeps of the keys listed ahead only those a waiter watches
-// (nearest), as small copies, and the weight and number of the others, so
-// that a waiter's memory does not grow with the queue ahead of it.
-func (t *turn) keepNearest() {
-	near := t.nearest()
-	t.far = addWeights(t.far, t.rule.weight(t.ahead[:len(t.ahead)-len(near)]))
-	t.farN += len(t.ahead) - len(near)
-	t.ahead = make([]*mvccpb.KeyValue, len(near))
-	for i, kv := range near {
-		t.ahead[i] = &mvccpb.KeyValue{Key: kv.Key, CreateRevision: kv.CreateRevision, Value: kv.Value}
-	}
 }

@@ -1,9 +1,12 @@
 package etcdsync
 
-// The session: a lease granted (or adopted) for a process, its life and
-// its end (Close revokes, Orphan leaves the lease to expire), and the holds
-// it ends with it. Its keepalive is in keepalive.go, its key claims in
-// claims.go, its sweepers in sweep.go.
+// The session (type Session): a lease granted (or adopted) for a process,
+// its life and its end (Close revokes, Orphan leaves the lease to expire),
+// and the holds it ends with it; its keepalive, the loop that refreshes the
+// lease, one KeepAliveOnce per beat through the client's Lease, and the
+// local deadline each acknowledged beat moves (never later than the
+// server's expiry: a beat's deadline counts from its send time). The keys
+// its primitives use, and its sweepers, are in its registry (registry.go).
 
 import (
 	"context"
@@ -14,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -48,11 +52,10 @@ type Session struct {
 	check  chan struct{} // asks the keepalive loop for a beat now
 
 	mu       sync.Mutex
-	deadline time.Time          // local deadline, see above
-	moved    chan struct{}      // closed when deadline next moves or the session ends (DeadlineMoved); nil until asked for
-	keys     map[string]keyUse  // key in use by a primitive of this session
-	swept    map[string][]int64 // keys swept (see sweep) -> revisions of creates by this session's acquires not yet seen by the sweeper
-	watchers sync.WaitGroup     // hold watchers and sweepers started by this session
+	deadline time.Time      // local deadline, see above
+	moved    chan struct{}  // closed when deadline next moves or the session ends (DeadlineMoved); nil until asked for
+	watchers sync.WaitGroup // hold watchers and sweepers started by this session
+	reg      registry       // the keys its primitives use (registry.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -100,9 +103,8 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		cancel: cancel,
 		loop:   make(chan struct{}),
 		check:  make(chan struct{}, 1),
-		keys:   make(map[string]keyUse),
-		swept:  make(map[string][]int64),
 	}
+	s.reg = registry{s: s, keys: make(map[string]keyUse), swept: make(map[string][]int64)}
 	s.rep, s.slack, s.delay = o.rep, o.slack, o.delay
 	first, err := s.start(o)
 	if err != nil {
@@ -389,13 +391,13 @@ func (s *Session) end(cause error) {
 // when it happens).
 func (s *Session) finishHolds() {
 	var holds []*hold
-	s.mu.Lock()
-	for _, use := range s.keys {
+	s.reg.mu.Lock()
+	for _, use := range s.reg.keys {
 		if use.hold != nil {
 			holds = append(holds, use.hold)
 		}
 	}
-	s.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, h := range holds {
 		h.finish(nil)
 	}
@@ -406,11 +408,6 @@ func (s *Session) finishHolds() {
 func (s *Session) goWatch(f func()) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.goLocked(f)
-}
-
-// goLocked is goWatch with s.mu held.
-func (s *Session) goLocked(f func()) bool {
 	if s.ctx.Err() != nil {
 		return false
 	}
@@ -421,3 +418,196 @@ func (s *Session) goLocked(f func()) bool {
 	}()
 	return true
 }
+
+// bound returns ctx ended also by the session's end, and its cancel.
+func (s *Session) bound(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// made reports whether kv is a key this session created: it has the
+// session's lease and was created after the session began (a restarted
+// process's key, WithLease, was created before).
+func (s *Session) made(kv *mvccpb.KeyValue) bool {
+	return clientv3.LeaseID(kv.Lease) == s.id && kv.CreateRevision > s.startRev
+}
+
+// reportEnd tells the session's end, if anyone listens.
+func (s *Session) reportEnd() {
+	if s.rep != nil {
+		s.rep.sessionEnded(s, context.Cause(s.ctx))
+	}
+}
+
+// keepAlive refreshes the lease until the session ends: each beat is one
+// KeepAliveOnce through the client's Lease (so a wrapper, a namespace, an
+// in-process client or a proxy sees it), run in a goroutine of its own and
+// bounded by the TTL. Beats are paced from their send times, every TTL/3
+// whatever the replies do, so on a slow link several may be in flight: while
+// the server acknowledges a beat within the TTL of its sending the session
+// lives. Each acknowledgement moves the local deadline to its beat's send
+// time plus the TTL the server granted, less the slack and the lock delay
+// (WithSlack, WithLockDelay);
+// a beat knows its own send time, so
+// replies may come in any order. The first beat goes at first. keepAlive
+// owns the beats' goroutines (joined on return) and the end of the session
+// by lost contact or a lease that vanished.
+func (s *Session) keepAlive(first time.Time) {
+	defer close(s.loop)
+	defer s.reportEnd()
+	defer s.stopMoving()
+	defer s.finishHolds()
+	defer s.unlink()
+	pace := s.ttl / 3
+	next := first
+	replies := make(chan reply)
+	bctx, stopBeats := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
+	var beats sync.WaitGroup
+	defer beats.Wait()
+	defer stopBeats()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		deadline := s.Deadline()
+		if late := time.Since(deadline); late >= 0 {
+			if s.rep != nil {
+				s.rep.actedLate(s, late)
+			}
+			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending, seen %v after the deadline; the server may free its keys from %v after it", ErrSessionExpired, ErrLostContact, s.ttl, late.Round(time.Millisecond), s.beyond()))
+			return
+		}
+		due := earliest(next, deadline)
+		timer.Reset(time.Until(due))
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.check:
+			next = time.Now() // a hold lost its key: is the lease gone?
+			continue
+		case r := <-replies:
+			switch {
+			case errors.Is(r.err, rpctypes.ErrLeaseNotFound):
+				s.cancel(fmt.Errorf("%w: lease 0x%x not found (expired or revoked)", ErrSessionExpired, int64(s.id)))
+				return
+			case r.err != nil: // try again after a pause, unless a beat is due sooner
+				if s.rep != nil {
+					s.rep.keepaliveFailed(s, r.err)
+				}
+				next = earliest(next, time.Now().Add(min(retryPause, pace)))
+			default:
+				if s.rep != nil {
+					s.rep.keepaliveAcked(s, time.Since(r.sent))
+				}
+				s.extend(r.sent.Add(time.Duration(r.ttl)*time.Second - s.beyond()))
+			}
+			continue
+		case <-timer.C:
+			if s.rep != nil {
+				s.rep.actedLate(s, time.Since(due))
+			}
+		}
+		if time.Now().Before(next) {
+			continue
+		}
+		beats.Add(1)
+		go func() {
+			defer beats.Done()
+			r := s.beat(bctx)
+			select {
+			case replies <- r:
+			case <-bctx.Done():
+			}
+		}()
+		next = time.Now().Add(pace)
+	}
+}
+
+// beat sends one keepalive and waits for its reply, bounded by ctx and the
+// TTL (a later reply could not extend the deadline).
+func (s *Session) beat(ctx context.Context) reply {
+	ctx, cancel := context.WithTimeout(ctx, s.ttl)
+	defer cancel()
+	sent := time.Now()
+	resp, err := s.client.KeepAliveOnce(ctx, s.id)
+	if err != nil {
+		return reply{sent: sent, err: fmt.Errorf("etcdsync: keepalive: %w", err)}
+	}
+	return reply{sent: sent, ttl: resp.TTL}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// extend moves the local deadline to d if that is later.
+func (s *Session) extend(d time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d.After(s.deadline) {
+		s.deadline = d
+		s.stopMovingLocked()
+	}
+}
+
+// stopMoving closes the channel DeadlineMoved handed out, if any: the
+// session has ended.
+func (s *Session) stopMoving() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopMovingLocked()
+}
+
+func (s *Session) stopMovingLocked() {
+	if s.moved != nil {
+		close(s.moved)
+		s.moved = nil
+	}
+}
+
+// reply is a beat's acknowledgement (its send time and the TTL the server
+// granted), or why it failed.
+type reply struct {
+	sent time.Time
+	ttl  int64
+	err  error
+}
+
+// Deadline returns the session's local deadline: the send time of the last
+// acknowledged keepalive plus the TTL. The server cannot expire the lease
+// before it.
+func (s *Session) Deadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline
+}
+
+// DeadlineMoved returns a channel that is closed when the local deadline
+// (see Deadline) next moves, after an acknowledged keepalive, or when the
+// session ends; after the end the channel is closed already. It does not
+// block. Take the channel before reading Deadline, so that no move is
+// missed: a program that hands the deadline on (to a child process, a
+// device, a worker with a hard stop) loops
+//
+//	for s.Err() == nil {
+//		moved := s.DeadlineMoved()
+//		handOn(s.Deadline())
+//		<-moved
+//	}
+func (s *Session) DeadlineMoved() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return closed
+	}
+	if s.moved == nil {
+		s.moved = make(chan struct{})
+	}
+	return s.moved
+}
+
+// retryPause is the pause between failed keepalives (bounded by TTL/3).
+const retryPause = 500 * time.Millisecond

@@ -1,39 +1,17 @@
 package etcdsync
 
-// A double barrier's Leave: the order in which a round's parties go (etcd's
-// recipe's: the oldest party waits for the others' keys to go, then deletes
-// its own and ready, last; every other party deletes its own and waits for
-// the oldest's), and the removal of a party's key when Leave fails.
+// One party's Leave of a double barrier (type leaving): the order in which a
+// round's parties go (etcd's recipe's: the oldest party waits for the
+// others' keys to go, then deletes its own and ready, last; every other
+// party deletes its own and waits for the oldest's). DoubleBarrier.leave
+// runs it; DoubleBarrier.withdraw removes a party's key when Leave fails.
 
 import (
 	"context"
-	"errors"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// leave runs the Leave order for the party's key created at rev in the
-// round that filled at round. On error it removes the key, if it is still
-// there and the session lives.
-func (db *DoubleBarrier) leave(ctx context.Context, rev, round int64) error {
-	s := db.sl.s
-	if s.Err() != nil {
-		return s.endedErr()
-	}
-	wctx, cancel := s.bound(ctx)
-	defer cancel()
-	l := leaving{db: db, rev: rev, round: round}
-	err := l.run(wctx)
-	if err == nil {
-		return nil
-	}
-	err = db.why("leave", ctx, err)
-	if !l.left && s.Err() == nil && !errors.Is(err, errOwnKeyGone) {
-		err = errors.Join(err, db.withdraw(rev, round, l.alone))
-	}
-	return err
-}
 
 // leaving is one Leave: the party's key, created at rev, in the round that
 // filled at round.
@@ -149,35 +127,4 @@ func (l *leaving) close(ctx context.Context, ready []*mvccpb.KeyValue) (bool, er
 	_, err := l.db.sl.s.client.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(l.db.ready), "=", l.round)).
 		Then(clientv3.OpDelete(l.db.ready)).Commit()
 	return err == nil, err
-}
-
-// depart deletes the party's key, created at rev, and, when last, ready
-// too if it is still the round's put. It reports false when the key was
-// gone already.
-func (db *DoubleBarrier) depart(ctx context.Context, rev, round int64, last bool) (ok bool, at int64, err error) {
-	ops := []clientv3.Op{clientv3.OpDelete(db.sl.key)}
-	if last {
-		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(db.ready), "=", round)},
-			[]clientv3.Op{clientv3.OpDelete(db.ready)}, nil))
-	}
-	resp, err := db.sl.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(db.sl.key), "=", rev)).Then(ops...).Commit()
-	if err != nil {
-		return false, 0, err
-	}
-	return resp.Succeeded, resp.Header.Revision, nil
-}
-
-// withdraw removes the key of a party whose Leave failed, and ready with it
-// when it was the round's last party, under a short context of its own (see
-// slot.withdraw, which the session's sweeper backs).
-func (db *DoubleBarrier) withdraw(rev, round int64, last bool) error {
-	if last {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(db.sl.s.ctx), createGrace)
-		_, _, err := db.depart(ctx, rev, round, true)
-		cancel()
-		if err == nil {
-			return nil
-		}
-	}
-	return db.sl.withdraw(rev)
 }

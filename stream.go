@@ -1,10 +1,12 @@
 package etcdsync
 
-// A wait's watch stream: the watches of one waiter's own key and of the keys
-// it waits for, all through the client's Watcher, on one gRPC stream of the
-// wait's own (waitContext); responses matched to keys by the channel they
-// came on, never by watch IDs; and the probe that asks, off the critical
-// path, whether the client's servers answer progress requests (caps.go).
+// A wait's watch stream (type stream): the watches of one waiter's own key
+// and of the keys it waits for, all through the client's Watcher, on one
+// gRPC stream of the wait's own (waitContext); responses matched to keys by
+// the channel they came on, never by watch IDs; the confirmation of a turn
+// (stream.confirm: a progress request, or a read); and the probe that asks,
+// off the critical path, whether the client's servers answer progress
+// requests (caps.go).
 
 import (
 	"context"
@@ -15,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
@@ -207,3 +210,137 @@ func (st *stream) check(r keyed) error {
 	}
 	return nil
 }
+
+// watchNearest makes the stream watch the nearest keys that block us (see
+// turn.nearest), and only those.
+func (st *stream) watchNearest() {
+	near := st.t.nearest()
+	for key, w := range st.keys {
+		if !slices.ContainsFunc(near, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key }) {
+			w.cancel()
+			delete(st.keys, key)
+		}
+	}
+	for _, kv := range near {
+		if _, ok := st.keys[string(kv.Key)]; !ok {
+			st.keys[string(kv.Key)] = st.add(string(kv.Key))
+		}
+	}
+}
+
+// watchesAll reports whether the stream watches every key of kvs.
+func (st *stream) watchesAll(kvs []*mvccpb.KeyValue) bool {
+	for _, kv := range kvs {
+		if _, ok := st.keys[string(kv.Key)]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// next reads the watches until a watched key ahead is deleted (after our
+// last read), and returns it with the delete's revision; or until a watch's
+// creation past our last read made us read again (the queue may have moved),
+// and returns a revision of 0. A delete of our own key, or of another key of
+// the same acquire (turn.also, checked by one read once all are watched), is
+// an error wrapping ErrSessionExpired.
+func (st *stream) next(ctx context.Context) (string, int64, error) {
+	t := st.t
+	for {
+		r, err := st.recv(ctx)
+		if err != nil {
+			return "", 0, err
+		}
+		if _, also := st.also[r.key]; also { // its deletes end the wait (check)
+			if r.wr.Created {
+				if st.alsoPending--; st.alsoPending == 0 { // all watched: one read shows none went before
+					if err := keysAt(ctx, t.s.client, t.also, t.rev, nil); err != nil {
+						return "", 0, err
+					}
+				}
+			}
+			continue
+		}
+		if r.wr.Created && r.wr.Header.Revision > t.hdr.Revision {
+			return "", 0, t.settle(ctx, r.wr.Header.Revision)
+		}
+		if _, ok := st.keys[r.key]; ok {
+			if rev := t.deleted(r.wr); rev > 0 {
+				return r.key, rev, nil
+			}
+		}
+	}
+}
+
+// confirm makes the turn ours at rev, the latest delete of a key ahead
+// seen, once our own key's watch shows that it was not deleted by then: it
+// asks for progress and waits for the answer on that watch. Where progress
+// answers cannot be trusted, or the answer does not come within
+// progressWait (the client is then marked, see caps; lateAnswerWait on a
+// client whose servers answered before), it reads instead.
+func (st *stream) confirm(ctx context.Context, rev int64) error {
+	t := st.t
+	c := t.s.caps
+	if !st.trust || c.state.Load() != capsProgress || t.s.client.RequestProgress(st.ctx) != nil {
+		return t.settle(ctx, rev)
+	}
+	wait := progressWait
+	if st.probe != nil { // the probe is out: its answer would have come by its end
+		wait = max(0, time.Until(st.probeEnd))
+	}
+	late := time.Now().Add(lateAnswerWait)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	st.confirming = true
+	defer func() { st.confirming = false }()
+	for {
+		r, fired, err := st.receive(ctx, timer.C)
+		switch {
+		case err != nil:
+			return err
+		case fired:
+			if c.answered.Load() && time.Now().Before(late) && t.s.client.RequestProgress(st.ctx) == nil {
+				timer.Reset(min(progressWait, time.Until(late))) // late, not absent: ask again
+				continue
+			}
+			c.unanswered()
+			return t.settle(ctx, rev)
+		}
+		if err := st.check(r); err != nil {
+			return err
+		}
+		switch {
+		case r.key != t.key:
+		case r.wr.Created && r.wr.Header.Revision > t.hdr.Revision:
+			// Our key's watch began after our last read: the gap
+			// is read.
+			return t.settle(ctx, max(rev, r.wr.Header.Revision))
+		case st.ownSeen && r.wr.IsProgressNotify():
+			if r.wr.Header.Revision < rev { // a member behind the delete (after a reconnect): wait on
+				continue
+			}
+			t.ahead, t.far, t.farN = nil, 0, 0
+			h := r.wr.Header
+			t.hdr = &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: rev, RaftTerm: h.RaftTerm}
+			return nil
+		}
+	}
+}
+
+// progressWait bounds the wait for the answer to a progress request. etcd's
+// gRPC proxy never answers one, and a member answers only once every watch
+// on the stream is synced; unanswered, the waiter reads instead, and the
+// client is marked as one whose progress requests go unanswered (see caps).
+// A client learns that off the critical path: the first waits on it send a
+// probe as soon as they watch, and one that waits progressWait learns the
+// answer before its turn comes; a turn that comes sooner waits for the
+// probe's answer no longer than the probe's own progressWait.
+const progressWait = 500 * time.Millisecond
+
+// lateAnswerWait bounds the wait for the answer to a progress request on a
+// client whose servers have answered one before: there a missing answer is
+// a late one (a loaded member; or a request a member dropped because a
+// watch of the stream was catching up after a resume), so the waiter asks
+// again every progressWait rather than adding a read, herd-like, to the
+// load that made the answer late; past lateAnswerWait it reads.
+const lateAnswerWait = 2 * time.Second

@@ -1,0 +1,429 @@
+package etcdsync
+
+// A turn (type turn): one key's place in its queue and the wait for it.
+//
+// The enqueue transaction writes the keys of one acquire if absent and lists
+// the queues in one transaction (or, for a try, writes only where nothing is
+// there); its response gives a turn per key, with the keys ahead of it, and
+// whether the keys of one acquire share one create revision.
+//
+// The wait on deletes (turn.wait, turn.watch): a waiter watches its own key
+// and the nearest keys that block it (turn.nearest) on a watch stream of its
+// own (stream.go). Older keys can only vanish, never appear, so when the last
+// key that blocks it goes the waiter owns the turn with no further RPC: a
+// progress request on its stream shows its own key still there, or, where
+// the server's answers cannot be trusted or do not come (caps.go), one read
+// does. When its own key goes first it returns ErrSessionExpired. When keys
+// it does not watch were listed ahead, a delete of one it watches makes it
+// read what is left.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// turn is the outcome of an acquire: our key's create revision, the keys
+// ahead of it and the header of the read that listed them.
+type turn struct {
+	*slot
+	rev   int64
+	value []byte // our key's value when it already existed (non-nil), else nil
+	ahead []*mvccpb.KeyValue
+	// far and farN are the weight and number of blocking keys listed
+	// ahead that a waiter does not keep in ahead (see keepNearest): it
+	// watches only the nearest, so it keeps only those.
+	far  int64
+	farN int
+	// unlisted: a limited list (rule.newest) did not reach the oldest key:
+	// older keys may block us too. far and farN then count one such key,
+	// unseen, so that only a read that lists them lets the turn come.
+	unlisted bool
+	hdr      *pb.ResponseHeader
+	wrote    bool // this call may have written the key
+	// also are the keys of the same acquire on other names (a MultiLock's),
+	// whose deletes end our wait too (stream.go).
+	also []string
+	// gone is the latest delete of a key listed ahead seen since: one
+	// stream delivers the deletes of different watches out of revision
+	// order (a watch's events wait until the server has sent its creation),
+	// and the turn comes no earlier than the latest.
+	gone int64
+}
+
+// enqueue writes our keys if absent and reads their queues, in one
+// transaction: every key, or (when one exists) none, so that the keys of
+// one call share one create revision. A key that already exists with our
+// lease is ours: a resumed hold after a restart with WithLease, or a create
+// the client retried after it committed. It returns one turn per slot, in
+// the slots' order, also with an error (for the cleanup).
+func enqueue(ctx context.Context, sls []*slot, val string) ([]turn, error) {
+	lease := sls[0].s.Lease()
+	cmps := make([]clientv3.Cmp, 0, len(sls))
+	then := make([]clientv3.Op, 0, 2*len(sls))
+	els := make([]clientv3.Op, 0, 2*len(sls))
+	for _, sl := range sls {
+		list := sl.listOp()
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0))
+		then = append(then, clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)), list)
+		els = append(els, clientv3.OpGet(sl.key), list)
+	}
+	resp, err := sls[0].s.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	return turns(ctx, sls, resp, err, val, true)
+}
+
+// turns makes the turns of an enqueue's response (see queued), and checks
+// that the keys of one call share one create revision: those this session
+// had on some of the names but not all (a restarted process's, WithLease),
+// or from different calls, are an error wrapping ErrInvalidArgument (the
+// caller withdraws those it may).
+//
+// Where the transaction wrote, every key has the response's revision; where
+// it did not, a key of ours that exists has its own, and one that does not
+// would come after every key listed. listed says whether the response has,
+// per slot, the get of our key (empty after a put) and the list.
+func turns(ctx context.Context, sls []*slot, resp *clientv3.TxnResponse, err error, val string, listed bool) ([]turn, error) {
+	if errors.Is(err, rpctypes.ErrTooManyOps) { // refused: nothing written
+		err = fmt.Errorf("%w: %d names in one transaction are more than the server's --max-txn-ops allows (128 by default: 64 names): %w", ErrInvalidArgument, len(sls), err)
+	}
+	ts := make([]turn, len(sls))
+	for i, sl := range sls {
+		switch {
+		case err != nil:
+			ts[i] = turn{slot: sl, wrote: unsure(err)}
+		case resp.Succeeded:
+			ts[i] = turn{slot: sl, hdr: resp.Header, wrote: true, rev: resp.Header.Revision}
+		default:
+			ts[i] = turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
+		}
+	}
+	if err != nil || !listed {
+		return ts, err
+	}
+	var errs []error
+	for i := range ts {
+		errs = append(errs, ts[i].queued(ctx, resp.Responses[2*i:2*i+2], val))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return ts, err
+	}
+	for i := range ts[1:] {
+		if (ts[i].value == nil) != (ts[i+1].value == nil) || ts[i].rev != ts[i+1].rev {
+			return ts, fmt.Errorf("%w: this session's keys on %s (create revision %d) and %s (%d) are not from one acquire: release them first",
+				ErrInvalidArgument, ts[i].key, ts[i].rev, ts[i+1].key, ts[i+1].rev)
+		}
+	}
+	return ts, nil
+}
+
+// queued fills t from an enqueue's responses for its slot (rs: the get of
+// our key, empty after a put, and the list): our key as it already was, if
+// the response has it (it must have our lease and, under a rule that weighs
+// keys, the value val asks for), and the keys ahead of it (t.rev: our key's
+// create revision if it is new). When a limited list leaves it unsure
+// whether anything blocks us (only keys that do not block, or keys newer
+// than our existing key, were listed), it lists them all (one more RPC,
+// bounded by ctx).
+func (t *turn) queued(ctx context.Context, rs []*pb.ResponseOp, val string) error {
+	var own *mvccpb.KeyValue
+	if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
+		own = kvs[0]
+		if lease := t.s.Lease(); clientv3.LeaseID(own.Lease) != lease {
+			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.key, own.Lease, int64(lease))
+		}
+		if t.rule.weigh != nil && string(own.Value) != val { // a restarted process's key, resumed
+			return fmt.Errorf("%w: key %s exists with %q, and this call asks for %q: acquire it as it is, then release it", ErrInvalidArgument, t.key, own.Value, val)
+		}
+		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
+	}
+	rr := rs[1].GetResponseRange()
+	if err := t.list(rr.Kvs, rr.More); err != nil {
+		return err
+	}
+	if t.unlisted && (own != nil || len(t.ahead) < t.needs()) {
+		if err := t.relist(ctx, t.hdr.Revision, true); err != nil {
+			return err
+		}
+	}
+	if own != nil {
+		t.wrote = t.mine(own) // after t.ahead: a waiting key is ours to withdraw
+	}
+	return nil
+}
+
+// needs is how many blocking keys a limited list of an enqueue must show
+// to be enough: a waiter watches the nearest two; a try that wrote nothing
+// needs one (the name is taken).
+func (t *turn) needs() int {
+	if !t.wrote {
+		return 1
+	}
+	return 2
+}
+
+// list sets the keys ahead from kvs, a list of the keys under the prefix
+// (listOpts: under a limited list, newest first; more: keys it did not
+// reach exist).
+func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
+	if t.rule.newest && len(kvs) > 0 && kvs[0].CreateRevision > kvs[len(kvs)-1].CreateRevision {
+		kvs = slices.Clone(kvs)
+		slices.Reverse(kvs)
+	}
+	ahead, err := t.blocking(kvs, t.rev)
+	if err != nil {
+		return err
+	}
+	t.ahead, t.far, t.farN, t.unlisted = ahead, 0, 0, t.rule.newest && more
+	if t.unlisted && len(ahead) > 0 {
+		t.far, t.farN = 1, 1
+	}
+	return nil
+}
+
+// mine reports whether a key of ours that existed before this call is this
+// call's to withdraw if it fails: one this session made (a create applied
+// late), or a restarted process's key (WithLease) that still waits; never a
+// restarted process's hold.
+func (t *turn) mine(kv *mvccpb.KeyValue) bool {
+	return t.s.made(kv) || t.blocked()
+}
+
+// tryEnqueue writes our keys only if nothing at all is under any NAME/
+// (under NAME/<rule.free>): one RPC and no write when a name is held. When
+// a compare fails although nothing blocks us (only nested keys NAME/x/…, or
+// keys that leave us room), it falls back to enqueue. The returned turns
+// have keys ahead where a name is held; the caller then withdraws the keys
+// it wrote.
+func tryEnqueue(ctx context.Context, sls []*slot, val string) ([]turn, error) {
+	lease := sls[0].s.Lease()
+	cmps := make([]clientv3.Cmp, 0, 2*len(sls))
+	then := make([]clientv3.Op, 0, len(sls))
+	els := make([]clientv3.Op, 0, 2*len(sls))
+	for _, sl := range sls {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.prefix+sl.rule.free), "=", 0).WithPrefix(),
+			clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)) // ours may lie outside rule.free
+		then = append(then, clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)))
+		els = append(els, clientv3.OpGet(sl.key), sl.listOp())
+	}
+	resp, qerr := sls[0].s.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	ts, err := turns(ctx, sls, resp, qerr, val, qerr == nil && !resp.Succeeded)
+	if err != nil || resp.Succeeded || slices.ContainsFunc(ts, func(t turn) bool { return t.blocked() || t.value != nil }) {
+		return ts, err
+	}
+	return enqueue(ctx, sls, val)
+}
+
+// nearest returns the keys ahead a waiter watches: the nearest ones whose
+// weight exceeds the room (the turn cannot come before one of them goes),
+// and, unless the rule is exact, the one behind them.
+func (t *turn) nearest() []*mvccpb.KeyValue {
+	i, w := len(t.ahead), int64(0)
+	for i > 0 && w <= t.rule.room {
+		i--
+		w = addWeights(w, t.rule.weight(t.ahead[i:i+1]))
+	}
+	if t.rule.exact {
+		return t.ahead[i:]
+	}
+	return t.ahead[max(0, i-1):]
+}
+
+// blocked reports whether more weight that blocks us is listed ahead than
+// the rule leaves room for.
+func (t *turn) blocked() bool { return addWeights(t.rule.weight(t.ahead), t.far) > t.rule.room }
+
+// keepNearest keeps of the keys listed ahead only those a waiter watches
+// (nearest), as small copies, and the weight and number of the others, so
+// that a waiter's memory does not grow with the queue ahead of it.
+func (t *turn) keepNearest() {
+	near := t.nearest()
+	t.far = addWeights(t.far, t.rule.weight(t.ahead[:len(t.ahead)-len(near)]))
+	t.farN += len(t.ahead) - len(near)
+	t.ahead = make([]*mvccpb.KeyValue, len(near))
+	for i, kv := range near {
+		t.ahead[i] = &mvccpb.KeyValue{Key: kv.Key, CreateRevision: kv.CreateRevision, Value: kv.Value}
+	}
+}
+
+// wait blocks until the keys ahead of ours no longer block it (see rule),
+// then returns the header of the revision at which the turn came. It returns ErrSessionExpired (wrapped) as
+// soon as our own key vanishes, and ctx's error when ctx ends; it leaves the
+// key in place either way (the caller withdraws it).
+func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
+	for t.blocked() {
+		err := t.watch(ctx)
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case final(err):
+			return nil, err
+		default:
+			// The stream broke (member restart, lost leader, compaction):
+			// re-read where we stand and watch again.
+			if err := sleep(ctx, retryPause); err != nil {
+				return nil, err
+			}
+			if err := t.settle(ctx, t.hdr.Revision); err != nil && final(err) {
+				return nil, err
+			}
+		}
+	}
+	return t.hdr, nil
+}
+
+// watch watches our key and the nearest keys ahead and waits. It returns
+// nil when the turn came (nothing blocks us), an error wrapping
+// ErrSessionExpired when our key went, or another error when a watch
+// failed.
+//
+// It watches our own key and the nearest keys that block us (turn.nearest):
+// the nearest ones whose weight exceeds the rule's room, as the turn cannot
+// come before one of them goes, and the one behind them too, so that when it
+// goes first (while the nearest still block us) the waiter learns, off the
+// critical path, what is left ahead: by a read when keys it does not watch
+// were listed, else at once. When the turn then comes, the list is exact and
+// needs no read. All watches start at the serving member's current revision
+// (start 0), so the server puts them in its synced set at once (a watch from
+// a past revision waits up to 100 ms for the server's resync). Two things
+// follow:
+//
+//   - The member may be ahead of our last read (t.hdr): writes between the read
+//     and a watch's creation leave a gap, which one read at the created
+//     revision closes.
+//   - The member may lag behind our last read (a follower cut off from its
+//     peers for a moment still serves watches): the stream then replays events
+//     up to our read, such as the delete of an older incarnation of a key we
+//     watch (same session, unlocked and locked again). A delete at or below the
+//     revision of the read that saw the key present cannot be that key's
+//     delete, so every event at or below t.hdr.Revision is ignored.
+//
+// Handoff: when a watched key's delete leaves no more blocking keys listed
+// than the rule allows (older keys can only vanish, never appear), the turn
+// is ours at R, the latest delete of a listed key seen (the watches' channels
+// deliver the deletes of different keys in no set order), unless our own key
+// went by R (one transaction deleting a whole prefix). A progress request
+// settles it: the server answers it, on every watch of the stream, after
+// every event up to its current revision (at least R) has gone out. Where
+// the server's answer cannot be trusted or does not come (see caps), one
+// read at R or later settles it instead. When more keys are listed and all
+// of them are watched, they all still block us (their deletes have not
+// arrived); when some are not watched, one read says which are gone.
+func (t *turn) watch(ctx context.Context) error {
+	st := &stream{t: t, ctx: waitContext(ctx), keys: make(map[string]watchOf)}
+	st.trust = t.s.caps.progress(ctx, t.s.client) // before the watches: a gap it leaves is read
+	st.own = st.add(t.key)
+	for _, key := range t.also {
+		if st.also == nil {
+			st.also = make(map[string]watchOf, len(t.also))
+		}
+		st.also[key] = st.add(key)
+		st.alsoPending++
+	}
+	defer st.close()
+	defer st.stopProbe()
+	t.keepNearest()
+	for t.blocked() {
+		st.watchNearest()
+		key, gone, err := st.next(ctx)
+		switch {
+		case err != nil:
+			return err
+		case gone == 0: // a read moved the queue: watch the new nearest keys
+		default:
+			// The list changes only once the turn is confirmed or a read
+			// says what is left: a watch that fails meanwhile leaves us
+			// as blocked as before.
+			rest := slices.DeleteFunc(slices.Clone(t.ahead), func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
+			t.gone = max(t.gone, gone)
+			switch {
+			case addWeights(t.rule.weight(rest), t.far) <= t.rule.room:
+				err = st.confirm(ctx, t.gone)
+			case t.farN == 0 && st.watchesAll(rest):
+				t.ahead = rest // still blocked: nothing to undo if a watch fails
+			default:
+				err = t.settle(ctx, gone)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// deleted returns the revision of a delete that wr reports after our last
+// read, else 0.
+func (t *turn) deleted(wr clientv3.WatchResponse) int64 {
+	for _, ev := range wr.Events {
+		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision {
+			return ev.Kv.ModRevision
+		}
+	}
+	return 0
+}
+
+// settle re-reads the keys up to ours at a revision of at least atLeast and
+// of the latest delete seen, and updates t: serializable when the answer is
+// that recent (its header's revision is checked: a cached answer, such as
+// etcd's gRPC proxy gives, is a true state at its revision, and when that
+// is too old it does not count), else linearizable; linearizable at once on
+// a client whose serializable reads come from that cache (caps.cached). It returns an error wrapping ErrSessionExpired when our key is gone.
+func (t *turn) settle(ctx context.Context, atLeast int64) error {
+	err := t.relist(ctx, atLeast, false)
+	if err == nil && t.unlisted && len(t.ahead) < t.needs() { // keys that do not block filled the list
+		err = t.relist(ctx, atLeast, true)
+	}
+	if err != nil {
+		return err
+	}
+	t.keepNearest()
+	return nil
+}
+
+// relist is settle's read: limited (listOpts) unless full.
+func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
+	atLeast = max(atLeast, t.gone) // a list from before a delete seen would wait for it again
+	opts := append(t.listOpts(full), clientv3.WithMaxCreateRev(t.rev))
+	var resp *clientv3.GetResponse
+	var err error
+	if !t.s.caps.cached() {
+		resp, err = t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
+	}
+	if resp == nil && err == nil || err == nil && resp.Header.Revision < atLeast {
+		resp, err = t.s.client.Get(ctx, t.prefix, opts...)
+	}
+	if err != nil {
+		return err
+	}
+	mine := t.value == nil && !t.wrote // a try that wrote nothing has no key to find
+	for _, kv := range resp.Kvs {
+		mine = mine || string(kv.Key) == t.key && kv.CreateRevision == t.rev
+	}
+	if !mine {
+		return errOwnKeyGone
+	}
+	if err := t.list(resp.Kvs, resp.More); err != nil {
+		return err
+	}
+	t.hdr = resp.Header
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
