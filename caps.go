@@ -188,7 +188,7 @@ func (c *caps) cached() bool { return c.state.Load() == capsUnanswered }
 // pre-release (3.6.0-alpha.0 was built from main before the fix) reads too.
 func progressOrdered(v string) bool {
 	parts := strings.SplitN(v, ".", 3)
-	if len(parts) != 3 {
+	if len(parts) != 3 || strings.ContainsAny(v, "+-") { // strconv.Atoi takes a sign
 		return false
 	}
 	major, err1 := strconv.Atoi(parts[0])

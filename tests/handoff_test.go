@@ -392,10 +392,11 @@ func TestWaitsWatchOnAStreamEach(t *testing.T) {
 }
 
 // One transaction deletes the whole queue (a prefix delete: the holder's key
-// and the waiter's at one revision) on each server line, the 3.5 binary
-// included where progress answers confirm a turn: the waiter sees the
-// holder's delete, asks for progress, and its own key's delete comes before
-// the answer, so Lock says its key went, never that it holds. Forty rounds
+// and the waiter's at one revision) on each server line: where progress
+// answers confirm a turn (3.6 and 3.7) the waiter sees the holder's delete,
+// asks for progress, and its own key's delete comes before the answer; where
+// a read does (3.4, 3.5) the read finds its key gone. Either way Lock says
+// its key went, never that it holds. Forty rounds
 // each, the watches' channels delivering the two deletes in either order.
 func TestPrefixDeleteNeverHandsTheTurnPerServer(t *testing.T) {
 	perServerLine(t, func(t *testing.T, ep string, admin *clientv3.Client, v string) {
