@@ -11,12 +11,19 @@
 #
 #   .ci/clientline.sh v3.5.35
 #   .ci/clientline.sh v3.6.16 -run TestCompat   # extra arguments go to go test
+#   CLIENTLINE_DIR=/tmp/cl35 .ci/clientline.sh v3.5.35 -run '^$'   # keep the copy
 set -euo pipefail
 version=${1:?usage: .ci/clientline.sh CLIENT-VERSION [go test flags]}
 shift
 repo=$(cd "$(dirname "$0")/.." && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+# CLIENTLINE_DIR=DIR keeps the copy in DIR (empty or new), to look into a failure.
+if [ -n "${CLIENTLINE_DIR:-}" ]; then
+  mkdir -p "$CLIENTLINE_DIR"
+  dir=$(cd "$CLIENTLINE_DIR" && pwd)
+else
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+fi
 
 # The checkout as it is (tracked files and new ones not ignored), without .git.
 (cd "$repo" && git ls-files -z -c -o --exclude-standard) | (cd "$repo" && tar --null -T - -cf -) | tar -xf - -C "$dir"
