@@ -917,6 +917,7 @@ func authClients(t *testing.T, endpoints []string, tlsConfig *tls.Config) func(u
 
 func TestAuthAndTLS(t *testing.T) {
 	t.Parallel()
+	progressServer(t)
 	connect := secureCluster(t)
 	ctx := ctxT(t)
 	root, rw, ro, none := connect("root"), connect("rw"), connect("ro"), connect("none")

@@ -78,6 +78,7 @@ func enqueueBehind(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin
 // key goes, while its predecessor still holds.
 func TestNoRPCOnTheCriticalPath(t *testing.T) {
 	t.Parallel()
+	progressServer(t)
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)

@@ -179,6 +179,7 @@ func TestNestedNamesIsolated(t *testing.T) {
 // path).
 func TestFIFOAndHerdFree(t *testing.T) {
 	t.Parallel()
+	progressServer(t)
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
@@ -441,6 +442,7 @@ func TestUncontendedCost(t *testing.T) {
 // further RPC.
 func TestHandoffNeedsNoRPC(t *testing.T) {
 	t.Parallel()
+	progressServer(t)
 	c, admin, ctx := kitSingleClient(t)
 	holder := heldMutex(t, ctx, admin, "handoff")
 	cnt := counter{created: make(chan struct{}, 2)}

@@ -27,6 +27,7 @@ import (
 // handoff's latency and critical-path RPCs are logged beside the other's.
 func TestCompatProgressLearnedOnce(t *testing.T) {
 	t.Parallel()
+	progressServer(t)
 	if testing.Short() {
 		t.Skip("skipped in -short")
 	}
@@ -85,6 +86,7 @@ func TestCompatProgressLearnedOnce(t *testing.T) {
 // Handoff 3 asks once and takes no RPC.
 func TestCompatLateProgressKeepsClient(t *testing.T) {
 	t.Parallel()
+	progressServer(t)
 	if testing.Short() {
 		t.Skip("skipped in -short")
 	}
@@ -137,6 +139,7 @@ func TestCompatLateProgressKeepsClient(t *testing.T) {
 // comes, so its handoff reads at once and asks nothing more.
 func TestCompatProgressLearnedWhileWaiting(t *testing.T) {
 	t.Parallel()
+	progressServer(t)
 	if testing.Short() {
 		t.Skip("skipped in -short")
 	}

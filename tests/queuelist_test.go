@@ -154,6 +154,7 @@ func countedMutex(t *testing.T, c *etcdtest.Cluster, name string) (*etcdsync.Mut
 // older holder beyond the list.
 func TestNestedKeysAddNoRPCOnTheCriticalPath(t *testing.T) {
 	t.Parallel()
+	progressServer(t)
 	for _, nested := range []int{2, 5} {
 		t.Run(fmt.Sprintf("nested=%d", nested), func(t *testing.T) {
 			c := single(t)

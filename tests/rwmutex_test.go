@@ -267,6 +267,7 @@ func TestRWMutexInteropWithRecipe(t *testing.T) {
 // writer goes. N = 10 and 100 readers.
 func TestRWMutexHerd(t *testing.T) {
 	t.Parallel()
+	progressServer(t)
 	for _, group := range []int{5, 50} {
 		t.Run(fmt.Sprintf("N=%d", 2*group), func(t *testing.T) { testRWMutexHerd(t, group) })
 	}
