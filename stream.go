@@ -56,6 +56,9 @@ type stream struct {
 	// ownSeen is set once the watch of our own key has shown its creation:
 	// a progress answer on it counts only from then on.
 	ownSeen bool
+	// queue is set once own watches the whole prefix (see waitQueue), not
+	// our own key alone; keys is then empty.
+	queue bool
 	trust   bool // progress answers may confirm the turn (see caps)
 	// probe fires when the probe (see caps.probing), a progress request sent
 	// once our own key's watch was created, has gone unanswered for
@@ -94,9 +97,9 @@ func waitContext(ctx context.Context) context.Context {
 // hands the request over, and closes the stream only when its last watch
 // ends, so a watch whose context ended before the handover would leave an
 // empty stream open for the client's life.
-func (st *stream) add(key string) watchOf {
+func (st *stream) add(key string, opts ...clientv3.OpOption) watchOf {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(st.ctx))
-	return watchOf{ch: st.t.s.client.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify()), cancel: cancel}
+	return watchOf{ch: st.t.s.client.Watch(ctx, key, append(opts, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())...), cancel: cancel}
 }
 
 // close ends every watch.
@@ -198,6 +201,7 @@ func (st *stream) check(r keyed) error {
 		return fmt.Errorf("%w: %s, of the same acquire, was deleted", errOwnKeyGone, r.key)
 	case !mine:
 		return nil
+	case r.wr.Created && st.queue:
 	case r.wr.Created:
 		st.ownSeen = true
 		st.sendProbe()
@@ -205,8 +209,87 @@ func (st *stream) check(r keyed) error {
 		st.stopProbe()
 		st.t.s.caps.answer()
 	}
-	if rev := st.t.deleted(r.wr); rev > 0 {
+	if rev := st.t.deleted(r.wr, st.queue); rev > 0 {
 		return fmt.Errorf("%w (revision %d)", errOwnKeyGone, rev)
+	}
+	return nil
+}
+
+// alsoSeen reports whether r is of the watch of another key of the same
+// acquire (turn.also), whose deletes end the wait (check); once all of
+// those watches are created, one read shows that none of the keys went
+// before.
+func (st *stream) alsoSeen(ctx context.Context, r keyed) (bool, error) {
+	if _, also := st.also[r.key]; !also {
+		return false, nil
+	}
+	if r.wr.Created {
+		if st.alsoPending--; st.alsoPending == 0 {
+			return true, keysAt(ctx, st.t.s.client, st.t.also, st.t.rev, nil)
+		}
+	}
+	return true, nil
+}
+
+// waitQueue waits on one watch of the whole prefix, for a waiter that
+// lists every key that blocks it and watches them all (turn.single): a
+// delete of any of them may give it the turn. etcd sends the events of one
+// revision for one watch in one response, and one watch's events in
+// revision order, resumed in order after a reconnect; so when the response
+// with the last blocking key's delete shows no delete of our own key, our
+// key was there at that revision, and the turn is ours with no further
+// request. It returns nil when the turn came, or when a read (the watch was
+// created past our last read) left the waiter no longer single; an error
+// wrapping ErrSessionExpired when our key went; another error when the
+// watch failed.
+//
+// The watch replaces the watches of our own key and of the keys ahead, and
+// starts at the serving member's current revision, so that the server puts
+// it in its synced set at once. The gap between our last read and its
+// creation is read (as in next). Events at or below our last read are
+// replays by a member behind it, and are ignored; so are deletes of keys
+// that do not block us (keys behind ours, other names nested under ours).
+func (st *stream) waitQueue(ctx context.Context) error {
+	t := st.t
+	if !st.queue {
+		st.stopProbe()
+		st.own.cancel()
+		for key, w := range st.keys {
+			w.cancel()
+			delete(st.keys, key)
+		}
+		st.own, st.queue = st.add(t.prefix, clientv3.WithPrefix()), true
+	}
+	for t.blocked() && t.single() {
+		r, err := st.recv(ctx)
+		switch {
+		case err != nil:
+			return err
+		case r.key != t.key:
+			if _, err := st.alsoSeen(ctx, r); err != nil {
+				return err
+			}
+			continue
+		case r.wr.Created:
+			if r.wr.Header.Revision > t.hdr.Revision {
+				if err := t.settle(ctx, r.wr.Header.Revision); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		for _, ev := range r.wr.Events {
+			i := slices.IndexFunc(t.ahead, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == string(ev.Kv.Key) })
+			if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && i >= 0 {
+				t.ahead = slices.Delete(t.ahead, i, i+1)
+				t.gone = max(t.gone, ev.Kv.ModRevision)
+			}
+		}
+		if !t.blocked() {
+			t.ahead, t.far, t.farN = nil, 0, 0
+			h := r.wr.Header
+			t.hdr = &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: t.gone, RaftTerm: h.RaftTerm}
+		}
 	}
 	return nil
 }
@@ -251,13 +334,9 @@ func (st *stream) next(ctx context.Context) (string, int64, error) {
 		if err != nil {
 			return "", 0, err
 		}
-		if _, also := st.also[r.key]; also { // its deletes end the wait (check)
-			if r.wr.Created {
-				if st.alsoPending--; st.alsoPending == 0 { // all watched: one read shows none went before
-					if err := keysAt(ctx, t.s.client, t.also, t.rev, nil); err != nil {
-						return "", 0, err
-					}
-				}
+		if also, err := st.alsoSeen(ctx, r); also || err != nil {
+			if err != nil {
+				return "", 0, err
 			}
 			continue
 		}
@@ -265,7 +344,7 @@ func (st *stream) next(ctx context.Context) (string, int64, error) {
 			return "", 0, t.settle(ctx, r.wr.Header.Revision)
 		}
 		if _, ok := st.keys[r.key]; ok {
-			if rev := t.deleted(r.wr); rev > 0 {
+			if rev := t.deleted(r.wr, false); rev > 0 {
 				return r.key, rev, nil
 			}
 		}

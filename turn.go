@@ -235,6 +235,12 @@ func (t *turn) nearest() []*mvccpb.KeyValue {
 	return t.ahead[max(0, i-1):]
 }
 
+// single reports whether the waiter lists every key that blocks it and
+// watches them all (no far keys): it then waits on one watch of the whole
+// prefix (stream.waitQueue). The first waiters of a queue do (a Mutex's
+// first two, whose nearest keys are all the keys ahead).
+func (t *turn) single() bool { return t.farN == 0 }
+
 // blocked reports whether more weight that blocks us is listed ahead than
 // the rule leaves room for.
 func (t *turn) blocked() bool { return addWeights(t.rule.weight(t.ahead), t.far) > t.rule.room }
@@ -319,7 +325,12 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 func (t *turn) watch(ctx context.Context) error {
 	st := &stream{t: t, ctx: waitContext(ctx), keys: make(map[string]watchOf)}
 	st.trust = t.s.caps.progress(ctx, t.s.client) // before the watches: a gap it leaves is read
-	st.own = st.add(t.key)
+	t.keepNearest()
+	if t.single() {
+		st.own, st.queue = st.add(t.prefix, clientv3.WithPrefix()), true
+	} else {
+		st.own = st.add(t.key)
+	}
 	for _, key := range t.also {
 		if st.also == nil {
 			st.also = make(map[string]watchOf, len(t.also))
@@ -329,8 +340,17 @@ func (t *turn) watch(ctx context.Context) error {
 	}
 	defer st.close()
 	defer st.stopProbe()
-	t.keepNearest()
 	for t.blocked() {
+		if t.single() {
+			if err := st.waitQueue(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		if st.queue { // a read showed keys ahead it does not list: not expected, but watch them
+			st.own.cancel()
+			st.own, st.queue, st.ownSeen = st.add(t.key), false, false
+		}
 		st.watchNearest()
 		key, gone, err := st.next(ctx)
 		switch {
@@ -360,10 +380,11 @@ func (t *turn) watch(ctx context.Context) error {
 }
 
 // deleted returns the revision of a delete that wr reports after our last
-// read, else 0.
-func (t *turn) deleted(wr clientv3.WatchResponse) int64 {
+// read, else 0: of any key it reports, or with own (wr is of a watch of the
+// whole prefix) of our own key.
+func (t *turn) deleted(wr clientv3.WatchResponse, own bool) int64 {
 	for _, ev := range wr.Events {
-		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision {
+		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && (!own || string(ev.Kv.Key) == t.key) {
 			return ev.Kv.ModRevision
 		}
 	}
