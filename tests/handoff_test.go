@@ -53,7 +53,7 @@ func enqueue(t *testing.T, c *etcdtest.Cluster, name string, n int, ctxFor func(
 			}
 			q.err <- err
 		}()
-		for range min(i+2, 3) {
+		for range waits(i+1, 2) {
 			within(t, q.cnt.created, testTimeout, fmt.Sprintf("waiter %d's watch created", i))
 		}
 		for len(q.cnt.returned) > 0 { // its session's grant and its enqueue

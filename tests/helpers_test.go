@@ -421,6 +421,17 @@ func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duratio
 	}
 }
 
+// waits is how many watches a waiter with listed keys ahead of it that
+// block it creates, when it watches the nearest of them (rule): one of the
+// whole prefix when it lists and watches them all (listed <= nearest),
+// else one of its own key and one of each of the nearest.
+func waits(listed, nearest int) int {
+	if listed <= nearest {
+		return 1
+	}
+	return 1 + nearest
+}
+
 // warmProgress makes cli learn, before a test counts its RPCs, that its
 // servers answer progress requests: a wait on it, behind a holder on admin,
 // whose turn comes with no RPC after the holder's release (its progress

@@ -203,9 +203,10 @@ func TestFIFOAndHerdFree(t *testing.T) {
 					t.Errorf("waiter %d unlock: %v", i, err)
 				}
 			}()
-			// Its own key, its predecessor and the key before that, from
-			// the revision it read (nobody else writes meanwhile).
-			for range min(i+2, 3) {
+			// The prefix while it has at most two keys ahead; else its own
+			// key, its predecessor and the key before that (nobody else
+			// writes meanwhile).
+			for range waits(i+1, 2) {
 				within(t, cnt.created, testTimeout, "waiter's watch created")
 			}
 		}
@@ -447,9 +448,7 @@ func TestHandoffNeedsNoRPC(t *testing.T) {
 	cli := kitClient(t, c, cnt.dial()...)
 	m := etcdsync.NewMutex(session(t, cli), "handoff")
 	got := async(func() error { return m.Lock(ctx) })
-	for i := 0; i < 2; i++ { // own key and predecessor watched
-		within(t, cnt.created, testTimeout, "waiter's watch created")
-	}
+	within(t, cnt.created, testTimeout, "waiter's watch created") // of the prefix
 	cnt.take() // the enqueue transaction
 	require.NoError(t, holder.Unlock(ctx))
 	require.NoError(t, <-got)

@@ -158,9 +158,10 @@ func testSemaphoreHerd(t *testing.T, waiters int) {
 			got <- i
 		}()
 		waitKeys(t, admin, "semherd/", capacity+i+1) // queue in order
-		// Own key, the nearest capacity-0 keys whose permits exceed the
-		// room (capacity-1 = 2, so 3 keys), and one behind them.
-		for range 1 + min(capacity+i, capacity+1) {
+		// The nearest keys whose permits exceed the room (capacity-1 = 2,
+		// so 3 keys) and one behind them: the prefix while those are all
+		// the keys ahead, else its own key and each of them.
+		for range waits(capacity+i, capacity+1) {
 			within(t, cnt.created, testTimeout, "waiter's watch created")
 		}
 	}
