@@ -324,8 +324,10 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 // arrived); when some are not watched, one read says which are gone.
 func (t *turn) watch(ctx context.Context) error {
 	st := &stream{t: t, ctx: waitContext(ctx), keys: make(map[string]watchOf)}
-	st.trust = t.s.caps.progress(ctx, t.s.client) // before the watches: a gap it leaves is read
 	t.keepNearest()
+	if !t.single() { // the progress confirmation is for a waiter watching keys one by one
+		st.trust = t.s.caps.progress(ctx, t.s.client) // before the watches: a gap it leaves is read
+	}
 	if t.single() {
 		st.own, st.queue = st.add(t.prefix, clientv3.WithPrefix()), true
 	} else {

@@ -35,7 +35,7 @@ func TestCancelledLockLeavesNoKeyAfterFailedWithdraw(t *testing.T) {
 	lctx, cancel := context.WithCancel(ctx)
 	errc := async(func() error { return w.Lock(lctx) })
 	within(t, cnt.created, testTimeout, "waiter's watch created") // of the prefix: the holder is all it waits for
-	inj.Arm(faults.TxnMethod, 1) // the cleanup delete fails, unsent
+	inj.Arm(faults.TxnMethod, 1)                                  // the cleanup delete fails, unsent
 	cancel()
 	require.ErrorIs(t, resultWithin(t, errc, testTimeout, "the cancelled Lock"), context.Canceled)
 	require.NoError(t, s.Err(), "the session lives on")

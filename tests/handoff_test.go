@@ -271,36 +271,45 @@ func TestWaiterWakesAfterRefusedWatchCreate(t *testing.T) {
 	})
 }
 
-// refusedWatch queues b behind a holder and c behind b, runs invalidate
-// while c waits, makes b give up (so that c's stream must create a watch of
-// the holder), releases the holder and expects c to acquire.
+// refusedWatch queues a and b behind a holder and c behind them, runs
+// invalidate while c waits (watching its own key, a's and b's), makes b
+// give up (so that c, which then lists all it waits for, must create a
+// watch of the prefix on its stream), releases the holder and a, and
+// expects c to acquire.
 func refusedWatch(t *testing.T, connect func(user string, dial ...grpc.DialOption) *clientv3.Client, invalidate func()) {
 	ctx := ctxT(t)
 	root := connect("root")
 	holder := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
 	require.NoError(t, holder.Lock(ctx))
 
-	// b queues behind the holder; c behind b, watching b.
+	// a and b queue behind the holder; c behind them, watching its own
+	// key, a's and b's (the holder's is one it does not watch).
+	a := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
+	agot := async(func() error { return a.Lock(ctx) })
+	waitKeys(t, root, "locks/r9-auth/", 2)
 	b := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
 	bctx, bcancel := context.WithCancel(ctx)
 	defer bcancel()
 	berr := async(func() error { return b.Lock(bctx) })
-	waitKeys(t, root, "locks/r9-auth/", 2)
+	waitKeys(t, root, "locks/r9-auth/", 3)
 	cnt := counter{created: make(chan struct{}, 16)}
 	c := etcdsync.NewMutex(session(t, connect("rw", cnt.dial()...)), "locks/r9-auth")
 	cgot := async(func() error { return c.Lock(ctx) })
-	for range 2 { // c's own key and b's
+	for range 3 {
 		within(t, cnt.created, testTimeout, "c's watch created")
 	}
 
 	invalidate()
 
-	// b gives up: c now watches the holder, on its old stream.
+	// b gives up: c reads the queue, then watches the prefix, on its old
+	// stream.
 	bcancel()
 	require.ErrorIs(t, <-berr, context.Canceled)
-	within(t, cnt.created, testTimeout, "c asked for a watch of the holder")
+	within(t, cnt.created, testTimeout, "c asked for a watch of the prefix")
 	require.NoError(t, holder.Unlock(ctx))
-	require.NoError(t, resultWithin(t, cgot, 5*time.Second, fmt.Sprintf("c's Lock after the release; keys %v", keys(t, root, "locks/r9-auth/"))))
+	require.NoError(t, resultWithin(t, agot, 5*time.Second, "a's Lock after the release"))
+	require.NoError(t, a.Unlock(ctx))
+	require.NoError(t, resultWithin(t, cgot, 5*time.Second, fmt.Sprintf("c's Lock after the releases; keys %v", keys(t, root, "locks/r9-auth/"))))
 	require.NoError(t, c.Unlock(ctx))
 }
 
@@ -392,12 +401,9 @@ func TestWaitsWatchOnAStreamEach(t *testing.T) {
 }
 
 // One transaction deletes the whole queue (a prefix delete: the holder's key
-// and the waiter's at one revision) on each server line: where progress
-// answers confirm a turn (3.6 and 3.7) the waiter sees the holder's delete,
-// asks for progress, and its own key's delete comes before the answer; where
-// a read does (3.4, 3.5) the read finds its key gone. Either way Lock says
-// its key went, never that it holds. Forty rounds
-// each, the watches' channels delivering the two deletes in either order.
+// and the waiter's at one revision) on each server line: the waiter, which
+// watches the prefix, gets both deletes in one response, so Lock says its
+// key went, never that it holds. Forty rounds each.
 func TestPrefixDeleteNeverHandsTheTurnPerServer(t *testing.T) {
 	perServerLine(t, func(t *testing.T, ep string, admin *clientv3.Client, v string) {
 		ctx := ctxCell(t)
@@ -409,9 +415,7 @@ func TestPrefixDeleteNeverHandsTheTurnPerServer(t *testing.T) {
 			waiter := etcdsync.NewMutex(session(t, cli), name)
 			require.NoError(t, holder.Lock(ctx))
 			w := async(func() error { return waiter.Lock(ctx) })
-			for range 2 {
-				within(t, cnt.created, cellTimeout, "the waiter's watches created")
-			}
+			within(t, cnt.created, cellTimeout, "the waiter's watch of the prefix")
 			_, err := admin.Delete(ctx, name+"/", clientv3.WithPrefix())
 			require.NoError(t, err)
 			err = resultWithin(t, w, cellTimeout, "the waiter after the prefix delete")

@@ -444,13 +444,17 @@ func waitCreated(t *testing.T, ctx context.Context, created <-chan int64, n int6
 	}
 }
 
-// TestTurnAfterEveryDeleteSeen: a waiter watches the two nearest keys ahead
-// (watch 1 the older, watch 2 the newer). The newer goes first, then the
-// older; the stream delivers the older's delete first. The hold begins at
-// the later delete, and Header says so: never at the earlier one, while the
-// older key still existed. Mutex (the newer key a waiter that gives up) and
-// RWMutex (a writer behind two readers); and a Semaphore, where the reorder
-// would make three permits of two.
+// TestTurnAfterEveryDeleteSeen: a waiter with two keys ahead watches the
+// whole prefix (it lists and watches all it waits for). The newer goes
+// first, then the older. The hold begins at the later delete, and Header
+// says so: never at the earlier one, while the older key still existed.
+// Mutex (the newer key a waiter that gives up) and RWMutex (a writer behind
+// two readers); and a Semaphore, where a hold from the earlier delete would
+// make three permits of two. (When a waiter watched each key on a watch of
+// its own, the server could deliver the older's delete first: the rows
+// still run through faults.LateClient, which swaps the deletes of two
+// watches of a stream, and a waiter that went back to one watch per key
+// would be caught by it.)
 func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -466,9 +470,10 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 		ahead  func(t *testing.T, ctx context.Context, s1, s2 *etcdsync.Session, name string) (older, newer func())
 		waiter func(s *etcdsync.Session, name string) lock
 		// early, late: the watches whose deletes the stream swaps, by the
-		// IDs the server gives them (the waiter creates its watches one at
-		// a time: watch 0 is its own key, 1 up the keys ahead, oldest
-		// first); watches: how many the waiter opens.
+		// IDs the server gives them (a waiter that watched its own key and
+		// each key ahead created them one at a time: watch 0 its own key,
+		// 1 up the keys ahead, oldest first); watches: how many the waiter
+		// opens (one, of the prefix).
 		early, late, watches int64
 	}{
 		{name: "mutex", ahead: func(t *testing.T, ctx context.Context, s1, s2 *etcdsync.Session, name string) (func(), func()) {
@@ -479,13 +484,13 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			waitKeys(t, admin, name+"/", 2)
 			return func() { require.NoError(t, m1.Unlock(ctx)) },
 				func() { cancel(); require.ErrorIs(t, <-gaveUp, context.Canceled) }
-		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewMutex(s, name) }, early: 1, late: 2, watches: 3},
+		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewMutex(s, name) }, early: 1, late: 2, watches: 1},
 		{name: "rwmutex", ahead: func(t *testing.T, ctx context.Context, s1, s2 *etcdsync.Session, name string) (func(), func()) {
 			r1, r2 := etcdsync.NewRWMutex(s1, name), etcdsync.NewRWMutex(s2, name)
 			require.NoError(t, r1.RLock(ctx))
 			require.NoError(t, r2.RLock(ctx))
 			return func() { require.NoError(t, r1.RUnlock(ctx)) }, func() { require.NoError(t, r2.RUnlock(ctx)) }
-		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewRWMutex(s, name) }, early: 1, late: 2, watches: 3},
+		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewRWMutex(s, name) }, early: 1, late: 2, watches: 1},
 		// Two permits: A and B hold one each, C waits for one; the waiter
 		// for one watches A, B and C. B goes (C holds from then), then C:
 		// the waiter's turn is C's delete, which the stream delivers first.
@@ -500,7 +505,7 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			waitKeys(t, admin, name+"/", 3)
 			return func() { require.NoError(t, <-got); require.NoError(t, c.Release(ctx)) },
 				func() { require.NoError(t, b.Release(ctx)) }
-		}, waiter: func(s *etcdsync.Session, name string) lock { return semLock{etcdsync.NewSemaphore(s, name, 2)} }, early: 3, late: 2, watches: 4},
+		}, waiter: func(s *etcdsync.Session, name string) lock { return semLock{etcdsync.NewSemaphore(s, name, 2)} }, early: 1, late: 2, watches: 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -541,7 +546,7 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	admin := etcdtest.NewClient(t, []string{up.Endpoint()})
 	name := "reorder/lag"
 	created := make(chan int64, 16)
-	cli, arm := faults.LateClient(t, []string{f.Endpoint()}, 2, 3, created)
+	cli, arm := faults.LateClient(t, []string{f.Endpoint()}, 1, 2, created)
 	m1, m2 := etcdsync.NewMutex(session(t, admin), name), etcdsync.NewMutex(session(t, admin), name)
 	require.NoError(t, m1.Lock(ctx))
 	wctx, cancel := context.WithCancel(ctx)
@@ -550,7 +555,7 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	w := etcdsync.NewMutex(session(t, cli), name)
 	arm()
 	locked := async(func() error { return w.Lock(ctx) })
-	waitCreated(t, ctx, created, 3)
+	waitCreated(t, ctx, created, 1) // of the prefix
 	require.NoError(t, c.CutPeers(f))
 	t.Cleanup(func() { c.HealPeers(f) })
 	cancel()

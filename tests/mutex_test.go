@@ -449,7 +449,7 @@ func TestHandoffNeedsNoRPC(t *testing.T) {
 	m := etcdsync.NewMutex(session(t, cli), "handoff")
 	got := async(func() error { return m.Lock(ctx) })
 	within(t, cnt.created, testTimeout, "waiter's watch created") // of the prefix
-	cnt.take() // the enqueue transaction
+	cnt.take()                                                    // the enqueue transaction
 	require.NoError(t, holder.Unlock(ctx))
 	require.NoError(t, <-got)
 	n, methods := cnt.take()
