@@ -432,35 +432,3 @@ func waits(listed, nearest int) int {
 	return 1 + nearest
 }
 
-// warmProgress makes cli learn, before a test counts its RPCs, that its
-// servers answer progress requests: a wait on it, behind a holder on admin,
-// whose turn comes with no RPC after the holder's release (its progress
-// request was answered); on a loaded machine an answer can come too late
-// for the first wait, which then reads, so it tries again (up to five
-// waits). Until a client knows, a wait may fall back to a read. cnt counts
-// cli's RPCs, and is left with no watches created pending.
-func warmProgress(t *testing.T, ctx context.Context, admin, cli *clientv3.Client, cnt *counter) {
-	t.Helper()
-	for i := range 5 {
-		name := fmt.Sprintf("warm-%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), i)
-		holder := heldMutex(t, ctx, admin, name)
-		m := etcdsync.NewMutex(session(t, cli), name)
-		got := async(func() error { return m.Lock(ctx) })
-		waitKeys(t, admin, name+"/", 2)
-		if cnt.created != nil {
-			for range 2 { // its own key and the holder's
-				within(t, cnt.created, testTimeout, "the warm-up wait's watch created")
-			}
-		}
-		cnt.take()
-		require.NoError(t, holder.Unlock(ctx))
-		require.NoError(t, resultWithin(t, got, testTimeout, "the warm-up wait"))
-		n, methods := cnt.take()
-		require.NoError(t, m.Unlock(ctx))
-		if n == 0 {
-			return
-		}
-		t.Logf("warm-up wait %d read after the release (%v): its progress answer came late", i, methods)
-	}
-	t.Fatal("no warm-up wait on the client had its progress request answered in time")
-}

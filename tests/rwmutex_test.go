@@ -278,7 +278,6 @@ func testRWMutexHerd(t *testing.T, group int) {
 	require.NoError(t, w1.Lock(ctx))
 	cnt := counter{created: make(chan struct{}, 5*group+16)}
 	cli := kitClient(t, c, cnt.dial()...)
-	warmProgress(t, ctx, admin, cli, &cnt)
 	var wg sync.WaitGroup
 	readersIn := make(chan *etcdsync.RWMutex, 2*group)
 	startReader := func() {
