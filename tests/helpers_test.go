@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -431,4 +430,3 @@ func waits(listed, nearest int) int {
 	}
 	return 1 + nearest
 }
-
