@@ -292,32 +292,29 @@ func testRWMutexHerd(t *testing.T, group int) {
 			readersIn <- rw
 		}()
 	}
+	// Each reader queues, and its watches are created, before the next
+	// one writes: none is created past the reader's enqueue (which would
+	// make it read the gap, at any moment, the release's included). A
+	// reader behind the first writer alone watches the prefix (all it
+	// waits for); one behind the second, its own key and that writer.
 	queued := 1
-	for i := 0; i < group; i++ {
+	for range group {
 		startReader()
 		queued++
-		if i < 10 || i%10 == 0 {
-			waitKeys(t, admin, "rwherd/", queued) // queue in order
-		}
+		waitKeys(t, admin, "rwherd/", queued)
+		within(t, cnt.created, testTimeout, "reader's watch of the prefix created")
 	}
-	waitKeys(t, admin, "rwherd/", queued)
 	w2 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
 	w2got := doneAsync(t, "Lock", func() error { return w2.Lock(ctx) })
 	queued++
 	waitKeys(t, admin, "rwherd/", queued)
-	for i := 0; i < group; i++ {
+	for range group {
 		startReader()
 		queued++
-		if i < 10 || i%10 == 0 {
-			waitKeys(t, admin, "rwherd/", queued)
+		waitKeys(t, admin, "rwherd/", queued)
+		for range 2 {
+			within(t, cnt.created, testTimeout, "reader's watch created")
 		}
-	}
-	waitKeys(t, admin, "rwherd/", queued)
-	// Watches: the prefix for a reader behind the first writer alone (all
-	// it waits for), its own key and the nearest writer for one behind the
-	// second.
-	for range group * 3 {
-		within(t, cnt.created, testTimeout, "reader's watch created")
 	}
 	cnt.take()
 	events := cnt.events.Load()
