@@ -392,7 +392,8 @@ func TestDoubleBarrierThroughMemberRestart(t *testing.T) {
 	// a reaches only member 0, through a proxy (cut before the stop, so
 	// that the member need not wait for a's streams to end); the others
 	// reach the other two members.
-	only, p := faults.Proxied(t, c)
+	cnt := counter{created: make(chan struct{}, 16)}
+	only, p := faults.Proxied(t, c, cnt.dial()...)
 	m := c.Member(0)
 	others := etcdtest.NewClient(t, []string{c.Member(1).Endpoint(), c.Member(2).Endpoint()})
 	a, _ := newParty(t, only, name, 3)
@@ -400,6 +401,9 @@ func TestDoubleBarrierThroughMemberRestart(t *testing.T) {
 	ea := async(func() error { return a.Enter(ctx) })
 	eb := async(func() error { return b.Enter(ctx) })
 	waitKeys(t, others, name+"/waiters/", 2)
+	// a waits (its create's reply came: it watches), so the cut finds it
+	// waiting, not with its create's reply on the way.
+	within(t, cnt.created, testTimeout, "a's watch created")
 	p.Blackhole(true)
 	p.DropConnections()
 	c.Stop(m)

@@ -192,9 +192,18 @@ func TestHandoverRacingRunStartWaitsForItsWork(t *testing.T) {
 			})
 		})
 		var handedAt int64
+		deadline := time.Now().Add(testTimeout)
 		for {
-			if e.Rev() == 0 {
-				continue // not leading yet: a Handover now would be a no-op
+			if e.Rev() == 0 { // not leading yet: a Handover now would be a no-op
+				select {
+				case err := <-run:
+					t.Fatalf("round %d: the Run returned before it led: %v", i, err)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("round %d: the Run did not lead within %v", i, testTimeout)
+				}
+				continue
 			}
 			require.NoError(t, e.Handover(ctx))
 			handedAt = time.Now().UnixNano()

@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver"
@@ -214,8 +215,21 @@ func (m *Member) start() error {
 		return fmt.Errorf("start %s: not ready within 30s", m.Name)
 	}
 	m.etcd = e
-	m.id.Store(uint64(e.Server.MemberID()))
+	m.id.Store(memberID(e.Server))
 	return nil
+}
+
+// memberID returns the server's member ID. etcd's server names the method
+// ID in 3.5 and MemberID from 3.6 on; the test kit builds with each client
+// line (.ci/clientline.sh), so it asks for whichever the server has.
+func memberID(srv *etcdserver.EtcdServer) uint64 {
+	switch s := any(srv).(type) {
+	case interface{ MemberID() types.ID }:
+		return uint64(s.MemberID())
+	case interface{ ID() types.ID }:
+		return uint64(s.ID())
+	}
+	panic("etcdtest: etcd's server has neither MemberID nor ID")
 }
 
 // Endpoint returns the member's client URL.
@@ -235,7 +249,7 @@ func (m *Member) Running() bool { return m.etcd != nil }
 
 // IsLeader reports whether the running member is the raft leader.
 func (m *Member) IsLeader() bool {
-	return m.etcd != nil && m.etcd.Server.Leader() == m.etcd.Server.MemberID()
+	return m.etcd != nil && uint64(m.etcd.Server.Leader()) == memberID(m.etcd.Server)
 }
 
 // ID returns the member's etcd member ID (0 before its first start). IDs
@@ -384,7 +398,7 @@ func (c *Cluster) TransferLeader(ctx context.Context) error {
 		return fmt.Errorf("no other running member")
 	}
 	srv := leader.etcd.Server
-	return srv.MoveLeader(ctx, uint64(srv.MemberID()), uint64(to.etcd.Server.MemberID()))
+	return srv.MoveLeader(ctx, memberID(srv), memberID(to.etcd.Server))
 }
 
 // Follower returns a running member that is not the leader, or nil.

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 )
 
 // Timeout bounds the kit's own waits (AwaitSent, CaughtUp, a GatedClient's
@@ -464,8 +465,10 @@ type lateWatch struct {
 func (w *lateWatch) RecvMsg(m any) error {
 	out := m.(*pb.WatchResponse)
 	give := func(in *pb.WatchResponse) error {
-		proto.Reset(out)
-		proto.Merge(out, in)
+		// MessageV2Of: etcd's 3.5 messages are gogo (protobuf API v1), its
+		// 3.6 and 3.7 messages API v2; CI runs both (.ci/clientline.sh).
+		proto.Reset(protoadapt.MessageV2Of(out))
+		proto.Merge(protoadapt.MessageV2Of(out), protoadapt.MessageV2Of(in))
 		return nil
 	}
 	if in := w.next; in != nil {
