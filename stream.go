@@ -228,10 +228,15 @@ func (st *stream) waitQueue(ctx context.Context) error {
 				t.gone = max(t.gone, ev.Kv.ModRevision)
 			}
 		}
-		if !t.blocked() {
+		switch {
+		case !t.blocked():
 			t.ahead, t.far, t.farN = nil, 0, 0
 			h := r.wr.Header
 			t.hdr = &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: t.gone, RaftTerm: h.RaftTerm}
+		case !t.single(): // only the far keys, which it does not list, can give it the turn now: read them
+			if err := t.settle(ctx, t.gone); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -235,11 +235,24 @@ func (t *turn) nearest() []*mvccpb.KeyValue {
 	return t.ahead[max(0, i-1):]
 }
 
-// single reports whether the waiter lists every key that blocks it and
-// watches them all (no far keys): it then waits on one watch of the whole
-// prefix (stream.waitQueue). The first waiters of a queue do (a Mutex's
-// first two, whose nearest keys are all the keys ahead).
-func (t *turn) single() bool { return t.farN == 0 }
+// single reports whether the waiter waits on one watch of the whole prefix
+// (stream.waitQueue): when it lists every key that blocks it (no far keys:
+// the first waiters of a queue, a Mutex's first two), or when the delete of
+// one key it lists would give it the turn with the far keys still counted
+// (a Semaphore's waiter behind a large acquire): a delete of a listed key
+// can then give it the turn, which one watch tells exactly.
+func (t *turn) single() bool {
+	if t.farN == 0 {
+		return true
+	}
+	w := t.rule.weight(t.ahead)
+	for i := range t.ahead {
+		if addWeights(w-t.rule.weight(t.ahead[i:i+1]), t.far) <= t.rule.room {
+			return true
+		}
+	}
+	return false
+}
 
 // blocked reports whether more weight that blocks us is listed ahead than
 // the rule leaves room for.

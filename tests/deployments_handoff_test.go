@@ -5,6 +5,8 @@ package tests
 // and never while its own key is gone.
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/namespace"
 )
 
 // Directly and through etcd's gRPC proxy (which never answers a progress
@@ -127,4 +130,93 @@ func TestTurnNeverTakenWithOwnKeyGone(t *testing.T) {
 			t.Logf("outcomes: %v", got)
 		})
 	}
+}
+
+// Through etcd's gRPC proxy, with other watchers of the same prefix
+// already broadcast (a user's watch from the current revision, and one
+// from revision 1 still replaying history), so that the waiters' prefix
+// watches join or are coalesced into existing broadcasts: the waiters
+// still exclude each other, every Lock's key exists, and a waiter whose
+// key is deleted learns it.
+func TestPrefixWatchesCoalescedByTheProxyExclude(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	proxy := etcdtest.StartGRPCProxy(t, c.Endpoints())
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	name := "pxco"
+	// History under the prefix, so that a watch from revision 1 replays.
+	for i := range 50 {
+		_, err := admin.Put(ctx, fmt.Sprintf("%s/x/%d", name, i), "v")
+		require.NoError(t, err)
+		_, err = admin.Delete(ctx, fmt.Sprintf("%s/x/%d", name, i))
+		require.NoError(t, err)
+	}
+	user := etcdtest.NewClient(t, []string{proxy})
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	for _, opts := range [][]clientv3.OpOption{
+		{clientv3.WithPrefix()},
+		{clientv3.WithPrefix(), clientv3.WithRev(1)},
+		{clientv3.WithPrefix(), clientv3.WithFilterPut()},
+	} {
+		wch := user.Watch(wctx, name+"/", opts...)
+		go func() {
+			for range wch {
+			}
+		}()
+	}
+	var ms []*etcdsync.Mutex
+	for range 4 {
+		cli := etcdtest.NewClient(t, []string{proxy})
+		ms = append(ms, etcdsync.NewMutex(session(t, cli), name))
+	}
+	contendMutexes(t, ctx, admin, ms, 15)
+
+	// A waiter's own key deleted while it waits on the prefix through the
+	// proxy: ErrSessionExpired, never the turn.
+	holder := heldMutex(t, ctx, admin, name)
+	waiterLosesOwnKey(t, ctx, admin, name+"/", holder.Key(), func() error { return ms[0].Lock(ctx) }, "proxied waiter")
+	require.NoError(t, holder.Unlock(ctx))
+}
+
+// Through a namespace (namespace.NewKV/NewWatcher/NewLease): exclusion
+// under contention, a holder and its waiter deleted in one transaction
+// grant nobody, and the waiter behind both gets the turn.
+func TestNamespacedWaitersOnThePrefixExclude(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	const ns = "tenant1/"
+	nsClient := func() *clientv3.Client {
+		cli := etcdtest.NewClient(t, c.Endpoints())
+		cli.KV = namespace.NewKV(cli.KV, ns)
+		cli.Watcher = namespace.NewWatcher(cli.Watcher, ns)
+		cli.Lease = namespace.NewLease(cli.Lease, ns)
+		return cli
+	}
+	name := "nsq"
+	var ms []*etcdsync.Mutex
+	for range 3 {
+		ms = append(ms, etcdsync.NewMutex(session(t, nsClient()), name))
+	}
+	contendMutexes(t, ctx, nsClient(), ms, 15)
+
+	h, w1, w2 := ms[0], ms[1], ms[2]
+	require.NoError(t, h.Lock(ctx))
+	g1 := async(func() error { return w1.Lock(ctx) })
+	waitKeys(t, admin, ns+name+"/", 2)
+	g2 := async(func() error { return w2.Lock(ctx) })
+	waitKeys(t, admin, ns+name+"/", 3)
+	time.Sleep(200 * time.Millisecond) // the waits' watches are created
+	w1key := nthKey(t, ctx, admin, ns+name+"/", 1)
+	require.NotEmpty(t, w1key)
+	_, err := admin.Txn(ctx).Then(clientv3.OpDelete(ns+h.Key()), clientv3.OpDelete(w1key)).Commit()
+	require.NoError(t, err)
+	require.ErrorIs(t, resultWithin(t, g1, testTimeout, "w1 whose key went with the holder's"), etcdsync.ErrSessionExpired)
+	require.NoError(t, resultWithin(t, g2, testTimeout, "w2 behind both"))
+	require.NoError(t, w2.Unlock(ctx))
+	within(t, h.Done(), testTimeout, "the holder's Done")
+	waitNoKeys(t, admin, ns+name+"/")
 }

@@ -333,3 +333,63 @@ func TestGuardedDoWithoutOpsNotAnsweredByLaggingFollower(t *testing.T) {
 	require.Error(t, mlErr, "MultiLock.Do() through a lagging follower after a key was deleted")
 	require.Error(t, mErr, "Mutex.Do() through a lagging follower after its key was deleted: a stale serializable answer")
 }
+
+// The holder holds X and Y with one MultiLock (one lease); single waiters
+// wait on X, on Y, and a MultiLock on both; the holder's lease is revoked
+// (all its keys go at one revision). Each waiter holds in turn, never two
+// on one name, nothing is left behind.
+func TestLeaseRevokeDeletingSeveralKeysAtOnceExcludes(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	hs := session(t, admin)
+	h := etcdsync.NewMultiLock(hs, "rvx", "rvy")
+	require.NoError(t, h.Lock(ctx))
+	var inX, inY atomic.Int32
+	enter := func(xy ...*atomic.Int32) {
+		for _, c := range xy {
+			if c.Add(1) != 1 {
+				t.Errorf("two holders on one name")
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		for _, c := range xy {
+			c.Add(-1)
+		}
+	}
+	mx := etcdsync.NewMutex(session(t, admin), "rvx")
+	my := etcdsync.NewMutex(session(t, admin), "rvy")
+	ml := etcdsync.NewMultiLock(session(t, admin), "rvx", "rvy")
+	gx := doneAsync(t, "x", func() error {
+		if err := mx.Lock(ctx); err != nil {
+			return err
+		}
+		enter(&inX)
+		return mx.Unlock(ctx)
+	})
+	waitKeys(t, admin, "rvx/", 2)
+	gml := doneAsync(t, "ml", func() error {
+		if err := ml.Lock(ctx); err != nil {
+			return err
+		}
+		enter(&inX, &inY)
+		return ml.Unlock(ctx)
+	})
+	waitKeys(t, admin, "rvx/", 3)
+	gy := doneAsync(t, "y", func() error {
+		if err := my.Lock(ctx); err != nil {
+			return err
+		}
+		enter(&inY)
+		return my.Unlock(ctx)
+	})
+	waitKeys(t, admin, "rvy/", 3)
+	time.Sleep(200 * time.Millisecond)
+	hs.Orphan()
+	_, err := admin.Revoke(ctx, hs.Lease())
+	require.NoError(t, err)
+	within(t, gx, testTimeout, "x")
+	within(t, gml, testTimeout, "ml")
+	within(t, gy, testTimeout, "y")
+	waitNoKeys(t, admin, "rvx/")
+	waitNoKeys(t, admin, "rvy/")
+}

@@ -423,3 +423,40 @@ func TestPrefixDeleteNeverHandsTheTurnPerServer(t *testing.T) {
 		}
 	})
 }
+
+// A Mutex's third waiter watches per key (keys it does not watch were
+// listed); once its second-nearest goes it reads and moves to the prefix
+// watch; then its predecessor's release hands it the turn with no RPC.
+// Exclusion holds across the move.
+func TestThirdWaiterMovesToThePrefixThenNeedsNoRPC(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	name := "third"
+	h := heldMutex(t, ctx, admin, name)
+	w1 := etcdsync.NewMutex(session(t, admin), name)
+	g1 := async(func() error { return w1.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 2)
+	w2 := etcdsync.NewMutex(session(t, admin), name)
+	g2 := async(func() error { return w2.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 3)
+	cnt := counter{created: make(chan struct{}, 16), returned: make(chan struct{}, 64)}
+	cli := c.Client(t, cnt.dial()...)
+	w3 := etcdsync.NewMutex(session(t, cli), name)
+	g3 := async(func() error { return w3.Lock(ctx) })
+	awaitCreated(t, cnt.created, 3, testTimeout, "w3's watches: own key and two nearest")
+	require.NoError(t, h.Unlock(ctx))
+	require.NoError(t, resultWithin(t, g1, testTimeout, "w1"))
+	notYet(t, g3, 200*time.Millisecond, "w3 while w1 holds")
+	require.NoError(t, w1.Unlock(ctx))
+	require.NoError(t, resultWithin(t, g2, testTimeout, "w2"))
+	within(t, cnt.created, testTimeout, "w3's watch of the prefix")
+	time.Sleep(300 * time.Millisecond) // a read the creation may need is done
+	notYet(t, g3, 10*time.Millisecond, "w3 while w2 holds")
+	before := cnt.unary.Load()
+	require.NoError(t, w2.Unlock(ctx))
+	require.NoError(t, resultWithin(t, g3, testTimeout, "w3"))
+	n := cnt.unary.Load() - before
+	_, methods := cnt.take()
+	require.Zero(t, n, "RPCs between w2's Unlock and w3's Lock: %v", methods)
+	require.NoError(t, w3.Unlock(ctx))
+}

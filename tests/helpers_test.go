@@ -430,3 +430,57 @@ func waits(listed, nearest int) int {
 	}
 	return 1 + nearest
 }
+
+// contendMutexes has each mutex Lock, hold for a moment, Unlock, rounds
+// times, concurrently; it fails t when two hold at once or a Lock returns
+// nil with its key gone.
+func contendMutexes(t *testing.T, ctx context.Context, check *clientv3.Client, ms []*etcdsync.Mutex, rounds int) {
+	t.Helper()
+	var in atomic.Int32
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				if err := m.Lock(ctx); err != nil {
+					t.Errorf("mutex %d round %d: Lock: %v", i, r, err)
+					return
+				}
+				if n := in.Add(1); n != 1 {
+					t.Errorf("mutex %d round %d: %d holders at once", i, r, n)
+				}
+				if check != nil {
+					resp, err := check.Get(ctx, m.Key())
+					if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != m.Rev() {
+						t.Errorf("mutex %d round %d: Lock returned nil with key %s (rev %d) gone (%v)", i, r, m.Key(), m.Rev(), err)
+					}
+				}
+				time.Sleep(time.Millisecond)
+				in.Add(-1)
+				if err := m.Unlock(ctx); err != nil {
+					t.Errorf("mutex %d round %d: Unlock: %v", i, r, err)
+					return
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	within(t, done, testTimeout, "contending mutexes")
+}
+
+// nthKey returns the key under prefix with the i-th lowest create revision.
+func nthKey(t *testing.T, ctx context.Context, cli *clientv3.Client, prefix string, i int) string {
+	t.Helper()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	require.NoError(t, err)
+	require.Greater(t, len(resp.Kvs), i)
+	return string(resp.Kvs[i].Key)
+}
+
+func chanOf(ch chan int64) <-chan struct{} {
+	out := make(chan struct{})
+	go func() { <-ch; close(out) }()
+	return out
+}

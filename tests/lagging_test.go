@@ -567,3 +567,98 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	require.NoError(t, <-locked)
 	require.GreaterOrEqual(t, w.Header().Revision, last, "the hold began before the older key's delete")
 }
+
+// A waiter's prefix watch is served by a follower f cut off from its peers
+// (its Created revision below the waiter's read, which u served). While f
+// lags, the waiter's own key is deleted, then (or before) the holder's; f
+// heals and replays both. Own key first: ErrSessionExpired, never the
+// turn. Holder first: the turn is legitimate (the key lived at the turn's
+// revision) but Done must close. The waiter behind both must hold.
+func TestLaggingPrefixWatchSeesOwnKeyAndHolderInOrder(t *testing.T) {
+	t.Parallel()
+	c, f, u := faults.PeerRig(t)
+	ctx := ctxT(t)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	viaF := etcdtest.Conn(t, f.Endpoint())
+	for round, ownFirst := range []bool{true, false, true, false} {
+		name := fmt.Sprintf("lagown%d", round)
+		h := heldMutex(t, ctx, admin, name)
+		created := make(chan struct{}, 16)
+		cli := etcdtest.NewClient(t, []string{u.Endpoint()}, faults.WatchVia(viaF, created))
+		s1 := session(t, cli, etcdsync.WithTTL(30*time.Second))
+		w1 := etcdsync.NewMutex(s1, name)
+		require.NoError(t, c.CutPeers(f))
+		g1 := async(func() error { return w1.Lock(ctx) })
+		within(t, created, testTimeout, "w1's prefix watch created on f")
+		waitKeys(t, admin, name+"/", 2)
+		w2 := etcdsync.NewMutex(session(t, admin), name)
+		g2 := async(func() error { return w2.Lock(ctx) })
+		waitKeys(t, admin, name+"/", 3)
+		del := []string{keyOf(name, s1), h.Key()}
+		if !ownFirst {
+			del[0], del[1] = del[1], del[0]
+		}
+		var last int64
+		for _, k := range del {
+			resp, err := admin.Delete(ctx, k)
+			require.NoError(t, err)
+			last = resp.Header.Revision
+		}
+		notYet(t, g1, 200*time.Millisecond, "w1 while f lags")
+		require.NoError(t, c.HealPeers(f))
+		faults.CaughtUp(t, f, last)
+		err := resultWithin(t, g1, testTimeout, "w1 after the heal")
+		if ownFirst {
+			require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "round %d: own key deleted before the holder's", round)
+		} else if err == nil {
+			within(t, w1.Done(), testTimeout, "w1's Done, its key gone after its turn")
+		} else {
+			require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "round %d", round)
+		}
+		require.NoError(t, resultWithin(t, g2, testTimeout, "w2 behind both"))
+		require.NoError(t, w2.Unlock(ctx))
+		waitNoKeys(t, admin, name+"/")
+	}
+}
+
+// A waiter whose reads go to a follower f that is cut off (lagging: its
+// serializable answers are behind, its linearizable ones fail) and whose
+// prefix watch is on an up-to-date member, under a steady write load (so
+// the watch's Created revision is above its read): it must not hold while
+// the holder holds, and must hold once the holder went and f healed.
+func TestWaiterReadingALaggingFollowerWaitsForItsTurn(t *testing.T) {
+	t.Parallel()
+	c, f, u := faults.PeerRig(t)
+	ctx := ctxT(t)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	name := "lagread"
+	h := heldMutex(t, ctx, admin, name)
+	via := &faults.UnaryVia{Conn: etcdtest.Conn(t, f.Endpoint())}
+	cli := etcdtest.NewClient(t, []string{u.Endpoint()}, via.Dial())
+	s := session(t, cli, etcdsync.WithTTL(30*time.Second))
+	w := etcdsync.NewMutex(s, name)
+	lctx, lcancel := context.WithCancel(ctx)
+	load := doneAsync(t, "load", func() error {
+		for i := 0; lctx.Err() == nil; i++ {
+			if _, err := admin.Put(lctx, "load", fmt.Sprint(i)); err != nil && lctx.Err() == nil {
+				return err
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return nil
+	})
+	require.NoError(t, c.CutPeers(f))
+	via.Arm("/etcdserverpb.KV/Range", 1000)
+	g := async(func() error { return w.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 2)
+	notYet(t, g, 1500*time.Millisecond, "w while h holds (f cut)")
+	require.NoError(t, h.Unlock(ctx))
+	require.NoError(t, c.HealPeers(f))
+	require.NoError(t, resultWithin(t, g, testTimeout, "w once h went and f healed"))
+	lcancel()
+	within(t, load, testTimeout, "load")
+	resp, err := admin.Get(ctx, w.Key())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "w holds with its key")
+	require.NoError(t, w.Unlock(ctx))
+}

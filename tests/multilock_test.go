@@ -904,3 +904,29 @@ func TestMultiLockWaitIgnoresReplayedDeleteOfOlderKeyOnOtherName(t *testing.T) {
 	require.NoError(t, resultWithin(t, errc, testTimeout, "MultiLock's Lock after the Mutex's release"))
 	require.NoError(t, ml.Unlock(ctx))
 }
+
+// A MultiLock on X and Y waits on X (held by H); Y is free. One admin
+// transaction deletes H's key on X and the MultiLock's key on Y: the
+// MultiLock must not hold (its Y key is gone at the turn's revision).
+func TestMultiLockWaiterWhoseOtherKeyGoesWithTheHolderNeverHolds(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	for round := range 6 {
+		x, y := fmt.Sprintf("mlx%d", round), fmt.Sprintf("mly%d", round)
+		h := heldMutex(t, ctx, admin, x)
+		s := session(t, admin)
+		ml := etcdsync.NewMultiLock(s, x, y)
+		g := async(func() error { return ml.Lock(ctx) })
+		waitKeys(t, admin, x+"/", 2)
+		time.Sleep(time.Duration(round*60) * time.Millisecond)
+		_, err := admin.Txn(ctx).Then(clientv3.OpDelete(h.Key()), clientv3.OpDelete(keyOf(y, s))).Commit()
+		require.NoError(t, err)
+		err = resultWithin(t, g, testTimeout, "the MultiLock")
+		if err == nil {
+			t.Fatalf("round %d: MultiLock.Lock returned nil with its key on %s deleted with the holder's on %s", round, y, x)
+		}
+		require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "round %d", round)
+		waitNoKeys(t, admin, x+"/")
+		waitNoKeys(t, admin, y+"/")
+	}
+}

@@ -1023,3 +1023,54 @@ func TestRLockDoesNotJoinMutexHold(t *testing.T) {
 	require.Equal(t, []string{m.Key()}, keys(t, admin, "r12bmx/"))
 	require.NoError(t, m.Unlock(ctx))
 }
+
+// Readers and writers under contention: never a writer with anyone else.
+func TestRWMutexMixedContentionExcludes(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	var readers, writers atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 6 {
+		rw := etcdsync.NewRWMutex(session(t, c.Client(t)), "rwc")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range 12 {
+				if (i+r)%3 == 0 {
+					if err := rw.Lock(ctx); err != nil {
+						t.Errorf("Lock: %v", err)
+						return
+					}
+					if w := writers.Add(1); w != 1 || readers.Load() != 0 {
+						t.Errorf("writer %d round %d with %d writers and %d readers", i, r, w, readers.Load())
+					}
+					time.Sleep(time.Millisecond)
+					writers.Add(-1)
+					if err := rw.Unlock(ctx); err != nil {
+						t.Errorf("Unlock: %v", err)
+						return
+					}
+				} else {
+					if err := rw.RLock(ctx); err != nil {
+						t.Errorf("RLock: %v", err)
+						return
+					}
+					readers.Add(1)
+					if writers.Load() != 0 {
+						t.Errorf("reader %d round %d with a writer", i, r)
+					}
+					time.Sleep(time.Millisecond)
+					readers.Add(-1)
+					if err := rw.RUnlock(ctx); err != nil {
+						t.Errorf("RUnlock: %v", err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	within(t, done, testTimeout, "rw participants")
+	waitNoKeys(t, admin, "rwc/")
+}
