@@ -159,6 +159,46 @@ func (st *stream) check(r keyed) error {
 	return nil
 }
 
+// watchQueue makes the stream watch the whole prefix in place of our own key
+// and the keys ahead, unless it does already.
+func (st *stream) watchQueue() {
+	if st.queue {
+		return
+	}
+	st.own.cancel()
+	for key, w := range st.keys {
+		w.cancel()
+		delete(st.keys, key)
+	}
+	st.own, st.queue = st.add(st.t.prefix, clientv3.WithPrefix()), true
+}
+
+// toQueue reads what is left ahead after a key it watched went at gone (it
+// has keys ahead it does not watch), moving to the watch of the whole
+// prefix first: the read comes once that watch is created, at or past the
+// revision it starts from, so that the watch misses nothing the read does
+// not show. (Read first and watch after, and a write between the two, such
+// as the predecessor's release, would need a second read.) When the read
+// leaves the waiter with keys ahead it does not list, turn.watch goes back
+// to watching keys one by one.
+func (st *stream) toQueue(ctx context.Context, gone int64) error {
+	t := st.t
+	st.watchQueue()
+	for {
+		r, err := st.recv(ctx)
+		switch {
+		case err != nil:
+			return err
+		case r.key != t.key:
+			if _, err := st.alsoSeen(ctx, r); err != nil {
+				return err
+			}
+		case r.wr.Created:
+			return t.settle(ctx, max(gone, r.wr.Header.Revision))
+		}
+	}
+}
+
 // alsoSeen reports whether r is of the watch of another key of the same
 // acquire (turn.also), whose deletes end the wait (check); once all of
 // those watches are created, one read shows that none of the keys went
@@ -195,14 +235,7 @@ func (st *stream) alsoSeen(ctx context.Context, r keyed) (bool, error) {
 // that do not block us (keys behind ours, other names nested under ours).
 func (st *stream) waitQueue(ctx context.Context) error {
 	t := st.t
-	if !st.queue {
-		st.own.cancel()
-		for key, w := range st.keys {
-			w.cancel()
-			delete(st.keys, key)
-		}
-		st.own, st.queue = st.add(t.prefix, clientv3.WithPrefix()), true
-	}
+	st.watchQueue()
 	for t.blocked() && t.single() {
 		r, err := st.recv(ctx)
 		switch {

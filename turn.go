@@ -353,9 +353,9 @@ func (t *turn) watch(ctx context.Context) error {
 		}
 		st.watchNearest()
 		gone, err := st.next(ctx)
-		if err == nil && gone > 0 { // a key it watches went: read what is left
+		if err == nil && gone > 0 { // a key it watches went: read what is left, watching the prefix
 			t.gone = max(t.gone, gone)
-			err = t.settle(ctx, gone)
+			err = st.toQueue(ctx, gone)
 		}
 		if err != nil {
 			return err
