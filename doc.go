@@ -49,8 +49,10 @@
 // nearest keys that block it, and reads what is left ahead when one of them
 // goes, off the critical path. A
 // release of a Mutex or an Election reaches at most two waiters at any queue
-// length; an RWMutex writer's release reaches every reader it lets in, and a
-// Semaphore's at most about capacity+1 waiters, never the whole queue. A
+// length; an RWMutex writer's release reaches every reader it lets in (and
+// the readers waiting behind a writer get every release under the name
+// while they wait, which wakes them for nothing), and a Semaphore's at most
+// about capacity+1 waiters, never the whole queue. A
 // release (Unlock, Resign, Release) is one fenced RPC; TryLock on a held name is one RPC and writes
 // nothing. Every request goes through the client's interfaces (KV, Watcher,
 // Lease, Maintenance), so a client wrapped by clientv3/namespace, the
