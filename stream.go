@@ -185,16 +185,27 @@ func (st *stream) toQueue(ctx context.Context, gone int64) error {
 	t := st.t
 	st.watchQueue()
 	for {
-		r, err := st.recv(ctx)
+		r, err := st.recvOwn(ctx)
 		switch {
 		case err != nil:
 			return err
-		case r.key != t.key:
-			if _, err := st.alsoSeen(ctx, r); err != nil {
-				return err
-			}
 		case r.wr.Created:
 			return t.settle(ctx, max(gone, r.wr.Header.Revision))
+		}
+	}
+}
+
+// recvOwn returns the next response of own (the watch of the prefix, or of
+// our own key), seeing to those of the acquire's other keys (alsoSeen) on
+// the way.
+func (st *stream) recvOwn(ctx context.Context) (keyed, error) {
+	for {
+		r, err := st.recv(ctx)
+		if err != nil || r.key == st.t.key {
+			return r, err
+		}
+		if _, err := st.alsoSeen(ctx, r); err != nil {
+			return keyed{}, err
 		}
 	}
 }
@@ -237,15 +248,10 @@ func (st *stream) waitQueue(ctx context.Context) error {
 	t := st.t
 	st.watchQueue()
 	for t.blocked() && t.single() {
-		r, err := st.recv(ctx)
+		r, err := st.recvOwn(ctx)
 		switch {
 		case err != nil:
 			return err
-		case r.key != t.key:
-			if _, err := st.alsoSeen(ctx, r); err != nil {
-				return err
-			}
-			continue
 		case r.wr.Created:
 			if r.wr.Header.Revision > t.hdr.Revision {
 				if err := t.settle(ctx, r.wr.Header.Revision); err != nil {
