@@ -40,15 +40,19 @@
 // primitive's rule (every one for a Mutex or an Election; writers for a
 // reader; enough weight to fill the capacity for a Semaphore).
 //
-// A waiter watches its own key and the two nearest keys that block it: its
-// predecessor and the one before it. When the predecessor's delete arrives
-// and nothing else is ahead, the turn is its own with no RPC (a watch progress
-// request, on servers that order its answer, shows that its own key survived;
-// elsewhere one read does). When the key before the predecessor goes first,
-// the waiter learns what is left ahead then, off the critical path. A
+// A waiter that lists every key that blocks it (a Mutex's first two
+// waiters) watches the name's whole prefix on one watch: when its
+// predecessor's delete arrives and nothing else is ahead, the turn is its
+// own with no RPC, as etcd sends the events of one revision in one response
+// and a watch's events in order, so its own key's delete would have come
+// with it or before. A waiter further back watches its own key and the two
+// nearest keys that block it, and reads what is left ahead when one of them
+// goes, off the critical path. A
 // release of a Mutex or an Election reaches at most two waiters at any queue
-// length; an RWMutex writer's release reaches every reader it lets in, and a
-// Semaphore's at most about capacity+1 waiters, never the whole queue. A
+// length; an RWMutex writer's release reaches every reader it lets in (and
+// the readers waiting behind a writer get every release under the name
+// while they wait, which wakes them for nothing), and a Semaphore's at most
+// about capacity+1 waiters, never the whole queue. A
 // release (Unlock, Resign, Release) is one fenced RPC; TryLock on a held name is one RPC and writes
 // nothing. Every request goes through the client's interfaces (KV, Watcher,
 // Lease, Maintenance), so a client wrapped by clientv3/namespace, the

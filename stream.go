@@ -1,12 +1,12 @@
 package etcdsync
 
-// A wait's watch stream (type stream): the watches of one waiter's own key
-// and of the keys it waits for, all through the client's Watcher, on one
-// gRPC stream of the wait's own (waitContext); responses matched to keys by
-// the channel they came on, never by watch IDs; the confirmation of a turn
-// (stream.confirm: a progress request, or a read); and the probe that asks,
-// off the critical path, whether the client's servers answer progress
-// requests (caps.go).
+// A wait's watch stream (type stream): the watches a waiter waits on, all
+// through the client's Watcher, on one gRPC stream of the wait's own
+// (waitContext): one of the whole prefix while it lists and watches every
+// key that blocks it (waitQueue: the turn on a delete's event alone), else
+// one of its own key and one of each of the nearest keys ahead (next);
+// responses matched to watches by the channel they came on, never by watch
+// IDs.
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -36,8 +35,8 @@ type watchOf struct {
 	cancel context.CancelFunc
 }
 
-// stream is a waiter's watches: one of its own key and one of each of the
-// nearest keys that block it, all through the client's Watcher, from the
+// stream is a waiter's watches: one of the whole prefix (queue), or one of
+// its own key and one of each of the nearest keys that block it; all through the client's Watcher, from the
 // serving member's current revision, on one gRPC stream of the wait's own
 // (see waitContext). A response is matched to its key by the channel it
 // came on, never by a watch ID; the wait reads the channels itself (no
@@ -53,36 +52,23 @@ type stream struct {
 	// shows that none went before.
 	also        map[string]watchOf
 	alsoPending int
-	// ownSeen is set once the watch of our own key has shown its creation:
-	// a progress answer on it counts only from then on.
-	ownSeen bool
-	trust   bool // progress answers may confirm the turn (see caps)
-	// probe fires when the probe (see caps.probing), a progress request sent
-	// once our own key's watch was created, has gone unanswered for
-	// progressWait; nil when none is out. probeEnd is when it fires.
-	// confirming is set while confirm waits for its own request's answer,
-	// which tells the client what a probe would (no probe is sent then).
-	confirming bool
-	probe      <-chan time.Time
-	probeEnd   time.Time
-	stopTimer  func() bool
+	// queue is set while own watches the whole prefix (see waitQueue), not
+	// our own key alone; keys is then empty.
+	queue bool
 }
 
 // waitSeq numbers waits, so that each has a stream of its own (waitContext).
 var waitSeq atomic.Uint64
 
-// waitContext marks the watches and progress requests of one wait with
-// metadata of their own, so that the client's Watcher (which groups watches
-// on gRPC streams by their contexts' outgoing metadata) puts them on a
-// stream of their own: a progress request then concerns, and its answer
-// reaches, this waiter's watches only, at any queue length.
-//
-// Waits do not share streams: the client's Watcher (3.7.3 and before,
-// etcd-io/etcd#21969) panics when a progress answer, which it hands to
-// every watch of the stream, meets a watch whose cancel it has just
-// received and not yet finished; on a shared stream, other waits' progress
-// answers come at any time, and their cancels often. On a stream of its
-// own, a wait asks for progress only before it cancels its watches.
+// waitContext marks the watches of one wait with metadata of their own, so
+// that the client's Watcher (which groups watches on gRPC streams by their
+// contexts' outgoing metadata) puts them on a stream of their own. Waits
+// share no stream with each other or with the caller's own watches: the
+// client's Watcher (3.7.3 and before, etcd-io/etcd#21969) panics when a
+// progress answer, which it hands to every watch of the stream, meets a
+// watch whose cancel it has just received and not yet finished; a caller's
+// own progress requests, or its WithProgressNotify watches, would bring
+// such answers to a shared stream at any time, and waits cancel often.
 func waitContext(ctx context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "etcdsync-wait", strconv.FormatUint(waitSeq.Add(1), 36))
 }
@@ -94,9 +80,9 @@ func waitContext(ctx context.Context) context.Context {
 // hands the request over, and closes the stream only when its last watch
 // ends, so a watch whose context ended before the handover would leave an
 // empty stream open for the client's life.
-func (st *stream) add(key string) watchOf {
+func (st *stream) add(key string, opts ...clientv3.OpOption) watchOf {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(st.ctx))
-	return watchOf{ch: st.t.s.client.Watch(ctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify()), cancel: cancel}
+	return watchOf{ch: st.t.s.client.Watch(ctx, key, append(opts, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())...), cancel: cancel}
 }
 
 // close ends every watch.
@@ -110,14 +96,13 @@ func (st *stream) close() {
 	}
 }
 
-// receive returns the next response of a watch, or fired when timer fires
-// first (a nil timer never does), or ctx's error when ctx ends first.
-func (st *stream) receive(ctx context.Context, timer <-chan time.Time) (r keyed, fired bool, err error) {
-	cases := make([]reflect.SelectCase, 0, 3+len(st.keys)+len(st.also))
+// receive returns the next response of a watch, or ctx's error when ctx
+// ends first. A response of own is keyed by our own key.
+func (st *stream) receive(ctx context.Context) (r keyed, err error) {
+	cases := make([]reflect.SelectCase, 0, 2+len(st.keys)+len(st.also))
 	keys := make([]string, 0, 1+len(st.keys)+len(st.also))
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer)},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(st.own.ch)})
 	keys = append(keys, st.t.key)
 	for _, ws := range []map[string]watchOf{st.keys, st.also} {
@@ -127,17 +112,14 @@ func (st *stream) receive(ctx context.Context, timer <-chan time.Time) (r keyed,
 		}
 	}
 	i, v, ok := reflect.Select(cases)
-	switch i {
-	case 0:
-		return keyed{}, false, ctx.Err()
-	case 1:
-		return keyed{}, true, nil
+	if i == 0 {
+		return keyed{}, ctx.Err()
 	}
-	r = keyed{key: keys[i-2], closed: !ok}
+	r = keyed{key: keys[i-1], closed: !ok}
 	if ok {
 		r.wr = v.Interface().(clientv3.WatchResponse)
 	}
-	return r, false, nil
+	return r, nil
 }
 
 // recv returns the next response of a watch. A delete of our own key
@@ -145,42 +127,14 @@ func (st *stream) receive(ctx context.Context, timer <-chan time.Time) (r keyed,
 // wrapping ErrSessionExpired; a failed watch of our own key or of a key we
 // wait for is an error.
 func (st *stream) recv(ctx context.Context) (keyed, error) {
-	for {
-		r, fired, err := st.receive(ctx, st.probe)
-		switch {
-		case err != nil:
-			return keyed{}, err
-		case fired:
-			st.probe = nil
-			st.t.s.caps.unanswered()
-		default:
-			return r, st.check(r)
-		}
+	r, err := st.receive(ctx)
+	if err != nil {
+		return keyed{}, err
 	}
+	return r, st.check(r)
 }
 
-// sendProbe sends the probe (see caps.probing), once our own key's watch
-// was created, if the client wants one. Its answer is noted by check; its
-// silence by recv, once progressWait has passed.
-func (st *stream) sendProbe() {
-	if st.confirming || !st.t.s.caps.probing() || st.t.s.client.RequestProgress(st.ctx) != nil {
-		return
-	}
-	timer := time.NewTimer(progressWait)
-	st.probe, st.probeEnd, st.stopTimer = timer.C, time.Now().Add(progressWait), timer.Stop
-}
-
-// stopProbe stops the probe's timer, if one is out.
-func (st *stream) stopProbe() {
-	if st.probe != nil {
-		st.stopTimer()
-		st.probe = nil
-	}
-}
-
-// check returns the error r means, if any (see recv), and notes the
-// creation of our own key's watch (then sends the probe) and the answers to
-// progress requests on it.
+// check returns the error r means, if any (see recv).
 func (st *stream) check(r keyed) error {
 	_, watched := st.keys[r.key]
 	_, also := st.also[r.key]
@@ -198,15 +152,131 @@ func (st *stream) check(r keyed) error {
 		return fmt.Errorf("%w: %s, of the same acquire, was deleted", errOwnKeyGone, r.key)
 	case !mine:
 		return nil
-	case r.wr.Created:
-		st.ownSeen = true
-		st.sendProbe()
-	case st.ownSeen && r.wr.IsProgressNotify():
-		st.stopProbe()
-		st.t.s.caps.answer()
 	}
-	if rev := st.t.deleted(r.wr); rev > 0 {
+	if rev := st.t.deleted(r.wr, st.queue); rev > 0 {
 		return fmt.Errorf("%w (revision %d)", errOwnKeyGone, rev)
+	}
+	return nil
+}
+
+// watchQueue makes the stream watch the whole prefix in place of our own key
+// and the keys ahead, unless it does already.
+func (st *stream) watchQueue() {
+	if st.queue {
+		return
+	}
+	st.own.cancel()
+	for key, w := range st.keys {
+		w.cancel()
+		delete(st.keys, key)
+	}
+	st.own, st.queue = st.add(st.t.prefix, clientv3.WithPrefix()), true
+}
+
+// toQueue reads what is left ahead after a key it watched went at gone (it
+// has keys ahead it does not watch), moving to the watch of the whole
+// prefix first: the read comes once that watch is created, at or past the
+// revision it starts from, so that the watch misses nothing the read does
+// not show. (Read first and watch after, and a write between the two, such
+// as the predecessor's release, would need a second read.) When the read
+// leaves the waiter with keys ahead it does not list, turn.watch goes back
+// to watching keys one by one.
+func (st *stream) toQueue(ctx context.Context, gone int64) error {
+	t := st.t
+	st.watchQueue()
+	for {
+		r, err := st.recvOwn(ctx)
+		switch {
+		case err != nil:
+			return err
+		case r.wr.Created:
+			return t.settle(ctx, max(gone, r.wr.Header.Revision))
+		}
+	}
+}
+
+// recvOwn returns the next response of own (the watch of the prefix, or of
+// our own key), seeing to those of the acquire's other keys (alsoSeen) on
+// the way.
+func (st *stream) recvOwn(ctx context.Context) (keyed, error) {
+	for {
+		r, err := st.recv(ctx)
+		if err != nil || r.key == st.t.key {
+			return r, err
+		}
+		if _, err := st.alsoSeen(ctx, r); err != nil {
+			return keyed{}, err
+		}
+	}
+}
+
+// alsoSeen reports whether r is of the watch of another key of the same
+// acquire (turn.also), whose deletes end the wait (check); once all of
+// those watches are created, one read shows that none of the keys went
+// before.
+func (st *stream) alsoSeen(ctx context.Context, r keyed) (bool, error) {
+	if _, also := st.also[r.key]; !also {
+		return false, nil
+	}
+	if r.wr.Created {
+		if st.alsoPending--; st.alsoPending == 0 {
+			return true, keysAt(ctx, st.t.s.client, st.t.also, st.t.rev, nil)
+		}
+	}
+	return true, nil
+}
+
+// waitQueue waits on one watch of the whole prefix, for a waiter that
+// lists every key that blocks it and watches them all (turn.single): a
+// delete of any of them may give it the turn. etcd sends the events of one
+// revision for one watch in one response, and one watch's events in
+// revision order, resumed in order after a reconnect; so when the response
+// with the last blocking key's delete shows no delete of our own key, our
+// key was there at that revision, and the turn is ours with no further
+// request. It returns nil when the turn came, or when a read (the watch was
+// created past our last read) left the waiter no longer single; an error
+// wrapping ErrSessionExpired when our key went; another error when the
+// watch failed.
+//
+// The watch replaces the watches of our own key and of the keys ahead, and
+// starts at the serving member's current revision, so that the server puts
+// it in its synced set at once. The gap between our last read and its
+// creation is read (as in next). Events at or below our last read are
+// replays by a member behind it, and are ignored; so are deletes of keys
+// that do not block us (keys behind ours, other names nested under ours).
+func (st *stream) waitQueue(ctx context.Context) error {
+	t := st.t
+	st.watchQueue()
+	for t.blocked() && t.single() {
+		r, err := st.recvOwn(ctx)
+		switch {
+		case err != nil:
+			return err
+		case r.wr.Created:
+			if r.wr.Header.Revision > t.hdr.Revision {
+				if err := t.settle(ctx, r.wr.Header.Revision); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		for _, ev := range r.wr.Events {
+			i := slices.IndexFunc(t.ahead, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == string(ev.Kv.Key) })
+			if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && i >= 0 {
+				t.ahead = slices.Delete(t.ahead, i, i+1)
+				t.gone = max(t.gone, ev.Kv.ModRevision)
+			}
+		}
+		switch {
+		case !t.blocked():
+			t.ahead, t.far, t.farN = nil, 0, 0
+			h := r.wr.Header
+			t.hdr = &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: t.gone, RaftTerm: h.RaftTerm}
+		case !t.single(): // only the far keys, which it does not list, can give it the turn now: read them
+			if err := t.settle(ctx, t.gone); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -228,119 +298,32 @@ func (st *stream) watchNearest() {
 	}
 }
 
-// watchesAll reports whether the stream watches every key of kvs.
-func (st *stream) watchesAll(kvs []*mvccpb.KeyValue) bool {
-	for _, kv := range kvs {
-		if _, ok := st.keys[string(kv.Key)]; !ok {
-			return false
-		}
-	}
-	return true
-}
-
 // next reads the watches until a watched key ahead is deleted (after our
-// last read), and returns it with the delete's revision; or until a watch's
+// last read), and returns the delete's revision; or until a watch's
 // creation past our last read made us read again (the queue may have moved),
-// and returns a revision of 0. A delete of our own key, or of another key of
+// and returns 0. A delete of our own key, or of another key of
 // the same acquire (turn.also, checked by one read once all are watched), is
 // an error wrapping ErrSessionExpired.
-func (st *stream) next(ctx context.Context) (string, int64, error) {
+func (st *stream) next(ctx context.Context) (int64, error) {
 	t := st.t
 	for {
 		r, err := st.recv(ctx)
 		if err != nil {
-			return "", 0, err
+			return 0, err
 		}
-		if _, also := st.also[r.key]; also { // its deletes end the wait (check)
-			if r.wr.Created {
-				if st.alsoPending--; st.alsoPending == 0 { // all watched: one read shows none went before
-					if err := keysAt(ctx, t.s.client, t.also, t.rev, nil); err != nil {
-						return "", 0, err
-					}
-				}
+		if also, err := st.alsoSeen(ctx, r); also || err != nil {
+			if err != nil {
+				return 0, err
 			}
 			continue
 		}
 		if r.wr.Created && r.wr.Header.Revision > t.hdr.Revision {
-			return "", 0, t.settle(ctx, r.wr.Header.Revision)
+			return 0, t.settle(ctx, r.wr.Header.Revision)
 		}
 		if _, ok := st.keys[r.key]; ok {
-			if rev := t.deleted(r.wr); rev > 0 {
-				return r.key, rev, nil
+			if rev := t.deleted(r.wr, false); rev > 0 {
+				return rev, nil
 			}
 		}
 	}
 }
-
-// confirm makes the turn ours at rev, the latest delete of a key ahead
-// seen, once our own key's watch shows that it was not deleted by then: it
-// asks for progress and waits for the answer on that watch. Where progress
-// answers cannot be trusted, or the answer does not come within
-// progressWait (the client is then marked, see caps; lateAnswerWait on a
-// client whose servers answered before), it reads instead.
-func (st *stream) confirm(ctx context.Context, rev int64) error {
-	t := st.t
-	c := t.s.caps
-	if !st.trust || c.state.Load() != capsProgress || t.s.client.RequestProgress(st.ctx) != nil {
-		return t.settle(ctx, rev)
-	}
-	wait := progressWait
-	if st.probe != nil { // the probe is out: its answer would have come by its end
-		wait = max(0, time.Until(st.probeEnd))
-	}
-	late := time.Now().Add(lateAnswerWait)
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	st.confirming = true
-	defer func() { st.confirming = false }()
-	for {
-		r, fired, err := st.receive(ctx, timer.C)
-		switch {
-		case err != nil:
-			return err
-		case fired:
-			if c.answered.Load() && time.Now().Before(late) && t.s.client.RequestProgress(st.ctx) == nil {
-				timer.Reset(min(progressWait, time.Until(late))) // late, not absent: ask again
-				continue
-			}
-			c.unanswered()
-			return t.settle(ctx, rev)
-		}
-		if err := st.check(r); err != nil {
-			return err
-		}
-		switch {
-		case r.key != t.key:
-		case r.wr.Created && r.wr.Header.Revision > t.hdr.Revision:
-			// Our key's watch began after our last read: the gap
-			// is read.
-			return t.settle(ctx, max(rev, r.wr.Header.Revision))
-		case st.ownSeen && r.wr.IsProgressNotify():
-			if r.wr.Header.Revision < rev { // a member behind the delete (after a reconnect): wait on
-				continue
-			}
-			t.ahead, t.far, t.farN = nil, 0, 0
-			h := r.wr.Header
-			t.hdr = &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: rev, RaftTerm: h.RaftTerm}
-			return nil
-		}
-	}
-}
-
-// progressWait bounds the wait for the answer to a progress request. etcd's
-// gRPC proxy never answers one, and a member answers only once every watch
-// on the stream is synced; unanswered, the waiter reads instead, and the
-// client is marked as one whose progress requests go unanswered (see caps).
-// A client learns that off the critical path: the first waits on it send a
-// probe as soon as they watch, and one that waits progressWait learns the
-// answer before its turn comes; a turn that comes sooner waits for the
-// probe's answer no longer than the probe's own progressWait.
-const progressWait = 500 * time.Millisecond
-
-// lateAnswerWait bounds the wait for the answer to a progress request on a
-// client whose servers have answered one before: there a missing answer is
-// a late one (a loaded member; or a request a member dropped because a
-// watch of the stream was catching up after a resume), so the waiter asks
-// again every progressWait rather than adding a read, herd-like, to the
-// load that made the answer late; past lateAnswerWait it reads.
-const lateAnswerWait = 2 * time.Second

@@ -7,15 +7,15 @@ package etcdsync
 // there); its response gives a turn per key, with the keys ahead of it, and
 // whether the keys of one acquire share one create revision.
 //
-// The wait on deletes (turn.wait, turn.watch): a waiter watches its own key
-// and the nearest keys that block it (turn.nearest) on a watch stream of its
-// own (stream.go). Older keys can only vanish, never appear, so when the last
-// key that blocks it goes the waiter owns the turn with no further RPC: a
-// progress request on its stream shows its own key still there, or, where
-// the server's answers cannot be trusted or do not come (caps.go), one read
-// does. When its own key goes first it returns ErrSessionExpired. When keys
-// it does not watch were listed ahead, a delete of one it watches makes it
-// read what is left.
+// The wait on deletes (turn.wait, turn.watch): older keys can only vanish,
+// never appear. A waiter that lists and watches every key that blocks it
+// watches the whole prefix on one watch (stream.go): the event of the last
+// one's delete gives it the turn with no further RPC, as the same response
+// would show its own key's delete at that revision, and an earlier one
+// would have come before it. Any other waiter watches its own key and the
+// nearest keys that block it (turn.nearest), and reads what is left when
+// one of them goes. When its own key goes first it returns
+// ErrSessionExpired.
 
 import (
 	"context"
@@ -235,6 +235,25 @@ func (t *turn) nearest() []*mvccpb.KeyValue {
 	return t.ahead[max(0, i-1):]
 }
 
+// single reports whether the waiter waits on one watch of the whole prefix
+// (stream.waitQueue): when it lists every key that blocks it (no far keys:
+// the first waiters of a queue, a Mutex's first two), or when the delete of
+// one key it lists would give it the turn with the far keys still counted
+// (a Semaphore's waiter behind a large acquire): a delete of a listed key
+// can then give it the turn, which one watch tells exactly.
+func (t *turn) single() bool {
+	if t.farN == 0 {
+		return true
+	}
+	w := t.rule.weight(t.ahead)
+	for i := range t.ahead {
+		if addWeights(w-t.rule.weight(t.ahead[i:i+1]), t.far) <= t.rule.room {
+			return true
+		}
+	}
+	return false
+}
+
 // blocked reports whether more weight that blocks us is listed ahead than
 // the rule leaves room for.
 func (t *turn) blocked() bool { return addWeights(t.rule.weight(t.ahead), t.far) > t.rule.room }
@@ -279,21 +298,22 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 	return t.hdr, nil
 }
 
-// watch watches our key and the nearest keys ahead and waits. It returns
-// nil when the turn came (nothing blocks us), an error wrapping
-// ErrSessionExpired when our key went, or another error when a watch
-// failed.
+// watch watches the keys that block us and waits. It returns nil when the
+// turn came (nothing blocks us), an error wrapping ErrSessionExpired when
+// our key went, or another error when a watch failed.
 //
-// It watches our own key and the nearest keys that block us (turn.nearest):
-// the nearest ones whose weight exceeds the rule's room, as the turn cannot
-// come before one of them goes, and the one behind them too, so that when it
-// goes first (while the nearest still block us) the waiter learns, off the
-// critical path, what is left ahead: by a read when keys it does not watch
-// were listed, else at once. When the turn then comes, the list is exact and
-// needs no read. All watches start at the serving member's current revision
-// (start 0), so the server puts them in its synced set at once (a watch from
-// a past revision waits up to 100 ms for the server's resync). Two things
-// follow:
+// A waiter that lists every key that blocks it, and keeps them all
+// (turn.single: the first waiters of a queue), watches the whole prefix on
+// one watch and takes its turn on the event of the last blocking key's
+// delete (stream.waitQueue). Any other waiter watches its own key and the
+// nearest keys that block it (turn.nearest): the nearest ones whose weight
+// exceeds the rule's room, as the turn cannot come before one of them
+// goes, and the one behind them too; it has keys ahead it does not watch,
+// so a delete of a key it watches makes it read what is left (settle), off
+// the critical path, until it lists all that blocks it. All watches start
+// at the serving member's current revision (start 0), so the server puts
+// them in its synced set at once (a watch from a past revision waits up to
+// 100 ms for the server's resync). Two things follow:
 //
 //   - The member may be ahead of our last read (t.hdr): writes between the read
 //     and a watch's creation leave a gap, which one read at the created
@@ -304,22 +324,14 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 //     watch (same session, unlocked and locked again). A delete at or below the
 //     revision of the read that saw the key present cannot be that key's
 //     delete, so every event at or below t.hdr.Revision is ignored.
-//
-// Handoff: when a watched key's delete leaves no more blocking keys listed
-// than the rule allows (older keys can only vanish, never appear), the turn
-// is ours at R, the latest delete of a listed key seen (the watches' channels
-// deliver the deletes of different keys in no set order), unless our own key
-// went by R (one transaction deleting a whole prefix). A progress request
-// settles it: the server answers it, on every watch of the stream, after
-// every event up to its current revision (at least R) has gone out. Where
-// the server's answer cannot be trusted or does not come (see caps), one
-// read at R or later settles it instead. When more keys are listed and all
-// of them are watched, they all still block us (their deletes have not
-// arrived); when some are not watched, one read says which are gone.
 func (t *turn) watch(ctx context.Context) error {
 	st := &stream{t: t, ctx: waitContext(ctx), keys: make(map[string]watchOf)}
-	st.trust = t.s.caps.progress(ctx, t.s.client) // before the watches: a gap it leaves is read
-	st.own = st.add(t.key)
+	t.keepNearest()
+	if t.single() {
+		st.own, st.queue = st.add(t.prefix, clientv3.WithPrefix()), true
+	} else {
+		st.own = st.add(t.key)
+	}
 	for _, key := range t.also {
 		if st.also == nil {
 			st.also = make(map[string]watchOf, len(t.also))
@@ -328,42 +340,36 @@ func (t *turn) watch(ctx context.Context) error {
 		st.alsoPending++
 	}
 	defer st.close()
-	defer st.stopProbe()
-	t.keepNearest()
 	for t.blocked() {
-		st.watchNearest()
-		key, gone, err := st.next(ctx)
-		switch {
-		case err != nil:
-			return err
-		case gone == 0: // a read moved the queue: watch the new nearest keys
-		default:
-			// The list changes only once the turn is confirmed or a read
-			// says what is left: a watch that fails meanwhile leaves us
-			// as blocked as before.
-			rest := slices.DeleteFunc(slices.Clone(t.ahead), func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
-			t.gone = max(t.gone, gone)
-			switch {
-			case addWeights(t.rule.weight(rest), t.far) <= t.rule.room:
-				err = st.confirm(ctx, t.gone)
-			case t.farN == 0 && st.watchesAll(rest):
-				t.ahead = rest // still blocked: nothing to undo if a watch fails
-			default:
-				err = t.settle(ctx, gone)
-			}
-			if err != nil {
+		if t.single() {
+			if err := st.waitQueue(ctx); err != nil {
 				return err
 			}
+			continue
+		}
+		if st.queue { // not expected (a read lists no more than the last), but watch what it listed
+			st.own.cancel()
+			st.own, st.queue = st.add(t.key), false
+		}
+		st.watchNearest()
+		gone, err := st.next(ctx)
+		if err == nil && gone > 0 { // a key it watches went: read what is left, watching the prefix
+			t.gone = max(t.gone, gone)
+			err = st.toQueue(ctx, gone)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
 // deleted returns the revision of a delete that wr reports after our last
-// read, else 0.
-func (t *turn) deleted(wr clientv3.WatchResponse) int64 {
+// read, else 0: of any key it reports, or with own (wr is of a watch of the
+// whole prefix) of our own key.
+func (t *turn) deleted(wr clientv3.WatchResponse, own bool) int64 {
 	for _, ev := range wr.Events {
-		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision {
+		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && (!own || string(ev.Kv.Key) == t.key) {
 			return ev.Kv.ModRevision
 		}
 	}
@@ -375,7 +381,8 @@ func (t *turn) deleted(wr clientv3.WatchResponse) int64 {
 // that recent (its header's revision is checked: a cached answer, such as
 // etcd's gRPC proxy gives, is a true state at its revision, and when that
 // is too old it does not count), else linearizable; linearizable at once on
-// a client whose serializable reads come from that cache (caps.cached). It returns an error wrapping ErrSessionExpired when our key is gone.
+// a client whose serializable reads came back behind (caps.cached). It
+// returns an error wrapping ErrSessionExpired when our key is gone.
 func (t *turn) settle(ctx context.Context, atLeast int64) error {
 	err := t.relist(ctx, atLeast, false)
 	if err == nil && t.unlisted && len(t.ahead) < t.needs() { // keys that do not block filled the list
@@ -396,6 +403,9 @@ func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 	var err error
 	if !t.s.caps.cached() {
 		resp, err = t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
+		if err == nil && resp.Header.Revision < atLeast {
+			t.s.caps.behind()
+		}
 	}
 	if resp == nil && err == nil || err == nil && resp.Header.Revision < atLeast {
 		resp, err = t.s.client.Get(ctx, t.prefix, opts...)

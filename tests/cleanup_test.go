@@ -34,10 +34,8 @@ func TestCancelledLockLeavesNoKeyAfterFailedWithdraw(t *testing.T) {
 	w := etcdsync.NewMutex(s, "r8-withdraw")
 	lctx, cancel := context.WithCancel(ctx)
 	errc := async(func() error { return w.Lock(lctx) })
-	for range 2 {
-		within(t, cnt.created, testTimeout, "waiter's watch created")
-	}
-	inj.Arm(faults.TxnMethod, 1) // the cleanup delete fails, unsent
+	within(t, cnt.created, testTimeout, "waiter's watch created") // of the prefix: the holder is all it waits for
+	inj.Arm(faults.TxnMethod, 1)                                  // the cleanup delete fails, unsent
 	cancel()
 	require.ErrorIs(t, resultWithin(t, errc, testTimeout, "the cancelled Lock"), context.Canceled)
 	require.NoError(t, s.Err(), "the session lives on")
@@ -324,4 +322,33 @@ func TestLateCreateIsSwept(t *testing.T) {
 	require.NoError(t, other.Unlock(ctx))
 	require.Empty(t, keys(t, admin, "late/"))
 	require.NoError(t, s.Err(), "the session lives on")
+}
+
+// Lock behind a holder, cancelled at every moment from its create through
+// its prefix watch's creation and the read it may need: each fails and
+// leaves the holder's key alone.
+func TestCancelsAcrossThePrefixWatchLeaveNothing(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	h := heldMutex(t, ctx, admin, "cxl")
+	s := session(t, admin)
+	lctx, lcancel := context.WithCancel(ctx)
+	load := doneAsync(t, "load", func() error { // writes so that Created is often past the enqueue
+		for i := 0; lctx.Err() == nil; i++ {
+			if _, err := admin.Put(lctx, "cxl-load", fmt.Sprint(i)); err != nil && lctx.Err() == nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for i := range 60 {
+		rctx, cancel := context.WithTimeout(ctx, time.Duration(i%20)*400*time.Microsecond)
+		err := etcdsync.NewMutex(s, "cxl").Lock(rctx)
+		cancel()
+		require.Error(t, err, "trial %d", i)
+		require.Equal(t, []string{h.Key()}, keys(t, admin, "cxl/"), "trial %d", i)
+	}
+	lcancel()
+	within(t, load, testTimeout, "load")
+	require.NoError(t, h.Unlock(ctx))
 }

@@ -58,9 +58,8 @@ func TestPrefixDeleteGrantsNobody(t *testing.T) {
 				cnt := counter{created: make(chan struct{}, 2)}
 				w := contenders(session(t, c.Client(t, cnt.dial()...)), name)[k]
 				errc := async(func() error { return w.acquire(ctx) })
-				for range 2 { // the waiter watches its own key and the holder's
-					within(t, cnt.created, testTimeout, "waiter's watch created")
-				}
+				// The waiter watches the prefix: the holder's key is all it waits for.
+				within(t, cnt.created, testTimeout, "waiter's watch created")
 				_, err := admin.Delete(ctx, name+"/", clientv3.WithPrefix())
 				require.NoError(t, err)
 				err = resultWithin(t, errc, 5*time.Second, fmt.Sprintf("trial %d %s: waiter after its key was deleted", i, w.kind))
@@ -208,19 +207,18 @@ func TestTurnWhenAheadGoBeforeEnqueueReply(t *testing.T) {
 	})
 }
 
-// A turn is granted only once confirmed, also when the watch stream breaks
-// while confirming it. When the waiter has seen its last predecessor's delete
-// it trims that key from t.ahead *before* confirming the turn (st.confirm:
-// progress request, own key not deleted at that revision); a stream that
-// breaks during confirm sends wait() round its retry (sleep, settle), and the
-// turn must not then be granted with no confirmation and no read, at the
-// header of the last read (a revision at which the predecessor still held).
-// With the holder's and the waiter's keys deleted in one revision (a prefix
-// delete: TestPrefixDeleteGrantsNobody) and the predecessor's event first on
-// the stream, Lock must not return nil with no key (the third contender then
-// holds too). Here the stream breaks right after the predecessor's delete and
-// the re-read fails (both injected, each a single fault: a member restart
-// makes both). Invariant "Exclusion".
+// A turn is granted only when its revision shows our own key, also when the
+// watch stream breaks right after the predecessor's delete: a stream that
+// breaks sends wait() round its retry (sleep, settle), and the turn must
+// not then be granted with no read, at the header of the last read (a
+// revision at which the predecessor still held). With the holder's and the
+// waiter's keys deleted in one revision (a prefix delete:
+// TestPrefixDeleteGrantsNobody), Lock must not return nil with no key (the
+// third contender then holds too). Here the stream breaks right after the
+// response with the deletes and the re-reads fail (both injected, each a
+// single fault: a member restart makes both); a waiter that watched its own
+// key and the holder's on watches of their own (watch 1 its own) could get
+// the holder's delete first. Invariant "Exclusion".
 func TestBrokenConfirmGrantsNoTurn(t *testing.T) {
 	t.Parallel()
 	c, admin, ctx := singleClient(t)
@@ -231,9 +229,7 @@ func TestBrokenConfirmGrantsNoTurn(t *testing.T) {
 		var inj faults.Injector
 		w := etcdsync.NewMutex(session(t, c.Client(t, b.Dial(), inj.Dial())), name)
 		errc := async(func() error { return w.Lock(ctx) })
-		for range 2 { // own key and the holder's
-			within(t, b.Created, testTimeout, "waiter's watch created")
-		}
+		within(t, b.Created, testTimeout, "waiter's watch of the prefix created")
 		b.Armed.Store(true)
 		inj.Arm(faults.RangeMethod, 3) // the re-reads fail, then one gets through
 		_, err := admin.Delete(ctx, name+"/", clientv3.WithPrefix())
@@ -336,4 +332,64 @@ func TestGuardedDoWithoutOpsNotAnsweredByLaggingFollower(t *testing.T) {
 	mlErr := doWithin(func(ctx context.Context) error { _, err := ml.Do(ctx); return err })
 	require.Error(t, mlErr, "MultiLock.Do() through a lagging follower after a key was deleted")
 	require.Error(t, mErr, "Mutex.Do() through a lagging follower after its key was deleted: a stale serializable answer")
+}
+
+// The holder holds X and Y with one MultiLock (one lease); single waiters
+// wait on X, on Y, and a MultiLock on both; the holder's lease is revoked
+// (all its keys go at one revision). Each waiter holds in turn, never two
+// on one name, nothing is left behind.
+func TestLeaseRevokeDeletingSeveralKeysAtOnceExcludes(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	hs := session(t, admin)
+	h := etcdsync.NewMultiLock(hs, "rvx", "rvy")
+	require.NoError(t, h.Lock(ctx))
+	var inX, inY atomic.Int32
+	enter := func(xy ...*atomic.Int32) {
+		for _, c := range xy {
+			if c.Add(1) != 1 {
+				t.Errorf("two holders on one name")
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		for _, c := range xy {
+			c.Add(-1)
+		}
+	}
+	mx := etcdsync.NewMutex(session(t, admin), "rvx")
+	my := etcdsync.NewMutex(session(t, admin), "rvy")
+	ml := etcdsync.NewMultiLock(session(t, admin), "rvx", "rvy")
+	gx := doneAsync(t, "x", func() error {
+		if err := mx.Lock(ctx); err != nil {
+			return err
+		}
+		enter(&inX)
+		return mx.Unlock(ctx)
+	})
+	waitKeys(t, admin, "rvx/", 2)
+	gml := doneAsync(t, "ml", func() error {
+		if err := ml.Lock(ctx); err != nil {
+			return err
+		}
+		enter(&inX, &inY)
+		return ml.Unlock(ctx)
+	})
+	waitKeys(t, admin, "rvx/", 3)
+	gy := doneAsync(t, "y", func() error {
+		if err := my.Lock(ctx); err != nil {
+			return err
+		}
+		enter(&inY)
+		return my.Unlock(ctx)
+	})
+	waitKeys(t, admin, "rvy/", 3)
+	time.Sleep(200 * time.Millisecond)
+	hs.Orphan()
+	_, err := admin.Revoke(ctx, hs.Lease())
+	require.NoError(t, err)
+	within(t, gx, testTimeout, "x")
+	within(t, gml, testTimeout, "ml")
+	within(t, gy, testTimeout, "y")
+	waitNoKeys(t, admin, "rvx/")
+	waitNoKeys(t, admin, "rvy/")
 }

@@ -53,7 +53,7 @@ func enqueue(t *testing.T, c *etcdtest.Cluster, name string, n int, ctxFor func(
 			}
 			q.err <- err
 		}()
-		for range min(i+2, 3) {
+		for range waits(i+1, 2) {
 			within(t, q.cnt.created, testTimeout, fmt.Sprintf("waiter %d's watch created", i))
 		}
 		for len(q.cnt.returned) > 0 { // its session's grant and its enqueue
@@ -78,7 +78,6 @@ func enqueueBehind(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin
 // key goes, while its predecessor still holds.
 func TestNoRPCOnTheCriticalPath(t *testing.T) {
 	t.Parallel()
-	progressServer(t)
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
@@ -272,36 +271,45 @@ func TestWaiterWakesAfterRefusedWatchCreate(t *testing.T) {
 	})
 }
 
-// refusedWatch queues b behind a holder and c behind b, runs invalidate
-// while c waits, makes b give up (so that c's stream must create a watch of
-// the holder), releases the holder and expects c to acquire.
+// refusedWatch queues a and b behind a holder and c behind them, runs
+// invalidate while c waits (watching its own key, a's and b's), makes b
+// give up (so that c, which then lists all it waits for, must create a
+// watch of the prefix on its stream), releases the holder and a, and
+// expects c to acquire.
 func refusedWatch(t *testing.T, connect func(user string, dial ...grpc.DialOption) *clientv3.Client, invalidate func()) {
 	ctx := ctxT(t)
 	root := connect("root")
 	holder := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
 	require.NoError(t, holder.Lock(ctx))
 
-	// b queues behind the holder; c behind b, watching b.
+	// a and b queue behind the holder; c behind them, watching its own
+	// key, a's and b's (the holder's is one it does not watch).
+	a := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
+	agot := async(func() error { return a.Lock(ctx) })
+	waitKeys(t, root, "locks/r9-auth/", 2)
 	b := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
 	bctx, bcancel := context.WithCancel(ctx)
 	defer bcancel()
 	berr := async(func() error { return b.Lock(bctx) })
-	waitKeys(t, root, "locks/r9-auth/", 2)
+	waitKeys(t, root, "locks/r9-auth/", 3)
 	cnt := counter{created: make(chan struct{}, 16)}
 	c := etcdsync.NewMutex(session(t, connect("rw", cnt.dial()...)), "locks/r9-auth")
 	cgot := async(func() error { return c.Lock(ctx) })
-	for range 2 { // c's own key and b's
+	for range 3 {
 		within(t, cnt.created, testTimeout, "c's watch created")
 	}
 
 	invalidate()
 
-	// b gives up: c now watches the holder, on its old stream.
+	// b gives up: c reads the queue, then watches the prefix, on its old
+	// stream.
 	bcancel()
 	require.ErrorIs(t, <-berr, context.Canceled)
-	within(t, cnt.created, testTimeout, "c asked for a watch of the holder")
+	within(t, cnt.created, testTimeout, "c asked for a watch of the prefix")
 	require.NoError(t, holder.Unlock(ctx))
-	require.NoError(t, resultWithin(t, cgot, 5*time.Second, fmt.Sprintf("c's Lock after the release; keys %v", keys(t, root, "locks/r9-auth/"))))
+	require.NoError(t, resultWithin(t, agot, 5*time.Second, "a's Lock after the release"))
+	require.NoError(t, a.Unlock(ctx))
+	require.NoError(t, resultWithin(t, cgot, 5*time.Second, fmt.Sprintf("c's Lock after the releases; keys %v", keys(t, root, "locks/r9-auth/"))))
 	require.NoError(t, c.Unlock(ctx))
 }
 
@@ -393,12 +401,9 @@ func TestWaitsWatchOnAStreamEach(t *testing.T) {
 }
 
 // One transaction deletes the whole queue (a prefix delete: the holder's key
-// and the waiter's at one revision) on each server line: where progress
-// answers confirm a turn (3.6 and 3.7) the waiter sees the holder's delete,
-// asks for progress, and its own key's delete comes before the answer; where
-// a read does (3.4, 3.5) the read finds its key gone. Either way Lock says
-// its key went, never that it holds. Forty rounds
-// each, the watches' channels delivering the two deletes in either order.
+// and the waiter's at one revision) on each server line: the waiter, which
+// watches the prefix, gets both deletes in one response, so Lock says its
+// key went, never that it holds. Forty rounds each.
 func TestPrefixDeleteNeverHandsTheTurnPerServer(t *testing.T) {
 	perServerLine(t, func(t *testing.T, ep string, admin *clientv3.Client, v string) {
 		ctx := ctxCell(t)
@@ -410,13 +415,48 @@ func TestPrefixDeleteNeverHandsTheTurnPerServer(t *testing.T) {
 			waiter := etcdsync.NewMutex(session(t, cli), name)
 			require.NoError(t, holder.Lock(ctx))
 			w := async(func() error { return waiter.Lock(ctx) })
-			for range 2 {
-				within(t, cnt.created, cellTimeout, "the waiter's watches created")
-			}
+			within(t, cnt.created, cellTimeout, "the waiter's watch of the prefix")
 			_, err := admin.Delete(ctx, name+"/", clientv3.WithPrefix())
 			require.NoError(t, err)
 			err = resultWithin(t, w, cellTimeout, "the waiter after the prefix delete")
 			require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "etcd %s, round %d: the waiter held after a delete of its own key", v, i)
 		}
 	})
+}
+
+// A Mutex's third waiter watches per key (keys it does not watch were
+// listed); once its second-nearest goes it reads and moves to the prefix
+// watch; then its predecessor's release hands it the turn with no RPC.
+// Exclusion holds across the move.
+func TestThirdWaiterMovesToThePrefixThenNeedsNoRPC(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	name := "third"
+	h := heldMutex(t, ctx, admin, name)
+	w1 := etcdsync.NewMutex(session(t, admin), name)
+	g1 := async(func() error { return w1.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 2)
+	w2 := etcdsync.NewMutex(session(t, admin), name)
+	g2 := async(func() error { return w2.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 3)
+	cnt := counter{created: make(chan struct{}, 16), returned: make(chan struct{}, 64)}
+	cli := c.Client(t, cnt.dial()...)
+	w3 := etcdsync.NewMutex(session(t, cli), name)
+	g3 := async(func() error { return w3.Lock(ctx) })
+	awaitCreated(t, cnt.created, 3, testTimeout, "w3's watches: own key and two nearest")
+	require.NoError(t, h.Unlock(ctx))
+	require.NoError(t, resultWithin(t, g1, testTimeout, "w1"))
+	notYet(t, g3, 200*time.Millisecond, "w3 while w1 holds")
+	require.NoError(t, w1.Unlock(ctx))
+	require.NoError(t, resultWithin(t, g2, testTimeout, "w2"))
+	within(t, cnt.created, testTimeout, "w3's watch of the prefix")
+	time.Sleep(300 * time.Millisecond) // a read the creation may need is done
+	notYet(t, g3, 10*time.Millisecond, "w3 while w2 holds")
+	before := cnt.unary.Load()
+	require.NoError(t, w2.Unlock(ctx))
+	require.NoError(t, resultWithin(t, g3, testTimeout, "w3"))
+	n := cnt.unary.Load() - before
+	_, methods := cnt.take()
+	require.Zero(t, n, "RPCs between w2's Unlock and w3's Lock: %v", methods)
+	require.NoError(t, w3.Unlock(ctx))
 }

@@ -3,14 +3,12 @@ package tests
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/version"
 	"google.golang.org/grpc"
 
 	"github.com/etcdsync/etcdsync"
@@ -39,20 +37,6 @@ func slow(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("waits out TTLs for seconds: runs without -short")
-	}
-}
-
-// progressServer skips t when the embedded members are an etcd server
-// before 3.6 (the suite run with client line 3.5 embeds that line's server:
-// .ci/clientline.sh). The library trusts progress answers from 3.6.0 on
-// (etcd-io/etcd#15220), so on 3.5 a handoff is confirmed by a read and
-// neither the zero-RPC handoff nor the progress probe can be seen; the read
-// path on 3.5 is what TestHandoffPathPerServer checks with the 3.5 binary.
-func progressServer(t *testing.T) {
-	t.Helper()
-	var major, minor int
-	if _, err := fmt.Sscanf(version.Version, "%d.%d", &major, &minor); err == nil && (major < 3 || major == 3 && minor < 6) {
-		t.Skipf("needs progress answers the library trusts (etcd servers from 3.6.0): the embedded server is etcd %s, whose handoffs read", version.Version)
 	}
 }
 
@@ -436,35 +420,67 @@ func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duratio
 	}
 }
 
-// warmProgress makes cli learn, before a test counts its RPCs, that its
-// servers answer progress requests: a wait on it, behind a holder on admin,
-// whose turn comes with no RPC after the holder's release (its progress
-// request was answered); on a loaded machine an answer can come too late
-// for the first wait, which then reads, so it tries again (up to five
-// waits). Until a client knows, a wait may fall back to a read. cnt counts
-// cli's RPCs, and is left with no watches created pending.
-func warmProgress(t *testing.T, ctx context.Context, admin, cli *clientv3.Client, cnt *counter) {
-	t.Helper()
-	for i := range 5 {
-		name := fmt.Sprintf("warm-%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), i)
-		holder := heldMutex(t, ctx, admin, name)
-		m := etcdsync.NewMutex(session(t, cli), name)
-		got := async(func() error { return m.Lock(ctx) })
-		waitKeys(t, admin, name+"/", 2)
-		if cnt.created != nil {
-			for range 2 { // its own key and the holder's
-				within(t, cnt.created, testTimeout, "the warm-up wait's watch created")
-			}
-		}
-		cnt.take()
-		require.NoError(t, holder.Unlock(ctx))
-		require.NoError(t, resultWithin(t, got, testTimeout, "the warm-up wait"))
-		n, methods := cnt.take()
-		require.NoError(t, m.Unlock(ctx))
-		if n == 0 {
-			return
-		}
-		t.Logf("warm-up wait %d read after the release (%v): its progress answer came late", i, methods)
+// waits is how many watches a waiter with listed keys ahead of it that
+// block it creates, when it watches the nearest of them (rule): one of the
+// whole prefix when it lists and watches them all (listed <= nearest),
+// else one of its own key and one of each of the nearest.
+func waits(listed, nearest int) int {
+	if listed <= nearest {
+		return 1
 	}
-	t.Fatal("no warm-up wait on the client had its progress request answered in time")
+	return 1 + nearest
+}
+
+// contendMutexes has each mutex Lock, hold for a moment, Unlock, rounds
+// times, concurrently; it fails t when two hold at once or a Lock returns
+// nil with its key gone.
+func contendMutexes(t *testing.T, ctx context.Context, check *clientv3.Client, ms []*etcdsync.Mutex, rounds int) {
+	t.Helper()
+	var in atomic.Int32
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				if err := m.Lock(ctx); err != nil {
+					t.Errorf("mutex %d round %d: Lock: %v", i, r, err)
+					return
+				}
+				if n := in.Add(1); n != 1 {
+					t.Errorf("mutex %d round %d: %d holders at once", i, r, n)
+				}
+				if check != nil {
+					resp, err := check.Get(ctx, m.Key())
+					if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != m.Rev() {
+						t.Errorf("mutex %d round %d: Lock returned nil with key %s (rev %d) gone (%v)", i, r, m.Key(), m.Rev(), err)
+					}
+				}
+				time.Sleep(time.Millisecond)
+				in.Add(-1)
+				if err := m.Unlock(ctx); err != nil {
+					t.Errorf("mutex %d round %d: Unlock: %v", i, r, err)
+					return
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	within(t, done, testTimeout, "contending mutexes")
+}
+
+// nthKey returns the key under prefix with the i-th lowest create revision.
+func nthKey(t *testing.T, ctx context.Context, cli *clientv3.Client, prefix string, i int) string {
+	t.Helper()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	require.NoError(t, err)
+	require.Greater(t, len(resp.Kvs), i)
+	return string(resp.Kvs[i].Key)
+}
+
+func chanOf(ch chan int64) <-chan struct{} {
+	out := make(chan struct{})
+	go func() { <-ch; close(out) }()
+	return out
 }

@@ -43,9 +43,7 @@ func TestWaiterIgnoresLaggingFollowerReplays(t *testing.T) {
 	queueBehindThenHeal := func(trial int, what string) {
 		require.Less(t, f.Rev(), a.Rev(), "f does not lag")
 		errc := async(func() error { return b.Lock(ctx) })
-		for range 2 {
-			within(t, created, testTimeout, "b's watch created on f")
-		}
+		within(t, created, testTimeout, "b's watch of the prefix created on f")
 		require.NoError(t, c.HealPeers(f))
 		faults.CaughtUp(t, f, a.Rev())
 		notYet(t, errc, 500*time.Millisecond, fmt.Sprintf("trial %d: b's Lock while a holds (%s counted)", trial, what))
@@ -444,13 +442,17 @@ func waitCreated(t *testing.T, ctx context.Context, created <-chan int64, n int6
 	}
 }
 
-// TestTurnAfterEveryDeleteSeen: a waiter watches the two nearest keys ahead
-// (watch 1 the older, watch 2 the newer). The newer goes first, then the
-// older; the stream delivers the older's delete first. The hold begins at
-// the later delete, and Header says so: never at the earlier one, while the
-// older key still existed. Mutex (the newer key a waiter that gives up) and
-// RWMutex (a writer behind two readers); and a Semaphore, where the reorder
-// would make three permits of two.
+// TestTurnAfterEveryDeleteSeen: a waiter with two keys ahead watches the
+// whole prefix (it lists and watches all it waits for). The newer goes
+// first, then the older. The hold begins at the later delete, and Header
+// says so: never at the earlier one, while the older key still existed.
+// Mutex (the newer key a waiter that gives up) and RWMutex (a writer behind
+// two readers); and a Semaphore, where a hold from the earlier delete would
+// make three permits of two. (When a waiter watched each key on a watch of
+// its own, the server could deliver the older's delete first: the rows
+// still run through faults.LateClient, which swaps the deletes of two
+// watches of a stream, and a waiter that went back to one watch per key
+// would be caught by it.)
 func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 	t.Parallel()
 	c := single(t)
@@ -466,9 +468,10 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 		ahead  func(t *testing.T, ctx context.Context, s1, s2 *etcdsync.Session, name string) (older, newer func())
 		waiter func(s *etcdsync.Session, name string) lock
 		// early, late: the watches whose deletes the stream swaps, by the
-		// IDs the server gives them (the waiter creates its watches one at
-		// a time: watch 0 is its own key, 1 up the keys ahead, oldest
-		// first); watches: how many the waiter opens.
+		// IDs the server gives them (a waiter that watched its own key and
+		// each key ahead created them one at a time: watch 0 its own key,
+		// 1 up the keys ahead, oldest first); watches: how many the waiter
+		// opens (one, of the prefix).
 		early, late, watches int64
 	}{
 		{name: "mutex", ahead: func(t *testing.T, ctx context.Context, s1, s2 *etcdsync.Session, name string) (func(), func()) {
@@ -479,13 +482,13 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			waitKeys(t, admin, name+"/", 2)
 			return func() { require.NoError(t, m1.Unlock(ctx)) },
 				func() { cancel(); require.ErrorIs(t, <-gaveUp, context.Canceled) }
-		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewMutex(s, name) }, early: 1, late: 2, watches: 3},
+		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewMutex(s, name) }, early: 1, late: 2, watches: 1},
 		{name: "rwmutex", ahead: func(t *testing.T, ctx context.Context, s1, s2 *etcdsync.Session, name string) (func(), func()) {
 			r1, r2 := etcdsync.NewRWMutex(s1, name), etcdsync.NewRWMutex(s2, name)
 			require.NoError(t, r1.RLock(ctx))
 			require.NoError(t, r2.RLock(ctx))
 			return func() { require.NoError(t, r1.RUnlock(ctx)) }, func() { require.NoError(t, r2.RUnlock(ctx)) }
-		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewRWMutex(s, name) }, early: 1, late: 2, watches: 3},
+		}, waiter: func(s *etcdsync.Session, name string) lock { return etcdsync.NewRWMutex(s, name) }, early: 1, late: 2, watches: 1},
 		// Two permits: A and B hold one each, C waits for one; the waiter
 		// for one watches A, B and C. B goes (C holds from then), then C:
 		// the waiter's turn is C's delete, which the stream delivers first.
@@ -500,7 +503,7 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			waitKeys(t, admin, name+"/", 3)
 			return func() { require.NoError(t, <-got); require.NoError(t, c.Release(ctx)) },
 				func() { require.NoError(t, b.Release(ctx)) }
-		}, waiter: func(s *etcdsync.Session, name string) lock { return semLock{etcdsync.NewSemaphore(s, name, 2)} }, early: 3, late: 2, watches: 4},
+		}, waiter: func(s *etcdsync.Session, name string) lock { return semLock{etcdsync.NewSemaphore(s, name, 2)} }, early: 1, late: 2, watches: 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -541,7 +544,7 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	admin := etcdtest.NewClient(t, []string{up.Endpoint()})
 	name := "reorder/lag"
 	created := make(chan int64, 16)
-	cli, arm := faults.LateClient(t, []string{f.Endpoint()}, 2, 3, created)
+	cli, arm := faults.LateClient(t, []string{f.Endpoint()}, 1, 2, created)
 	m1, m2 := etcdsync.NewMutex(session(t, admin), name), etcdsync.NewMutex(session(t, admin), name)
 	require.NoError(t, m1.Lock(ctx))
 	wctx, cancel := context.WithCancel(ctx)
@@ -550,7 +553,7 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	w := etcdsync.NewMutex(session(t, cli), name)
 	arm()
 	locked := async(func() error { return w.Lock(ctx) })
-	waitCreated(t, ctx, created, 3)
+	waitCreated(t, ctx, created, 1) // of the prefix
 	require.NoError(t, c.CutPeers(f))
 	t.Cleanup(func() { c.HealPeers(f) })
 	cancel()
@@ -563,4 +566,99 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	require.NoError(t, c.HealPeers(f))
 	require.NoError(t, <-locked)
 	require.GreaterOrEqual(t, w.Header().Revision, last, "the hold began before the older key's delete")
+}
+
+// A waiter's prefix watch is served by a follower f cut off from its peers
+// (its Created revision below the waiter's read, which u served). While f
+// lags, the waiter's own key is deleted, then (or before) the holder's; f
+// heals and replays both. Own key first: ErrSessionExpired, never the
+// turn. Holder first: the turn is legitimate (the key lived at the turn's
+// revision) but Done must close. The waiter behind both must hold.
+func TestLaggingPrefixWatchSeesOwnKeyAndHolderInOrder(t *testing.T) {
+	t.Parallel()
+	c, f, u := faults.PeerRig(t)
+	ctx := ctxT(t)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	viaF := etcdtest.Conn(t, f.Endpoint())
+	for round, ownFirst := range []bool{true, false, true, false} {
+		name := fmt.Sprintf("lagown%d", round)
+		h := heldMutex(t, ctx, admin, name)
+		created := make(chan struct{}, 16)
+		cli := etcdtest.NewClient(t, []string{u.Endpoint()}, faults.WatchVia(viaF, created))
+		s1 := session(t, cli, etcdsync.WithTTL(30*time.Second))
+		w1 := etcdsync.NewMutex(s1, name)
+		require.NoError(t, c.CutPeers(f))
+		g1 := async(func() error { return w1.Lock(ctx) })
+		within(t, created, testTimeout, "w1's prefix watch created on f")
+		waitKeys(t, admin, name+"/", 2)
+		w2 := etcdsync.NewMutex(session(t, admin), name)
+		g2 := async(func() error { return w2.Lock(ctx) })
+		waitKeys(t, admin, name+"/", 3)
+		del := []string{keyOf(name, s1), h.Key()}
+		if !ownFirst {
+			del[0], del[1] = del[1], del[0]
+		}
+		var last int64
+		for _, k := range del {
+			resp, err := admin.Delete(ctx, k)
+			require.NoError(t, err)
+			last = resp.Header.Revision
+		}
+		notYet(t, g1, 200*time.Millisecond, "w1 while f lags")
+		require.NoError(t, c.HealPeers(f))
+		faults.CaughtUp(t, f, last)
+		err := resultWithin(t, g1, testTimeout, "w1 after the heal")
+		if ownFirst {
+			require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "round %d: own key deleted before the holder's", round)
+		} else if err == nil {
+			within(t, w1.Done(), testTimeout, "w1's Done, its key gone after its turn")
+		} else {
+			require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "round %d", round)
+		}
+		require.NoError(t, resultWithin(t, g2, testTimeout, "w2 behind both"))
+		require.NoError(t, w2.Unlock(ctx))
+		waitNoKeys(t, admin, name+"/")
+	}
+}
+
+// A waiter whose reads go to a follower f that is cut off (lagging: its
+// serializable answers are behind, its linearizable ones fail) and whose
+// prefix watch is on an up-to-date member, under a steady write load (so
+// the watch's Created revision is above its read): it must not hold while
+// the holder holds, and must hold once the holder went and f healed.
+func TestWaiterReadingALaggingFollowerWaitsForItsTurn(t *testing.T) {
+	t.Parallel()
+	c, f, u := faults.PeerRig(t)
+	ctx := ctxT(t)
+	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
+	name := "lagread"
+	h := heldMutex(t, ctx, admin, name)
+	via := &faults.UnaryVia{Conn: etcdtest.Conn(t, f.Endpoint())}
+	cli := etcdtest.NewClient(t, []string{u.Endpoint()}, via.Dial())
+	s := session(t, cli, etcdsync.WithTTL(30*time.Second))
+	w := etcdsync.NewMutex(s, name)
+	lctx, lcancel := context.WithCancel(ctx)
+	load := doneAsync(t, "load", func() error {
+		for i := 0; lctx.Err() == nil; i++ {
+			if _, err := admin.Put(lctx, "load", fmt.Sprint(i)); err != nil && lctx.Err() == nil {
+				return err
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return nil
+	})
+	require.NoError(t, c.CutPeers(f))
+	via.Arm("/etcdserverpb.KV/Range", 1000)
+	g := async(func() error { return w.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 2)
+	notYet(t, g, 1500*time.Millisecond, "w while h holds (f cut)")
+	require.NoError(t, h.Unlock(ctx))
+	require.NoError(t, c.HealPeers(f))
+	require.NoError(t, resultWithin(t, g, testTimeout, "w once h went and f healed"))
+	lcancel()
+	within(t, load, testTimeout, "load")
+	resp, err := admin.Get(ctx, w.Key())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "w holds with its key")
+	require.NoError(t, w.Unlock(ctx))
 }

@@ -532,7 +532,7 @@ func TestMultiLockWaitsForEtcdsMutexUnderEveryDeployment(t *testing.T) {
 			require.NoError(t, theirs.Lock(ctx))
 			ml := etcdsync.NewMultiLock(ss[0], a, b)
 			got := async(func() error { return ml.Lock(ctx) })
-			awaitCreated(t, created, 2, cellTimeout, "its watches of its key on b and etcd's")
+			awaitCreated(t, created, 2, cellTimeout, "its watches of b's prefix (etcd's key is all it waits for) and of its key on a")
 			notYet(t, got, blockedFor, "MultiLock while etcd's Mutex holds b")
 			require.NoError(t, theirs.Unlock(ctx))
 			require.NoError(t, resultWithin(t, got, cellTimeout, "MultiLock after etcd's Mutex released b"))
@@ -546,7 +546,7 @@ func TestMultiLockWaitsForEtcdsMutexUnderEveryDeployment(t *testing.T) {
 			holder := etcdsync.NewMutex(ss[1], b)
 			require.NoError(t, holder.Lock(ctx))
 			got = async(func() error { return ml.Lock(ctx) })
-			awaitCreated(t, created, 2, cellTimeout, "its watches of its key on b and the holder's")
+			awaitCreated(t, created, 2, cellTimeout, "its watches of b's prefix (the holder's key is all it waits for) and of its key on a")
 			_, err = d.admin.Txn(ctx).Then(clientv3.OpDelete(d.prefix+holder.Key()), clientv3.OpDelete(d.prefix+keyOf(b, ss[0]))).Commit()
 			require.NoError(t, err)
 			require.ErrorIs(t, resultWithin(t, got, cellTimeout, "MultiLock whose key on b went with the holder's"), etcdsync.ErrSessionExpired)
@@ -894,7 +894,7 @@ func TestMultiLockWaitIgnoresReplayedDeleteOfOlderKeyOnOtherName(t *testing.T) {
 	require.NoError(t, ml.Unlock(ctx)) // f does not see this delete yet
 	require.NoError(t, blocker.Lock(ctx))
 	errc := async(func() error { return ml.Lock(ctx) })
-	for range 3 { // own key on b, the blocker's key, own key on a (also)
+	for range 2 { // b's prefix (the blocker's key is all it waits for), own key on a (also)
 		within(t, created, testTimeout, "the MultiLock's watches created on f")
 	}
 	require.NoError(t, c.HealPeers(f))
@@ -903,4 +903,30 @@ func TestMultiLockWaitIgnoresReplayedDeleteOfOlderKeyOnOtherName(t *testing.T) {
 	require.NoError(t, blocker.Unlock(ctx))
 	require.NoError(t, resultWithin(t, errc, testTimeout, "MultiLock's Lock after the Mutex's release"))
 	require.NoError(t, ml.Unlock(ctx))
+}
+
+// A MultiLock on X and Y waits on X (held by H); Y is free. One admin
+// transaction deletes H's key on X and the MultiLock's key on Y: the
+// MultiLock must not hold (its Y key is gone at the turn's revision).
+func TestMultiLockWaiterWhoseOtherKeyGoesWithTheHolderNeverHolds(t *testing.T) {
+	t.Parallel()
+	_, admin, ctx := singleClient(t)
+	for round := range 6 {
+		x, y := fmt.Sprintf("mlx%d", round), fmt.Sprintf("mly%d", round)
+		h := heldMutex(t, ctx, admin, x)
+		s := session(t, admin)
+		ml := etcdsync.NewMultiLock(s, x, y)
+		g := async(func() error { return ml.Lock(ctx) })
+		waitKeys(t, admin, x+"/", 2)
+		time.Sleep(time.Duration(round*60) * time.Millisecond)
+		_, err := admin.Txn(ctx).Then(clientv3.OpDelete(h.Key()), clientv3.OpDelete(keyOf(y, s))).Commit()
+		require.NoError(t, err)
+		err = resultWithin(t, g, testTimeout, "the MultiLock")
+		if err == nil {
+			t.Fatalf("round %d: MultiLock.Lock returned nil with its key on %s deleted with the holder's on %s", round, y, x)
+		}
+		require.ErrorIs(t, err, etcdsync.ErrSessionExpired, "round %d", round)
+		waitNoKeys(t, admin, x+"/")
+		waitNoKeys(t, admin, y+"/")
+	}
 }

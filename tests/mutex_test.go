@@ -179,7 +179,6 @@ func TestNestedNamesIsolated(t *testing.T) {
 // path).
 func TestFIFOAndHerdFree(t *testing.T) {
 	t.Parallel()
-	progressServer(t)
 	kitClusters(t, func(t *testing.T, c *etcdsynctest.Cluster) {
 		ctx := ctxT(t)
 		admin := c.Client(t)
@@ -204,9 +203,10 @@ func TestFIFOAndHerdFree(t *testing.T) {
 					t.Errorf("waiter %d unlock: %v", i, err)
 				}
 			}()
-			// Its own key, its predecessor and the key before that, from
-			// the revision it read (nobody else writes meanwhile).
-			for range min(i+2, 3) {
+			// The prefix while it has at most two keys ahead; else its own
+			// key, its predecessor and the key before that (nobody else
+			// writes meanwhile).
+			for range waits(i+1, 2) {
 				within(t, cnt.created, testTimeout, "waiter's watch created")
 			}
 		}
@@ -442,17 +442,14 @@ func TestUncontendedCost(t *testing.T) {
 // further RPC.
 func TestHandoffNeedsNoRPC(t *testing.T) {
 	t.Parallel()
-	progressServer(t)
 	c, admin, ctx := kitSingleClient(t)
 	holder := heldMutex(t, ctx, admin, "handoff")
 	cnt := counter{created: make(chan struct{}, 2)}
 	cli := kitClient(t, c, cnt.dial()...)
 	m := etcdsync.NewMutex(session(t, cli), "handoff")
 	got := async(func() error { return m.Lock(ctx) })
-	for i := 0; i < 2; i++ { // own key and predecessor watched
-		within(t, cnt.created, testTimeout, "waiter's watch created")
-	}
-	cnt.take() // the enqueue transaction
+	within(t, cnt.created, testTimeout, "waiter's watch created") // of the prefix
+	cnt.take()                                                    // the enqueue transaction
 	require.NoError(t, holder.Unlock(ctx))
 	require.NoError(t, <-got)
 	n, methods := cnt.take()

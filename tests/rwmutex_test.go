@@ -267,7 +267,6 @@ func TestRWMutexInteropWithRecipe(t *testing.T) {
 // writer goes. N = 10 and 100 readers.
 func TestRWMutexHerd(t *testing.T) {
 	t.Parallel()
-	progressServer(t)
 	for _, group := range []int{5, 50} {
 		t.Run(fmt.Sprintf("N=%d", 2*group), func(t *testing.T) { testRWMutexHerd(t, group) })
 	}
@@ -279,7 +278,6 @@ func testRWMutexHerd(t *testing.T, group int) {
 	require.NoError(t, w1.Lock(ctx))
 	cnt := counter{created: make(chan struct{}, 5*group+16)}
 	cli := kitClient(t, c, cnt.dial()...)
-	warmProgress(t, ctx, admin, cli, &cnt)
 	var wg sync.WaitGroup
 	readersIn := make(chan *etcdsync.RWMutex, 2*group)
 	startReader := func() {
@@ -294,18 +292,17 @@ func testRWMutexHerd(t *testing.T, group int) {
 			readersIn <- rw
 		}()
 	}
-	// Each reader queues, and its watches (its own key and the nearest
-	// writer) are created, before the next one writes: none is created
-	// past the reader's enqueue, which would make it read the gap at any
-	// moment, the release's included.
+	// Each reader queues, and its watches are created, before the next
+	// one writes: none is created past the reader's enqueue (which would
+	// make it read the gap, at any moment, the release's included). A
+	// reader behind the first writer alone watches the prefix (all it
+	// waits for); one behind the second, its own key and that writer.
 	queued := 1
 	for range group {
 		startReader()
 		queued++
 		waitKeys(t, admin, "rwherd/", queued)
-		for range 2 {
-			within(t, cnt.created, testTimeout, "reader's watch created")
-		}
+		within(t, cnt.created, testTimeout, "reader's watch of the prefix created")
 	}
 	w2 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
 	w2got := doneAsync(t, "Lock", func() error { return w2.Lock(ctx) })
@@ -1025,4 +1022,55 @@ func TestRLockDoesNotJoinMutexHold(t *testing.T) {
 	require.NoError(t, m.Err())
 	require.Equal(t, []string{m.Key()}, keys(t, admin, "r12bmx/"))
 	require.NoError(t, m.Unlock(ctx))
+}
+
+// Readers and writers under contention: never a writer with anyone else.
+func TestRWMutexMixedContentionExcludes(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	var readers, writers atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 6 {
+		rw := etcdsync.NewRWMutex(session(t, c.Client(t)), "rwc")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range 12 {
+				if (i+r)%3 == 0 {
+					if err := rw.Lock(ctx); err != nil {
+						t.Errorf("Lock: %v", err)
+						return
+					}
+					if w := writers.Add(1); w != 1 || readers.Load() != 0 {
+						t.Errorf("writer %d round %d with %d writers and %d readers", i, r, w, readers.Load())
+					}
+					time.Sleep(time.Millisecond)
+					writers.Add(-1)
+					if err := rw.Unlock(ctx); err != nil {
+						t.Errorf("Unlock: %v", err)
+						return
+					}
+				} else {
+					if err := rw.RLock(ctx); err != nil {
+						t.Errorf("RLock: %v", err)
+						return
+					}
+					readers.Add(1)
+					if writers.Load() != 0 {
+						t.Errorf("reader %d round %d with a writer", i, r)
+					}
+					time.Sleep(time.Millisecond)
+					readers.Add(-1)
+					if err := rw.RUnlock(ctx); err != nil {
+						t.Errorf("RUnlock: %v", err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	within(t, done, testTimeout, "rw participants")
+	waitNoKeys(t, admin, "rwc/")
 }

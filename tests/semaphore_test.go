@@ -158,9 +158,10 @@ func testSemaphoreHerd(t *testing.T, waiters int) {
 			got <- i
 		}()
 		waitKeys(t, admin, "semherd/", capacity+i+1) // queue in order
-		// Own key, the nearest capacity-0 keys whose permits exceed the
-		// room (capacity-1 = 2, so 3 keys), and one behind them.
-		for range 1 + min(capacity+i, capacity+1) {
+		// The nearest keys whose permits exceed the room (capacity-1 = 2,
+		// so 3 keys) and one behind them: the prefix while those are all
+		// the keys ahead, else its own key and each of them.
+		for range waits(capacity+i, capacity+1) {
 			within(t, cnt.created, testTimeout, "waiter's watch created")
 		}
 	}
@@ -344,4 +345,80 @@ func TestSemaphoreTryWeightsSaturate(t *testing.T) {
 	require.NoError(t, b.Release(ctx))
 	require.NoError(t, resultWithin(t, dgot, testTimeout, "d"))
 	require.NoError(t, d.Release(ctx))
+}
+
+// A Semaphore of capacity 3: A(1) and B(1) hold, C asks for 3 and waits, W
+// asks for 1 behind C. W keeps B and C of the keys ahead and counts A as
+// far (turn.keepNearest). When C gives up, W may hold beside A and B
+// (1+1+1 <= 3): C's delete alone gives W its turn, so W watches the prefix
+// (turn.single) and takes the turn on that event with no RPC.
+func TestSemaphoreTurnBehindALargeAcquireNeedsNoRead(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	name := "semhet"
+	a := etcdsync.NewSemaphore(session(t, admin), name, 3)
+	b := etcdsync.NewSemaphore(session(t, admin), name, 3)
+	require.NoError(t, a.Acquire(ctx, 1))
+	require.NoError(t, b.Acquire(ctx, 1))
+	cctx, ccancel := context.WithCancel(ctx)
+	defer ccancel()
+	cs := etcdsync.NewSemaphore(session(t, admin), name, 3)
+	gc := async(func() error { return cs.Acquire(cctx, 3) })
+	waitKeys(t, admin, name+"/", 3)
+	cnt := counter{created: make(chan struct{}, 16)}
+	cli := c.Client(t, cnt.dial()...)
+	w := etcdsync.NewSemaphore(session(t, cli), name, 3)
+	gw := async(func() error { return w.Acquire(ctx, 1) })
+	waitKeys(t, admin, name+"/", 4)
+	within(t, cnt.created, testTimeout, "w's watch of the prefix (C's delete alone would give it the turn)")
+	notYet(t, gw, 10*time.Millisecond, "w behind C")
+	cnt.take()
+	before := cnt.unary.Load()
+	ccancel()
+	require.ErrorIs(t, resultWithin(t, gc, testTimeout, "C cancelled"), context.Canceled)
+	require.NoError(t, resultWithin(t, gw, testTimeout, "w after C withdrew"))
+	n := cnt.unary.Load() - before
+	_, methods := cnt.take()
+	require.Zero(t, n, "RPCs on the critical path of W's turn (C's withdrawal to W's Acquire): %v", methods)
+	require.NoError(t, w.Release(ctx))
+	require.NoError(t, a.Release(ctx))
+	require.NoError(t, b.Release(ctx))
+}
+
+// Heterogeneous weights under contention: 6 participants of a Semaphore
+// of capacity 4 acquire 1, 2 or 3 permits in a loop; the permits held never
+// exceed 4 and every acquire ends.
+func TestSemaphoreMixedWeightsNeverOvercommit(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const capacity = 4
+	var held atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 6 {
+		sm := etcdsync.NewSemaphore(session(t, c.Client(t)), "semw", capacity)
+		n := int64(1 + i%3)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range 12 {
+				if err := sm.Acquire(ctx, n); err != nil {
+					t.Errorf("participant %d round %d: %v", i, r, err)
+					return
+				}
+				if got := held.Add(n); got > capacity {
+					t.Errorf("participant %d round %d: %d permits held at once", i, r, got)
+				}
+				time.Sleep(time.Millisecond)
+				held.Add(-n)
+				if err := sm.Release(ctx); err != nil {
+					t.Errorf("release: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	within(t, done, testTimeout, "semaphore participants")
+	waitNoKeys(t, admin, "semw/")
 }

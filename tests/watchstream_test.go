@@ -418,3 +418,41 @@ func TestWaitsOnLaggingFollowerSeeSameRevisionDeletesAcrossNames(t *testing.T) {
 	}
 	waitNoKeys(t, admin, "a28lag/")
 }
+
+// The waiter's watch stream breaks right after a delete under the prefix
+// (a nested name's key), and the client resumes it; meanwhile the waiter's
+// own key goes, then the holder's: the waiter must return
+// ErrSessionExpired, and the waiter behind both must hold.
+func TestResumedPrefixWatchSeesOwnKeyGoBeforeTheHolder(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	for round := range 4 {
+		name := fmt.Sprintf("resume%d", round)
+		h := heldMutex(t, ctx, admin, name)
+		br := faults.NewStreamBreaker()
+		cli := c.Client(t, br.Dial())
+		s1 := session(t, cli)
+		w1 := etcdsync.NewMutex(s1, name)
+		g1 := async(func() error { return w1.Lock(ctx) })
+		within(t, br.Created, testTimeout, "w1's prefix watch")
+		w2 := etcdsync.NewMutex(session(t, admin), name)
+		g2 := async(func() error { return w2.Lock(ctx) })
+		waitKeys(t, admin, name+"/", 3)
+		_, err := admin.Put(ctx, name+"/x/1", "v")
+		require.NoError(t, err)
+		br.Armed.Store(true)
+		_, err = admin.Delete(ctx, name+"/x/1")
+		require.NoError(t, err)
+		if round%2 == 1 {
+			within(t, chanOf(br.First), testTimeout, "the break")
+		}
+		_, err = admin.Delete(ctx, keyOf(name, s1))
+		require.NoError(t, err)
+		_, err = admin.Delete(ctx, h.Key())
+		require.NoError(t, err)
+		require.ErrorIs(t, resultWithin(t, g1, testTimeout, "w1 whose key went first"), etcdsync.ErrSessionExpired, "round %d", round)
+		require.NoError(t, resultWithin(t, g2, testTimeout, "w2 behind both"))
+		require.NoError(t, w2.Unlock(ctx))
+		waitNoKeys(t, admin, name+"/")
+	}
+}
