@@ -440,6 +440,9 @@ func handoffQueue(b *testing.B, admin *clientv3.Client, holder benchMutex, waite
 	ctx := context.Background()
 	n := len(waiters)
 	must(b, holder.Lock(ctx))
+	for len(cnt.created) > 0 { // the last round's later watches
+		<-cnt.created
+	}
 	var (
 		mu        sync.Mutex
 		samples   []time.Duration

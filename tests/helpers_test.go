@@ -167,7 +167,7 @@ type counter struct {
 	unary, streams, events atomic.Int64
 	watchStreams           atomic.Int64  // gRPC Watch streams opened
 	keepalives             atomic.Int64  // LeaseKeepAlive requests sent
-	created                chan struct{} // one send per watch created, if non-nil
+	created                chan struct{} // one send per watch created, if non-nil and not full
 	returned               chan struct{} // one send per unary RPC returned, if non-nil
 	// ownApart leaves out of events those that reach the first watch of
 	// their key: a wait's own key, which it watches before anyone behind
@@ -264,7 +264,10 @@ func (s *countingStream) RecvMsg(m any) error {
 		s.c.events.Add(int64(len(wr.Events)))
 	}
 	if wr.Created && s.c.created != nil {
-		s.c.created <- struct{}{}
+		select { // never stall the client's receive on a full count
+		case s.c.created <- struct{}{}:
+		default:
+		}
 	}
 	return err
 }
