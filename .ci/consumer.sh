@@ -50,6 +50,7 @@ got=$(go list -m -f '{{.Version}}' go.etcd.io/etcd/client/v3)
 after=$(go list -m all | wc -l)
 echo "consumer pinned at client $version: client $got with etcdsync; modules $before without, $after with"
 [ "$got" = "$version" ] || { echo "etcdsync raised the consumer's etcd client from $version to $got"; exit 1; }
-if go list -m all | grep -q '^go.etcd.io/etcd/server/v3 '; then
+mods=$(go list -m all) # whole, not piped: grep -q would close the pipe early (pipefail)
+if grep -q '^go.etcd.io/etcd/server/v3 ' <<< "$mods"; then
   echo "etcd's server is in the consumer's module graph:"; go mod why -m go.etcd.io/etcd/server/v3; exit 1
 fi

@@ -15,5 +15,6 @@ apt-get update -qq > /dev/null || true # the lists may be there already
 apt-get download etcd-server > /dev/null
 dpkg -x etcd-server_*.deb root
 bin=$PWD/root/usr/bin/etcd
-"$bin" --version | grep -q '^etcd Version: 3\.4\.' || { echo "not etcd 3.4: $("$bin" --version | head -1)" >&2; exit 1; }
+got=$("$bin" --version) # whole, not piped: grep -q would close the pipe early (pipefail)
+grep -q '^etcd Version: 3\.4\.' <<< "$got" || { echo "not etcd 3.4: $got" >&2; exit 1; }
 echo "$bin"
