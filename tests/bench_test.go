@@ -31,6 +31,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
+	"google.golang.org/grpc"
 )
 
 // benchFsync keeps fsync on in the benchmarks' etcd (a production disk);
@@ -336,6 +337,74 @@ func benchFloorAt(b *testing.B, ep string, admin *clientv3.Client) {
 	}
 	b.StopTimer()
 	reportLatency(b, samples, "floor-")
+}
+
+// Where a handoff's time goes, one waiter (etcdsync), each part on its own
+// clock readings (no timer call, which stops the world, among them): the
+// holder's Unlock start to its Txn leaving the client (unlock-client); to
+// the delete's event coming off the waiter's watch stream (unlock-to-event:
+// that and the server's commit and event); from there to the waiter's Lock
+// return (event-to-lock: the waiter's client). Beside it, in the same rounds
+// and so the same conditions, a plain delete (floor) and a compare-and-delete
+// Txn (txn-floor) of an unleased key, each to its event coming off a watch
+// stream of the waiter's client.
+func BenchmarkHandoffParts(b *testing.B) {
+	_, _, admin := benchEtcd(b)
+	cnt := counter{created: make(chan struct{}, 16)}
+	cli := etcdtest.NewClient(b, admin.Endpoints(), cnt.dial()...)
+	var sent atomic.Int64 // when the holder's client last sent a unary request (UnixNano)
+	hcli := etcdtest.NewClient(b, admin.Endpoints(), grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		sent.Store(time.Now().UnixNano())
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}))
+	ctx := context.Background()
+	holder := etcdsync.NewMutex(benchSession(b, hcli), "bench-parts")
+	waiter := etcdsync.NewMutex(benchSession(b, cli), "bench-parts")
+	floor := cli.Watch(ctx, "floor", clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	<-floor
+	<-cnt.created
+	since := func(start time.Time, at *atomic.Int64) time.Duration { return time.Unix(0, at.Load()).Sub(start) }
+	var total, unlockClient, unlockToEvent, eventToLock, floorS, txnFloor []time.Duration
+	b.ResetTimer() // ns/op is the whole round
+	for range b.N {
+		must(b, holder.Lock(ctx))
+		got := make(chan time.Time, 1)
+		go func() {
+			must(b, waiter.Lock(ctx))
+			got <- time.Now()
+		}()
+		<-cnt.created // the waiter's watch of the prefix
+		start := time.Now()
+		must(b, holder.Unlock(ctx))
+		end := <-got
+		total = append(total, end.Sub(start))
+		unlockClient = append(unlockClient, since(start, &sent))
+		unlockToEvent = append(unlockToEvent, since(start, &cnt.lastEvents))
+		eventToLock = append(eventToLock, -since(end, &cnt.lastEvents))
+		must(b, waiter.Unlock(ctx))
+
+		_, err := admin.Put(ctx, "floor", "x")
+		must(b, err)
+		start = time.Now()
+		_, err = admin.Delete(ctx, "floor")
+		must(b, err)
+		<-floor
+		floorS = append(floorS, since(start, &cnt.lastEvents))
+
+		p, err := admin.Put(ctx, "floor", "x")
+		must(b, err)
+		start = time.Now()
+		_, err = admin.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision("floor"), "=", p.Header.Revision)).Then(clientv3.OpDelete("floor")).Commit()
+		must(b, err)
+		<-floor
+		txnFloor = append(txnFloor, since(start, &cnt.lastEvents))
+	}
+	reportLatency(b, total, "handoff-")
+	reportLatency(b, unlockClient, "unlock-client-")
+	reportLatency(b, unlockToEvent, "unlock-to-event-")
+	reportLatency(b, eventToLock, "event-to-lock-")
+	reportLatency(b, floorS, "floor-")
+	reportLatency(b, txnFloor, "txn-floor-")
 }
 
 // The floor as etcd's client sees it: the same, through clientv3.Watch (its

@@ -167,6 +167,7 @@ type counter struct {
 	unary, streams, events atomic.Int64
 	watchStreams           atomic.Int64  // gRPC Watch streams opened
 	keepalives             atomic.Int64  // LeaseKeepAlive requests sent
+	lastEvents             atomic.Int64  // when the last watch response with events came off the wire (UnixNano)
 	created                chan struct{} // one send per watch created, if non-nil and not full
 	returned               chan struct{} // one send per unary RPC returned, if non-nil
 	// ownApart leaves out of events those that reach the first watch of
@@ -262,6 +263,9 @@ func (s *countingStream) RecvMsg(m any) error {
 	s.mu.Unlock()
 	if !s.c.ownApart || !first {
 		s.c.events.Add(int64(len(wr.Events)))
+	}
+	if len(wr.Events) > 0 {
+		s.c.lastEvents.Store(time.Now().UnixNano())
 	}
 	if wr.Created && s.c.created != nil {
 		select { // never stall the client's receive on a full count
