@@ -24,7 +24,7 @@ import (
 
 // deleteAtRev deletes key only while it is the incarnation created at rev, so
 // that however late the server applies it, it never deletes a later one.
-func deleteAtRev(ctx context.Context, cli *clientv3.Client, key string, rev int64) error {
+func DeleteAtRev(ctx context.Context, cli *clientv3.Client, key string, rev int64) error {
 	_, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
 		Then(clientv3.OpDelete(key)).Commit()
 	return err
@@ -37,18 +37,18 @@ func final(err error) bool {
 }
 
 // mode says how acquire waits.
-type mode int
+type Mode int
 
 const (
-	waitTurn mode = iota // wait in the queue (Lock, Campaign)
-	tryTurn              // never wait (TryLock)
-	joinTurn             // never wait, in etcd or for the session's own use of the key (Group.Join)
+	WaitTurn Mode = iota // wait in the queue (Lock, Campaign)
+	TryTurn              // never wait (TryLock)
+	JoinTurn             // never wait, in etcd or for the session's own use of the key (Group.Join)
 )
 
 // createGrace is how long an acquire's create may run on after the caller's
 // context (or the session) ended: long enough to learn, in most cases, whether
 // it committed, so that the cleanup knows what to delete.
-const createGrace = time.Second
+const CreateGrace = time.Second
 
 // acquire is slot.acquire for the keys of several slots of one session at
 // once (a MultiLock), all or none: one transaction writes them all, at one
@@ -56,47 +56,47 @@ const createGrace = time.Second
 // other in one order, whatever order they name them in; the turn of each
 // is then waited for in turn. Only the first may be under a shared rule,
 // when it is the only one. The value returned is the first key's.
-func acquire(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byte, error) {
-	rep := sls[0].s.rep
+func Acquire(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byte, error) {
+	rep := sls[0].Session.rep
 	if rep == nil {
 		return enter(ctx, sls, val, m)
 	}
 	began := time.Now()
 	hs, value, err := enter(ctx, sls, val, m)
 	if err != nil {
-		rep.acquireFailed(sls[0], err)
+		rep.AcquireFailed(sls[0], err)
 	}
 	for _, h := range hs {
-		rep.holdBegan(h, time.Since(began))
+		rep.HoldBegan(h, time.Since(began))
 	}
 	return hs, value, err
 }
 
 // enter is acquire, unreported: it enters the queues and comes out holding,
 // or with nothing left behind.
-func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byte, error) {
+func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byte, error) {
 	sl := sls[0]
 	if err := ctx.Err(); err != nil {
 		return nil, nil, sl.why(ctx, err)
 	}
-	if err := sl.s.Err(); err != nil {
-		return nil, nil, sl.s.endedErr()
+	if err := sl.Session.Err(); err != nil {
+		return nil, nil, sl.Session.EndedErr()
 	}
-	if sl.rule.shared {
-		switch h, err := sl.s.reg.shareKey(ctx, sl.key, m == waitTurn); {
+	if sl.Rule.Shared {
+		switch h, err := sl.Session.Reg.shareKey(ctx, sl.Key, m == WaitTurn); {
 		case err != nil:
 			return nil, nil, err
 		case h != nil:
-			return []*hold{h}, nil, nil
+			return []*Hold{h}, nil, nil
 		}
-	} else if err := claimKeys(ctx, sls, m == waitTurn); err != nil {
+	} else if err := claimKeys(ctx, sls, m == WaitTurn); err != nil {
 		return nil, nil, err
 	}
 	if err := ctx.Err(); err != nil { // it ended as the keys were freed
 		releaseKeys(sls)
 		return nil, nil, sl.why(ctx, err)
 	}
-	wctx, cancel := sl.s.bound(ctx)
+	wctx, cancel := sl.Session.Bound(ctx)
 	defer cancel()
 
 	// The create is not cancelled with ctx: a cancelled request may still be
@@ -105,31 +105,31 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 	// It runs on while ctx lives, and for createGrace after ctx ends.
 	ectx, ecancel := context.WithCancel(context.WithoutCancel(wctx))
 	defer ecancel()
-	stopGrace := context.AfterFunc(wctx, func() { time.AfterFunc(createGrace, ecancel) })
+	stopGrace := context.AfterFunc(wctx, func() { time.AfterFunc(CreateGrace, ecancel) })
 	defer stopGrace()
 	var ts []turn
 	var qerr error
-	if m == tryTurn {
+	if m == TryTurn {
 		ts, qerr = tryEnqueue(ectx, sls, val)
 	} else {
 		ts, qerr = enqueue(ectx, sls, val)
 	}
 	for _, t := range ts {
 		if qerr == nil && t.wrote && t.value == nil {
-			t.s.reg.created(t.key, t.rev) // a sweeper of the key leaves it to us
+			t.Session.Reg.created(t.Key, t.rev) // a sweeper of the key leaves it to us
 		}
 	}
 	err := qerr
 	if err == nil {
 		err = wctx.Err()
 	}
-	if i := slices.IndexFunc(ts, func(t turn) bool { return t.blocked() }); err == nil && i >= 0 && m != waitTurn {
-		err = fmt.Errorf("%w: %s is taken: %s (create revision %d) is ahead", ErrLocked, ts[i].name(), ts[i].ahead[0].Key, ts[i].ahead[0].CreateRevision)
+	if i := slices.IndexFunc(ts, func(t turn) bool { return t.blocked() }); err == nil && i >= 0 && m != WaitTurn {
+		err = fmt.Errorf("%w: %s is taken: %s (create revision %d) is ahead", ErrLocked, ts[i].Name(), ts[i].ahead[0].Key, ts[i].ahead[0].CreateRevision)
 	}
 	for i := range ts {
 		for _, o := range ts {
-			if len(ts) > 1 && o.key != ts[i].key {
-				ts[i].also = append(ts[i].also, o.key)
+			if len(ts) > 1 && o.Key != ts[i].Key {
+				ts[i].also = append(ts[i].also, o.Key)
 			}
 		}
 	}
@@ -155,15 +155,15 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 	if err == nil && waited > 0 && len(ts) > 1 {
 		err = stillOurs(wctx, ts)
 	}
-	hs := make([]*hold, 0, len(ts))
+	hs := make([]*Hold, 0, len(ts))
 	for _, t := range ts {
 		if err != nil {
 			break
 		}
-		h := newHold(t.slot, t.rev, t.hdr)
+		h := newHold(t.Slot, t.rev, t.hdr)
 		hs = append(hs, h)
-		if !h.live() { // the session ended at this instant
-			err = sl.s.endedErr()
+		if !h.Live() { // the session ended at this instant
+			err = sl.Session.EndedErr()
 		}
 	}
 	if err == nil {
@@ -173,14 +173,14 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 	for i, t := range ts {
 		switch {
 		case qerr != nil && t.wrote && t.hdr == nil: // the create failed, and may yet be applied: the session removes the key if it was, or will be, created
-			t.s.reg.sweep(t.key)
+			t.Session.Reg.Sweep(t.Key)
 		case t.wrote:
-			err = errors.Join(err, t.withdraw(t.rev))
+			err = errors.Join(err, t.Withdraw(t.rev))
 		}
 		if i < len(hs) {
 			hs[i].finish(err)
 		} else {
-			t.s.reg.releaseKey(t.key)
+			t.Session.Reg.ReleaseKey(t.Key)
 		}
 	}
 	return nil, nil, err
@@ -194,9 +194,9 @@ func enter(ctx context.Context, sls []*slot, val string, m mode) ([]*hold, []byt
 func stillOurs(ctx context.Context, ts []turn) error {
 	keys := make([]string, len(ts))
 	for i, t := range ts {
-		keys[i] = t.key
+		keys[i] = t.Key
 	}
-	return keysAt(ctx, ts[0].s.client, keys, ts[0].rev, func(hdr *pb.ResponseHeader) {
+	return keysAt(ctx, ts[0].Session.client, keys, ts[0].rev, func(hdr *pb.ResponseHeader) {
 		for i := range ts {
 			ts[i].hdr = hdr
 		}
@@ -220,7 +220,7 @@ func keysAt(ctx context.Context, cli *clientv3.Client, keys []string, rev int64,
 		return err
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("%w: a key of the same acquire on another name went", errOwnKeyGone)
+		return fmt.Errorf("%w: a key of the same acquire on another name went", ErrOwnKeyGone)
 	}
 	if at != nil {
 		at(resp.Header)
@@ -230,9 +230,9 @@ func keysAt(ctx context.Context, cli *clientv3.Client, keys []string, rev int64,
 
 // claimKeys reserves the slots' keys in their session (claimKey), in order;
 // on error it frees those it reserved.
-func claimKeys(ctx context.Context, sls []*slot, wait bool) error {
+func claimKeys(ctx context.Context, sls []*Slot, wait bool) error {
 	for i, sl := range sls {
-		if err := sl.s.reg.claimKey(ctx, sl.key, wait); err != nil {
+		if err := sl.Session.Reg.ClaimKey(ctx, sl.Key, wait); err != nil {
 			releaseKeys(sls[:i])
 			return err
 		}
@@ -241,15 +241,15 @@ func claimKeys(ctx context.Context, sls []*slot, wait bool) error {
 }
 
 // releaseKeys frees the slots' reservations.
-func releaseKeys(sls []*slot) {
+func releaseKeys(sls []*Slot) {
 	for _, sl := range sls {
-		sl.s.reg.releaseKey(sl.key)
+		sl.Session.Reg.ReleaseKey(sl.Key)
 	}
 }
 
 // unsure reports whether a write that failed with err may have been applied,
 // or may still be: anything but the server's definite refusal.
-func unsure(err error) bool {
+func Unsure(err error) bool {
 	code := status.Code(err)
 	if ee := (rpctypes.EtcdError{}); errors.As(err, &ee) {
 		code = ee.Code()

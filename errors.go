@@ -2,7 +2,6 @@ package etcdsync
 
 import (
 	"errors"
-	"fmt"
 )
 
 // Sentinel errors. Every error the package returns wraps one of these, or a
@@ -46,43 +45,4 @@ var (
 	// once, with no RPC sent); and by a DoubleBarrier call out of turn
 	// (Leave without Enter, Enter twice, two parties on one Session).
 	ErrInvalidArgument = errors.New("etcdsync: invalid argument")
-
-	// errClientClosed is returned, at once and with nothing sent, by a call
-	// on a closed client; errClientClosedSession is the cause of a session
-	// whose client was closed (it also matches ErrSessionClosed).
-	errClientClosed        = fmt.Errorf("%w: client closed", ErrInvalidArgument)
-	errClientClosedSession = tag(fmt.Errorf("%w: client closed", ErrSessionClosed), ErrInvalidArgument)
-
-	// errNoAnswer is why NewSession gave up: no answer to its first
-	// request within the client's DialTimeout (see answerBound).
-	errNoAnswer = errors.New("no answer from etcd")
-
-	// errOwnKeyGone means a waiter's own key vanished.
-	errOwnKeyGone = fmt.Errorf("%w: own key deleted while waiting", ErrSessionExpired)
 )
-
-// tagged is an error with err's text that also matches sentinel (errors.Is),
-// so that a message says what failed and why without repeating a sentinel's
-// text.
-type tagged struct{ err, sentinel error }
-
-func (t tagged) Error() string   { return t.err.Error() }
-func (t tagged) Unwrap() []error { return []error{t.err, t.sentinel} }
-
-// tag returns err, also matching sentinel.
-func tag(err, sentinel error) error {
-	if errors.Is(err, sentinel) {
-		return err
-	}
-	return tagged{err: err, sentinel: sentinel}
-}
-
-// notHeldBy is the error of a call that needs a hold on what that the value
-// does not have: it wraps notHeld (ErrLockReleased, ErrNotHeld), and also
-// ErrInvalidArgument when the session's client was closed.
-func notHeldBy(s *Session, notHeld error, what string) error {
-	if closedClient(s.client) != nil {
-		return tag(fmt.Errorf("%w: %s is not held by this value: client closed", notHeld, what), ErrInvalidArgument)
-	}
-	return fmt.Errorf("%w: %s is not held by this value", notHeld, what)
-}

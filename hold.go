@@ -23,9 +23,9 @@ import (
 // holds. It ends with the session, or earlier (finish). Loss detection (Done)
 // and the hold's context start lazily: a hold nobody asked about costs no
 // goroutine, no watch and no context.
-type hold struct {
-	*slot     // the holder's
-	rev       int64
+type Hold struct {
+	*Slot     // the holder's
+	Rev       int64
 	start     startHeader  // of the revision at which the hold began
 	releasing atomic.Int32 // Unlocks in flight: a delete seen meanwhile may be theirs
 	shares    int32        // values of the session that share the hold (s.reg.mu; 1 but for read holds)
@@ -57,7 +57,7 @@ type holdExtra struct {
 }
 
 // extraLocked returns h's extra part, made on first use. h.mu is held.
-func (h *hold) extraLocked() *holdExtra {
+func (h *Hold) extraLocked() *holdExtra {
 	if h.x == nil {
 		h.x = &holdExtra{}
 	}
@@ -65,7 +65,7 @@ func (h *hold) extraLocked() *holdExtra {
 }
 
 // extra is extraLocked for a caller without h.mu.
-func (h *hold) extra() *holdExtra {
+func (h *Hold) extra() *holdExtra {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.extraLocked()
@@ -73,24 +73,24 @@ func (h *hold) extra() *holdExtra {
 
 // newHold makes the hold of a key this session reserved (claimKey); the hold
 // frees the reservation when it finishes.
-func newHold(sl *slot, rev int64, hdr *pb.ResponseHeader) *hold {
-	h := &hold{slot: sl, rev: rev, shares: 1, start: startHeader{cluster: hdr.ClusterId, member: hdr.MemberId, rev: hdr.Revision, term: hdr.RaftTerm}}
-	sl.s.reg.mu.Lock()
-	use := sl.s.reg.keys[sl.key]
+func newHold(sl *Slot, rev int64, hdr *pb.ResponseHeader) *Hold {
+	h := &Hold{Slot: sl, Rev: rev, shares: 1, start: startHeader{cluster: hdr.ClusterId, member: hdr.MemberId, rev: hdr.Revision, term: hdr.RaftTerm}}
+	sl.Session.Reg.mu.Lock()
+	use := sl.Session.Reg.keys[sl.Key]
 	use.hold = h
-	sl.s.reg.keys[sl.key] = use
-	if sl.rule.shared {
-		sl.s.reg.wakeLocked(sl.key) // those waiting to share it join
+	sl.Session.Reg.keys[sl.Key] = use
+	if sl.Rule.Shared {
+		sl.Session.Reg.wakeLocked(sl.Key) // those waiting to share it join
 	}
-	sl.s.reg.mu.Unlock()
+	sl.Session.Reg.mu.Unlock()
 	return h
 }
 
 // leave drops one share of h and reports whether it was the last, which
 // then releases the key (unhold) while nobody joins.
-func (h *hold) leave() bool {
-	h.s.reg.mu.Lock()
-	defer h.s.reg.mu.Unlock()
+func (h *Hold) leave() bool {
+	h.Session.Reg.mu.Lock()
+	defer h.Session.Reg.mu.Unlock()
 	h.shares--
 	h.closing = h.shares == 0
 	return h.closing
@@ -100,47 +100,47 @@ func (h *hold) leave() bool {
 // seemingly still there. Its delete may have committed, or may yet: nobody
 // joins the hold any more (it stays closing), and its watch, started here,
 // ends it if the key goes.
-func (h *hold) kept() {
-	h.s.reg.mu.Lock()
+func (h *Hold) kept() {
+	h.Session.Reg.mu.Lock()
 	h.shares++
-	h.s.reg.mu.Unlock()
-	h.done()
+	h.Session.Reg.mu.Unlock()
+	h.Done()
 }
 
 // check reads h's key: while the key is h's it returns the read's revision;
 // when the key is gone or replaced it ends h and returns an error wrapping
 // ErrNotHeld.
-func (h *hold) check(ctx context.Context) (int64, error) {
-	resp, err := h.s.client.Get(ctx, h.key)
+func (h *Hold) check(ctx context.Context) (int64, error) {
+	resp, err := h.Session.client.Get(ctx, h.Key)
 	if err != nil {
 		return 0, err
 	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
-		h.lost(resp.Header.Revision)
-		return 0, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.Rev {
+		h.Lost(resp.Header.Revision)
+		return 0, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
 	}
 	return resp.Header.Revision, nil
 }
 
 // context returns a context that ends when the hold ends, with its cause.
-func (h *hold) context() context.Context {
+func (h *Hold) Context() context.Context {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	x := h.extraLocked()
 	switch {
 	case x.ctx != nil:
 	case h.over.Load(): // with its own cause, whether or not the session ended since
-		x.ctx, x.end = context.WithCancelCause(context.WithoutCancel(h.s.ctx))
+		x.ctx, x.end = context.WithCancelCause(context.WithoutCancel(h.Session.ctx))
 		x.end(h.cause)
 	default:
-		x.ctx, x.end = context.WithCancelCause(h.s.ctx)
+		x.ctx, x.end = context.WithCancelCause(h.Session.ctx)
 	}
 	return x.ctx
 }
 
 // advance records the header of a later write through the hold (Proclaim);
 // headers only move forward.
-func (h *hold) advance(hdr *pb.ResponseHeader) {
+func (h *Hold) Advance(hdr *pb.ResponseHeader) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if x := h.extraLocked(); x.last == nil || hdr.Revision > x.last.Revision {
@@ -157,7 +157,7 @@ type startHeader struct {
 }
 
 // header is the header of the last write through the hold, or of its start.
-func (h *hold) header() *pb.ResponseHeader {
+func (h *Hold) header() *pb.ResponseHeader {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.x != nil && h.x.last != nil && h.x.last.Revision > h.start.rev {
@@ -168,18 +168,18 @@ func (h *hold) header() *pb.ResponseHeader {
 
 // inherited reports whether h's key was created before the session began: a
 // hold of a restarted process that this session adopted (WithLease).
-func (h *hold) inherited() bool { return h.rev <= h.s.startRev }
+func (h *Hold) Inherited() bool { return h.Rev <= h.Session.startRev }
 
 // live reports whether h is a hold that has not ended.
-func (h *hold) live() bool { return h != nil && !h.over.Load() && h.s.ctx.Err() == nil }
+func (h *Hold) Live() bool { return h != nil && !h.over.Load() && h.Session.ctx.Err() == nil }
 
 // finish ends the hold with cause (the session's, if it has ended) and frees
 // the key's reservation, once.
-func (h *hold) finish(cause error) {
+func (h *Hold) finish(cause error) {
 	h.once.Do(func() {
 		h.mu.Lock()
-		if h.s.ctx.Err() != nil || cause == nil {
-			cause = context.Cause(h.s.ctx)
+		if h.Session.ctx.Err() != nil || cause == nil {
+			cause = context.Cause(h.Session.ctx)
 		}
 		if cause == nil { // not reached: nil is passed only once the hold or session ended
 			cause = ErrNotHeld
@@ -191,18 +191,18 @@ func (h *hold) finish(cause error) {
 			end = h.x.end
 		}
 		h.mu.Unlock()
-		if rep := h.s.rep; rep != nil {
-			rep.holdEnded(h, cause) // before Done closes
+		if rep := h.Session.rep; rep != nil {
+			rep.HoldEnded(h, cause) // before Done closes
 		}
 		if end != nil {
 			end(cause)
 		}
-		h.s.reg.releaseKey(h.key)
+		h.Session.Reg.ReleaseKey(h.Key)
 	})
 }
 
 // stop finishes the hold and waits for its watch, if any.
-func (h *hold) stop(cause error) {
+func (h *Hold) stop(cause error) {
 	h.finish(cause)
 	h.mu.Lock()
 	x := h.x
@@ -218,15 +218,15 @@ func (h *hold) stop(cause error) {
 
 // done returns a channel closed when the hold ends, starting the watch that
 // notices a key deleted behind our back.
-func (h *hold) done() <-chan struct{} {
-	ctx := h.context()
+func (h *Hold) Done() <-chan struct{} {
+	ctx := h.Context()
 	x := h.extra()
 	x.watchOnce.Do(func() {
 		if ctx.Err() != nil {
 			return
 		}
 		watched := make(chan struct{})
-		if h.s.goWatch(func() { defer close(watched); h.watchKey(ctx) }) {
+		if h.Session.goWatch(func() { defer close(watched); h.watchKey(ctx) }) {
 			x.watched = watched
 		}
 	})
@@ -234,32 +234,32 @@ func (h *hold) done() <-chan struct{} {
 }
 
 // err returns nil while the hold lasts, else why it ended.
-func (h *hold) err() error {
+func (h *Hold) Err() error {
 	if h.over.Load() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return h.cause
 	}
-	if h.s.ctx.Err() != nil {
-		return context.Cause(h.s.ctx)
+	if h.Session.ctx.Err() != nil {
+		return context.Cause(h.Session.ctx)
 	}
 	return nil
 }
 
 // lost ends the hold because its key is gone or replaced.
-func (h *hold) lost(rev int64) {
+func (h *Hold) Lost(rev int64) {
 	if h.releasing.Load() > 0 {
 		h.finish(ErrLockReleased)
 		return
 	}
-	h.finish(fmt.Errorf("%w: key %s gone by revision %d (lease expired or revoked, or deleted by someone)", ErrNotHeld, h.key, rev))
-	h.s.checkLease()
+	h.finish(fmt.Errorf("%w: key %s gone by revision %d (lease expired or revoked, or deleted by someone)", ErrNotHeld, h.Key, rev))
+	h.Session.checkLease()
 }
 
 // watchKey ends the hold when its key is deleted; hctx is the hold's context.
-func (h *hold) watchKey(hctx context.Context) {
-	if rev, err := watchGone(hctx, h.s.client, h.key, h.rev, h.start.rev+1); err == nil {
-		h.lost(rev)
+func (h *Hold) watchKey(hctx context.Context) {
+	if rev, err := WatchGone(hctx, h.Session.client, h.Key, h.Rev, h.start.rev+1); err == nil {
+		h.Lost(rev)
 	}
 }
 
@@ -270,7 +270,7 @@ func (h *hold) watchKey(hctx context.Context) {
 // restart, a lost leader) it reads the key once (linearizable) and watches
 // again from that read, so it survives them. It returns ctx's error when ctx
 // ends, and an error when the client is closed.
-func watchGone(ctx context.Context, cli *clientv3.Client, key string, rev, from int64) (int64, error) {
+func WatchGone(ctx context.Context, cli *clientv3.Client, key string, rev, from int64) (int64, error) {
 	for {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		for wr := range cli.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut()) {
@@ -286,7 +286,7 @@ func watchGone(ctx context.Context, cli *clientv3.Client, key string, rev, from 
 			from = max(from, wr.Header.Revision+1)
 		}
 		cancel()
-		if err := sleep(ctx, retryPause); err != nil {
+		if err := Sleep(ctx, RetryPause); err != nil {
 			return 0, err
 		}
 		resp, err := cli.Get(ctx, key)
@@ -304,28 +304,28 @@ func watchGone(ctx context.Context, cli *clientv3.Client, key string, rev, from 
 
 // guard is the comparison that holds while h is the current hold; with no
 // hold it is a valid comparison that is always false.
-func (h *hold) guard(prefix string) clientv3.Cmp {
-	if !h.live() {
+func (h *Hold) Guard(prefix string) clientv3.Cmp {
+	if !h.Live() {
 		return clientv3.Compare(clientv3.CreateRevision(prefix), "<", 0)
 	}
-	return clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)
+	return clientv3.Compare(clientv3.CreateRevision(h.Key), "=", h.Rev)
 }
 
 // do runs ops in one transaction only while h is current. When the hold is
 // gone it ends h and returns an error wrapping ErrNotHeld.
-func (h *hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	if !h.live() {
+func (h *Hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	if !h.Live() {
 		return nil, fmt.Errorf("%w: no current hold", ErrNotHeld)
 	}
 	// The Else range keeps the transaction linearizable: one of compares and
 	// serializable reads alone is served by any member, which may lag.
-	resp, err := h.s.client.Txn(ctx).If(h.guard(h.prefix)).Then(ops...).Else(clientv3.OpGet(h.key, clientv3.WithCountOnly())).Commit()
+	resp, err := h.Session.client.Txn(ctx).If(h.Guard(h.Prefix)).Then(ops...).Else(clientv3.OpGet(h.Key, clientv3.WithCountOnly())).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", h.key, err)
+		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", h.Key, err)
 	}
 	if !resp.Succeeded {
-		h.lost(resp.Header.Revision)
-		return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+		h.Lost(resp.Header.Revision)
+		return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
 	}
 	return resp, nil
 }
@@ -336,37 +336,37 @@ func (h *hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespons
 // has changed since our last put (such a late put of ours landed first, or
 // someone else's), the newer put writes over it. Puts run one at a time.
 // When the hold is gone it ends h and returns an error wrapping ErrNotHeld.
-func (h *hold) put(ctx context.Context, val string) (*pb.ResponseHeader, error) {
+func (h *Hold) Put(ctx context.Context, val string) (*pb.ResponseHeader, error) {
 	x := h.extra()
 	x.writing.Lock()
 	defer x.writing.Unlock()
 	if x.wrote == 0 {
-		x.wrote = h.rev
+		x.wrote = h.Rev
 	}
 	for range putTries {
-		if !h.live() {
+		if !h.Live() {
 			return nil, fmt.Errorf("%w: no current hold", ErrNotHeld)
 		}
-		resp, err := h.s.client.Txn(ctx).
-			If(h.guard(h.prefix), clientv3.Compare(clientv3.ModRevision(h.key), "=", x.wrote)).
-			Then(clientv3.OpPut(h.key, val, clientv3.WithLease(h.s.Lease()))).
-			Else(clientv3.OpGet(h.key)).
+		resp, err := h.Session.client.Txn(ctx).
+			If(h.Guard(h.Prefix), clientv3.Compare(clientv3.ModRevision(h.Key), "=", x.wrote)).
+			Then(clientv3.OpPut(h.Key, val, clientv3.WithLease(h.Session.Lease()))).
+			Else(clientv3.OpGet(h.Key)).
 			Commit()
 		if err != nil {
-			return nil, fmt.Errorf("etcdsync: set the value of %s: %w", h.key, err)
+			return nil, fmt.Errorf("etcdsync: set the value of %s: %w", h.Key, err)
 		}
 		if resp.Succeeded {
 			x.wrote = resp.Header.Revision
 			return resp.Header, nil
 		}
 		kvs := resp.Responses[0].GetResponseRange().GetKvs()
-		if len(kvs) == 0 || kvs[0].CreateRevision != h.rev {
-			h.lost(resp.Header.Revision)
-			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+		if len(kvs) == 0 || kvs[0].CreateRevision != h.Rev {
+			h.Lost(resp.Header.Revision)
+			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
 		}
 		x.wrote = kvs[0].ModRevision
 	}
-	return nil, fmt.Errorf("etcdsync: set the value of %s: it changed under each of %d tries", h.key, putTries)
+	return nil, fmt.Errorf("etcdsync: set the value of %s: it changed under each of %d tries", h.Key, putTries)
 }
 
 // putTries bounds how often put writes over a value it did not expect.
@@ -378,21 +378,21 @@ const putTries = 4
 // deleted) it returns at once. On an RPC error the hold stays, so it can be
 // retried; when there was nothing to delete the hold ends and the error wraps
 // ErrLockReleased. The hold ends once the delete has committed.
-func (h *hold) unhold(ctx context.Context) error { return unhold(ctx, []*hold{h})[0] }
+func (h *Hold) Unhold(ctx context.Context) error { return Unhold(ctx, []*Hold{h})[0] }
 
 // unhold releases several holds of one session in one RPC (see hold.unhold
 // for each): one transaction deletes each key that is still its hold's, at
 // one revision. It returns one error per hold, nil for those released; it
 // is bounded by ctx and, with one hold, by that hold.
-func unhold(ctx context.Context, hs []*hold) []error {
+func Unhold(ctx context.Context, hs []*Hold) []error {
 	errs := make([]error, len(hs))
 	var live []int
 	for i, h := range hs {
 		switch {
-		case !h.live():
+		case !h.Live():
 			errs[i] = fmt.Errorf("%w: not held", ErrLockReleased)
 		case ctx.Err() != nil: // nothing is sent: the hold stays as it was
-			errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.key, ctx.Err())
+			errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.Key, ctx.Err())
 		default:
 			live = append(live, i)
 		}
@@ -402,17 +402,17 @@ func unhold(ctx context.Context, hs []*hold) []error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	txn := hs[live[0]].s.client.Txn(ctx)
+	txn := hs[live[0]].Session.client.Txn(ctx)
 	if len(hs) == 1 {
 		h := hs[0]
-		stop := context.AfterFunc(h.context(), cancel)
+		stop := context.AfterFunc(h.Context(), cancel)
 		defer stop()
-		txn = txn.If(h.guard(h.prefix)).Then(clientv3.OpDelete(h.key))
+		txn = txn.If(h.Guard(h.Prefix)).Then(clientv3.OpDelete(h.Key))
 	} else {
 		ops := make([]clientv3.Op, len(live))
 		for j, i := range live {
 			h := hs[i]
-			ops[j] = clientv3.OpTxn([]clientv3.Cmp{h.guard(h.prefix)}, []clientv3.Op{clientv3.OpDelete(h.key)}, nil)
+			ops[j] = clientv3.OpTxn([]clientv3.Cmp{h.Guard(h.Prefix)}, []clientv3.Op{clientv3.OpDelete(h.Key)}, nil)
 		}
 		txn = txn.Then(ops...)
 	}
@@ -429,18 +429,18 @@ func unhold(ctx context.Context, hs []*hold) []error {
 			// someone else's doing.
 			h.releasing.Add(-1)
 			switch {
-			case h.live():
-				errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.key, err)
-			case !errors.Is(h.err(), ErrLockReleased):
-				errs[i] = fmt.Errorf("%w: %s: the hold ended while releasing: %w", ErrLockReleased, h.key, h.err())
+			case h.Live():
+				errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.Key, err)
+			case !errors.Is(h.Err(), ErrLockReleased):
+				errs[i] = fmt.Errorf("%w: %s: the hold ended while releasing: %w", ErrLockReleased, h.Key, h.Err())
 			}
 		case len(hs) == 1 && resp.Succeeded, len(hs) > 1 && resp.Responses[j].GetResponseTxn().Succeeded:
 			h.stop(ErrLockReleased)
 		default:
 			h.releasing.Add(-1)
-			h.lost(resp.Header.Revision)
+			h.Lost(resp.Header.Revision)
 			h.stop(nil)
-			errs[i] = fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
+			errs[i] = fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.Key, h.Rev)
 		}
 	}
 	return errs
@@ -450,7 +450,7 @@ func unhold(ctx context.Context, hs []*hold) []error {
 // function, called once the Run has released, unregisters it. When a
 // Handover has begun on h (stopRuns), it reports handedOver: the Run must
 // not start its work.
-func (h *hold) addRun(stop context.CancelCauseFunc) (leave func(), handedOver bool) {
+func (h *Hold) addRun(stop context.CancelCauseFunc) (leave func(), handedOver bool) {
 	r := &running{stop: stop, over: make(chan struct{})}
 	h.mu.Lock()
 	x := h.extraLocked()
@@ -471,7 +471,7 @@ func (h *hold) addRun(stop context.CancelCauseFunc) (leave func(), handedOver bo
 // stopRuns begins a Handover of h: no Run registered from now on starts its
 // work, and the work of every Run under h is cancelled with cause. It
 // returns channels that close as each Run has released.
-func (h *hold) stopRuns(cause error) []chan struct{} {
+func (h *Hold) StopRuns(cause error) []chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	x := h.extraLocked()

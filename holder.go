@@ -18,52 +18,52 @@ import (
 // holder is the state every primitive value (Mutex, Election) keeps: its
 // slot, and its current hold, if any. A primitive is "which keys, which
 // guard" on top of it.
-type holder struct {
-	slot slot
-	bad  error // why the name or session is unusable, or nil
+type Holder struct {
+	Slot Slot
+	Bad  error // why the name or session is unusable, or nil
 
 	mu   sync.Mutex
-	h    *hold
+	H    *Hold
 	n    int   // this value's shares of h (more than 1 only for read holds)
-	last error // why the previous hold ended
+	Last error // why the previous hold ended
 }
 
-func newHolder(s *Session, name, kind string) holder {
-	sl, err := newSlot(s, name, kind)
+func NewHolder(s *Session, name, kind string) Holder {
+	sl, err := NewSlot(s, name, kind)
 	if err != nil {
 		// The prefix still names a key, so that the always-false guard
 		// is a comparison etcd accepts.
-		sl.prefix = name + "/"
+		sl.Prefix = name + "/"
 	}
-	return holder{slot: sl, bad: err}
+	return Holder{Slot: sl, Bad: err}
 }
 
 // acquire acquires a hold (see slot.acquire) and makes it current. It returns
 // the value the key already had when it existed.
-func (hr *holder) acquire(ctx context.Context, val string, md mode) ([]byte, error) {
-	return hr.acquireAs(ctx, &hr.slot, val, md)
+func (hr *Holder) Acquire(ctx context.Context, val string, md Mode) ([]byte, error) {
+	return hr.AcquireAs(ctx, &hr.Slot, val, md)
 }
 
 // acquireAs is acquire through sl: the holder's slot under the rule of this one
 // acquire (a Semaphore's weight).
-func (hr *holder) acquireAs(ctx context.Context, sl *slot, val string, md mode) ([]byte, error) {
-	if hr.bad != nil {
-		return nil, hr.bad
+func (hr *Holder) AcquireAs(ctx context.Context, sl *Slot, val string, md Mode) ([]byte, error) {
+	if hr.Bad != nil {
+		return nil, hr.Bad
 	}
 	h, value, err := sl.acquire(ctx, val, md)
 	if err != nil {
 		return nil, err
 	}
-	hr.addShare(h)
+	hr.AddShare(h)
 	return value, nil
 }
 
 // addShare makes h the value's hold and counts one more share of it.
-func (hr *holder) addShare(h *hold) {
+func (hr *Holder) AddShare(h *Hold) {
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
-	if hr.h != h {
-		hr.h, hr.n = h, 0
+	if hr.H != h {
+		hr.H, hr.n = h, 0
 	}
 	hr.n++
 }
@@ -74,148 +74,148 @@ func (hr *holder) addShare(h *hold) {
 // there, the value holds again (one share), so it can be retried, and
 // nobody joins the hold any more (hold.kept). An ended ctx sends nothing and
 // changes nothing.
-func (hr *holder) release(ctx context.Context) error {
-	h, err := hr.held(ErrLockReleased)
+func (hr *Holder) Release(ctx context.Context) error {
+	h, err := hr.Held(ErrLockReleased)
 	if err != nil {
 		return err
 	}
-	if !h.rule.shared {
-		return h.unhold(ctx)
+	if !h.Rule.Shared {
+		return h.Unhold(ctx)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("etcdsync: release %s: %w", h.key, err)
+		return fmt.Errorf("etcdsync: release %s: %w", h.Key, err)
 	}
 	hr.mu.Lock()
-	if hr.h != h { // another goroutine released this value's last share meanwhile
+	if hr.H != h { // another goroutine released this value's last share meanwhile
 		hr.mu.Unlock()
-		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, hr.slot.name())
+		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, hr.Slot.Name())
 	}
-	for e := holdIn(ctx); e != nil; e = e.outer {
-		if e.h == h && e.left.CompareAndSwap(false, true) { // fn ends its RRun's share: RRun will not
+	for e := HoldIn(ctx); e != nil; e = e.Outer {
+		if e.H == h && e.left.CompareAndSwap(false, true) { // fn ends its RRun's share: RRun will not
 			break
 		}
 	}
 	if hr.n--; hr.n == 0 {
-		hr.h, hr.last = nil, fmt.Errorf("%w: %s released by this value", ErrLockReleased, h.key)
+		hr.H, hr.Last = nil, fmt.Errorf("%w: %s released by this value", ErrLockReleased, h.Key)
 	}
 	hr.mu.Unlock()
 	if !h.leave() {
 		return nil
 	}
-	err = h.unhold(ctx)
-	if err != nil && h.live() {
+	err = h.Unhold(ctx)
+	if err != nil && h.Live() {
 		h.kept()
-		hr.addShare(h)
+		hr.AddShare(h)
 	}
 	return err
 }
 
 // abandon ends the current hold after a failure that leaves it unwanted: it
 // removes the key (bounded, as a cleanup) and frees the reservation.
-func (hr *holder) abandon() error {
-	h := hr.current()
+func (hr *Holder) Abandon() error {
+	h := hr.Current()
 	if h == nil {
 		return nil
 	}
-	err := h.slot.withdraw(h.rev)
+	err := h.Slot.Withdraw(h.Rev)
 	h.stop(fmt.Errorf("%w: abandoned after a failed campaign", ErrNotHeld))
-	hr.current()
+	hr.Current()
 	return err
 }
 
 // current returns the live hold, or nil (recording why the last one ended).
-func (hr *holder) current() *hold {
+func (hr *Holder) Current() *Hold {
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
-	if hr.h != nil && !hr.h.live() {
-		hr.h.finish(nil) // frees the key's reservation when the session ended
-		hr.last, hr.h, hr.n = hr.h.err(), nil, 0
+	if hr.H != nil && !hr.H.Live() {
+		hr.H.finish(nil) // frees the key's reservation when the session ended
+		hr.Last, hr.H, hr.n = hr.H.Err(), nil, 0
 	}
-	return hr.h
+	return hr.H
 }
 
 // held returns the live hold, or an error wrapping notHeld (and
 // ErrInvalidArgument when the client was closed).
-func (hr *holder) held(notHeld error) (*hold, error) {
-	if hr.bad != nil {
-		return nil, hr.bad
+func (hr *Holder) Held(notHeld error) (*Hold, error) {
+	if hr.Bad != nil {
+		return nil, hr.Bad
 	}
-	if h := hr.current(); h != nil {
+	if h := hr.Current(); h != nil {
 		return h, nil
 	}
-	return nil, notHeldBy(hr.slot.s, notHeld, hr.slot.name())
+	return nil, NotHeldBy(hr.Slot.Session, notHeld, hr.Slot.Name())
 }
 
-func (hr *holder) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	h, err := hr.held(ErrNotHeld)
+func (hr *Holder) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	h, err := hr.Held(ErrNotHeld)
 	if err != nil {
 		return nil, err
 	}
 	return h.do(ctx, ops...)
 }
 
-func (hr *holder) key() string {
-	if h := hr.current(); h != nil {
-		return h.key
+func (hr *Holder) Key() string {
+	if h := hr.Current(); h != nil {
+		return h.Key
 	}
 	return ""
 }
 
-func (hr *holder) rev() int64 {
-	if h := hr.current(); h != nil {
-		return h.rev
+func (hr *Holder) Rev() int64 {
+	if h := hr.Current(); h != nil {
+		return h.Rev
 	}
 	return 0
 }
 
-func (hr *holder) header() *pb.ResponseHeader {
-	if h := hr.current(); h != nil {
+func (hr *Holder) Header() *pb.ResponseHeader {
+	if h := hr.Current(); h != nil {
 		return h.header()
 	}
 	return nil
 }
 
-func (hr *holder) guard() clientv3.Cmp { return hr.current().guard(hr.slot.prefix) }
+func (hr *Holder) Guard() clientv3.Cmp { return hr.Current().Guard(hr.Slot.Prefix) }
 
-func (hr *holder) done() <-chan struct{} {
-	if h := hr.current(); h != nil {
-		return h.done()
+func (hr *Holder) Done() <-chan struct{} {
+	if h := hr.Current(); h != nil {
+		return h.Done()
 	}
-	return closed
+	return Closed
 }
 
 // check is the Check of every primitive: nil while the value holds, its
 // hold is current and its session passes Check; else why not. The first
 // call for a hold starts its loss watch (as Done does), so a key deleted
 // behind the holder's back shows within a watch round trip.
-func (hr *holder) check() error {
-	if hr.bad != nil {
-		return hr.bad
+func (hr *Holder) Check() error {
+	if hr.Bad != nil {
+		return hr.Bad
 	}
-	h := hr.current()
+	h := hr.Current()
 	if h == nil {
-		return hr.err()
+		return hr.Err()
 	}
-	h.done()
-	if err := h.s.Check(); err != nil {
+	h.Done()
+	if err := h.Session.Check(); err != nil {
 		return err
 	}
-	return h.err()
+	return h.Err()
 }
 
-func (hr *holder) err() error {
-	if hr.current() != nil {
+func (hr *Holder) Err() error {
+	if hr.Current() != nil {
 		return nil
 	}
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
-	if hr.last == nil {
+	if hr.Last == nil {
 		return ErrNotHeld
 	}
-	return hr.last
+	return hr.Last
 }
 
-var closed = func() chan struct{} {
+var Closed = func() chan struct{} {
 	c := make(chan struct{})
 	close(c)
 	return c
@@ -232,28 +232,28 @@ var closed = func() chan struct{} {
 // Semaphore's capacity): a Run whose ctx carries a live hold of the same
 // session and name enters it (see reenter), and returns fn's error joined
 // with why the hold ended if it ended meanwhile.
-func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release func(context.Context) error, fn func(context.Context) error) (err error) {
-	if e, err := hr.reenter(ctx, n, tag); err != nil || e != nil {
+func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release func(context.Context) error, fn func(context.Context) error) (err error) {
+	if e, err := hr.Reenter(ctx, n, tag); err != nil || e != nil {
 		if err != nil {
 			return err
 		}
 		err = fn(ctx)
-		if cause := e.h.err(); !errors.Is(cause, ErrLockReleased) {
-			err = stated(err, cause)
+		if cause := e.H.Err(); !errors.Is(cause, ErrLockReleased) {
+			err = Stated(err, cause)
 		}
 		return err
 	}
 	if err := acquire(ctx); err != nil {
 		return err
 	}
-	h := hr.current()
+	h := hr.Current()
 	if h == nil { // ended as it began
-		return hr.err()
+		return hr.Err()
 	}
-	h.done() // watch the key: a delete behind our back ends fn's context
-	hctx := h.context()
-	e := &ctxHold{h: h, n: n, tag: tag, outer: holdIn(ctx)}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, e))
+	h.Done() // watch the key: a delete behind our back ends fn's context
+	hctx := h.Context()
+	e := &CtxHold{H: h, N: n, tag: tag, Outer: HoldIn(ctx)}
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, CtxHoldKey{}, e))
 	defer cancel(nil)
 	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
 	defer stop()
@@ -262,13 +262,13 @@ func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release
 	defer func() {
 		p := recover()
 		cause, released := e.afterRun(ctx, release)
-		err = stated(stated(err, cause), released)
+		err = Stated(Stated(err, cause), released)
 		if p != nil {
 			panic(p)
 		}
 	}()
 	if handedOver { // between the acquire and now: fn must not run beside the successor
-		return fmt.Errorf("%w: %s was handed over before fn ran", ErrLockReleased, h.key)
+		return fmt.Errorf("%w: %s was handed over before fn ran", ErrLockReleased, h.Key)
 	}
 	return fn(fctx)
 }
@@ -281,24 +281,24 @@ func (hr *holder) run(ctx context.Context, n int64, tag string, acquire, release
 // inside a read, more permits, another value or capacity, another kind of
 // primitive on the same key) is an error wrapping ErrInvalidArgument, not a
 // deadlock. With neither, it returns nil.
-func (hr *holder) reenter(ctx context.Context, n int64, tag string) (*ctxHold, error) {
-	sl := &hr.slot
-	for e := holdIn(ctx); e != nil; e = e.outer {
-		h := e.h
-		sameKey, sameName := h.key == sl.key, h.prefix == sl.prefix && h.kind == sl.kind
+func (hr *Holder) Reenter(ctx context.Context, n int64, tag string) (*CtxHold, error) {
+	sl := &hr.Slot
+	for e := HoldIn(ctx); e != nil; e = e.Outer {
+		h := e.H
+		sameKey, sameName := h.Key == sl.Key, h.Prefix == sl.Prefix && h.Kind == sl.Kind
 		switch {
-		case h.s != sl.s || !h.live() || !sameKey && !sameName:
+		case h.Session != sl.Session || !h.Live() || !sameKey && !sameName:
 			continue // another lock (an RWMutex and a Mutex on one name use other keys)
 		case !sameName: // a Mutex, an Election, a Semaphore on one name; a Mutex on NAME/write
-			return nil, fmt.Errorf("%w: %s is held by a %s Run of this context", ErrInvalidArgument, h.key, h.kind)
+			return nil, fmt.Errorf("%w: %s is held by a %s Run of this context", ErrInvalidArgument, h.Key, h.Kind)
 		case e.tag != tag:
-			return nil, fmt.Errorf("%w: a Run of %s with %q inside one with %q", ErrInvalidArgument, sl.name(), tag, e.tag)
-		case h.rule.dir == sl.rule.dir && n <= e.n, sl.rule.shared: // same hold, or a read in a write
+			return nil, fmt.Errorf("%w: a Run of %s with %q inside one with %q", ErrInvalidArgument, sl.Name(), tag, e.tag)
+		case h.Rule.Dir == sl.Rule.Dir && n <= e.N, sl.Rule.Shared: // same hold, or a read in a write
 			return e, nil
-		case n > e.n:
-			return nil, fmt.Errorf("%w: a Run for %d permits of %s inside one holding %d", ErrInvalidArgument, n, sl.name(), e.n)
+		case n > e.N:
+			return nil, fmt.Errorf("%w: a Run for %d permits of %s inside one holding %d", ErrInvalidArgument, n, sl.Name(), e.N)
 		default:
-			return nil, fmt.Errorf("%w: a write Run inside a read Run of %s could never be granted", ErrInvalidArgument, sl.name())
+			return nil, fmt.Errorf("%w: a write Run inside a read Run of %s could never be granted", ErrInvalidArgument, sl.Name())
 		}
 	}
 	return nil, nil

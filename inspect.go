@@ -38,10 +38,10 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 	if cli == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
-	if err := closedClient(cli); err != nil {
+	if err := ClosedClient(cli); err != nil {
 		return nil, err
 	}
-	if err := checkName(name); err != nil {
+	if err := CheckName(name); err != nil {
 		return nil, err
 	}
 	prefix := name + "/"
@@ -52,17 +52,17 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 	var direct, rw []*mvccpb.KeyValue
 	for _, kv := range resp.Kvs {
 		switch {
-		case exclusive.blocks(prefix, kv):
+		case Exclusive.Blocks(prefix, kv):
 			direct = append(direct, kv)
-		case writeRule.blocks(prefix, kv):
+		case WriteRule.Blocks(prefix, kv):
 			rw = append(rw, kv)
 		}
 	}
 	var out []Entry
-	add := func(kvs []*mvccpb.KeyValue, kind func(*mvccpb.KeyValue) (string, *rule)) error {
+	add := func(kvs []*mvccpb.KeyValue, kind func(*mvccpb.KeyValue) (string, *Rule)) error {
 		for _, kv := range kvs {
 			k, r := kind(kv)
-			held, err := r.holds(prefix, kvs, kv.CreateRevision)
+			held, err := r.Holds(prefix, kvs, kv.CreateRevision)
 			if err != nil {
 				return err
 			}
@@ -70,18 +70,18 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 		}
 		return nil
 	}
-	directKind := func(*mvccpb.KeyValue) (string, *rule) { return "exclusive", &exclusive }
+	directKind := func(*mvccpb.KeyValue) (string, *Rule) { return "exclusive", &Exclusive }
 	if capacity, ok := semaphoreCapacity(direct); ok {
-		directKind = func(kv *mvccpb.KeyValue) (string, *rule) {
-			n, _, _ := semaphoreValue(kv.Value)
-			return "semaphore", permits(capacity, n)
+		directKind = func(kv *mvccpb.KeyValue) (string, *Rule) {
+			n, _, _ := SemaphoreValue(kv.Value)
+			return "semaphore", Permits(capacity, n)
 		}
 	}
-	rwKind := func(kv *mvccpb.KeyValue) (string, *rule) {
-		if inDirs(readRule.dir)(prefix, kv) {
-			return "read", &readRule
+	rwKind := func(kv *mvccpb.KeyValue) (string, *Rule) {
+		if InDirs(ReadRule.Dir)(prefix, kv) {
+			return "read", &ReadRule
 		}
-		return "write", &writeRule
+		return "write", &WriteRule
 	}
 	if err := add(direct, directKind); err != nil {
 		return nil, err
@@ -97,7 +97,7 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 func semaphoreCapacity(kvs []*mvccpb.KeyValue) (int64, bool) {
 	capacity := int64(0)
 	for _, kv := range kvs {
-		_, c, ok := semaphoreValue(kv.Value)
+		_, c, ok := SemaphoreValue(kv.Value)
 		if !ok || capacity != 0 && c != capacity {
 			return 0, false
 		}

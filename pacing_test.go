@@ -279,8 +279,8 @@ func TestPacingFailedBeatTriedAgainAfterRetryPause(t *testing.T) {
 			t.Fatalf("beats: %d, want at least 3", len(sends))
 		}
 		for i, g := range gaps(sends[:3]) {
-			if g != retryPause {
-				t.Errorf("gap %d after a failed beat: %v, want retryPause (%v)", i, g, retryPause)
+			if g != RetryPause {
+				t.Errorf("gap %d after a failed beat: %v, want retryPause (%v)", i, g, RetryPause)
 			}
 		}
 	})

@@ -6,7 +6,10 @@ package etcdsync
 // rwmutex.go, semaphore.go, election.go, group.go); the machinery is shared.
 
 import (
+	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
@@ -15,13 +18,13 @@ import (
 // created before its own block it, their weights, and how much blocking
 // weight may remain ahead when it holds. A rule without blocks is one that
 // no key blocks (a Group's member).
-type rule struct {
-	dir    string // our key's directory under the prefix: "" (NAME/<hex>), "read/", "write/"
-	blocks func(prefix string, kv *mvccpb.KeyValue) bool
+type Rule struct {
+	Dir    string // our key's directory under the prefix: "" (NAME/<hex>), "read/", "write/"
+	Blocks func(prefix string, kv *mvccpb.KeyValue) bool
 	weigh  func(kv *mvccpb.KeyValue) (int64, error) // a blocking key's weight (its value is read); nil: 1 each, keys only
 	room   int64                                    // blocking weight that may remain ahead
 	free   string                                   // under the prefix: what must be empty for a try to write at once
-	shared bool                                     // holds of one session share the key (counted)
+	Shared bool                                     // holds of one session share the key (counted)
 	// exact: watch only the keys that keep us out, not also the one behind
 	// them, so that a release reaches only waiters it may let in; a waiter
 	// whose nearest key goes while older ones were listed then reads once.
@@ -34,16 +37,16 @@ type rule struct {
 
 // exclusive is the rule of a Mutex or an Election: every direct child of the
 // prefix created before ours blocks, and none may remain.
-var exclusive = rule{blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return isChild(prefix, string(kv.Key)) }, newest: true}
+var Exclusive = Rule{Blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return IsChild(prefix, string(kv.Key)) }, newest: true}
 
 // blocking is slot.blocking for a key under prefix.
-func (r *rule) blocking(prefix string, kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
-	if r.blocks == nil {
+func (r *Rule) blocking(prefix string, kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
+	if r.Blocks == nil {
 		return nil, nil
 	}
 	var out []*mvccpb.KeyValue
 	for _, kv := range kvs {
-		if kv.CreateRevision < rev && r.blocks(prefix, kv) {
+		if kv.CreateRevision < rev && r.Blocks(prefix, kv) {
 			if r.weigh != nil {
 				if _, err := r.weigh(kv); err != nil {
 					return nil, err
@@ -57,14 +60,14 @@ func (r *rule) blocking(prefix string, kvs []*mvccpb.KeyValue, rev int64) ([]*mv
 
 // holds reports whether a key created at rev under prefix holds under r,
 // given the keys of kvs: the weight of those that block it leaves it room.
-func (r *rule) holds(prefix string, kvs []*mvccpb.KeyValue, rev int64) (bool, error) {
+func (r *Rule) Holds(prefix string, kvs []*mvccpb.KeyValue, rev int64) (bool, error) {
 	ahead, err := r.blocking(prefix, kvs, rev)
 	return err == nil && r.weight(ahead) <= r.room, err
 }
 
 // weight is the total weight of kvs, blocking keys that blocking accepted.
 // It saturates at math.MaxInt64.
-func (r *rule) weight(kvs []*mvccpb.KeyValue) int64 {
+func (r *Rule) weight(kvs []*mvccpb.KeyValue) int64 {
 	if r.weigh == nil {
 		return int64(len(kvs))
 	}
@@ -82,4 +85,60 @@ func addWeights(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
+}
+
+// readRule: a reader waits for the writers created before it, and its key
+// is shared by the session's read holds; TryRLock writes at once when no
+// writer key exists. A reader watches only the nearest writer, so that a
+// writer's release reaches only the readers it lets in (those behind the
+// next writer read once when their turn comes).
+var ReadRule = Rule{Dir: "read/", Blocks: InDirs("write/"), free: "write/", Shared: true, exact: true}
+
+// writeRule: a writer waits for every reader and writer created before it.
+var WriteRule = Rule{Dir: "write/", Blocks: InDirs("read/", "write/")}
+
+// inDirs returns a blocks rule: the key is a direct child NAME/<dir><id> of
+// one of dirs, id in hex or decimal (etcd's recipes name keys by time).
+func InDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
+	return func(prefix string, kv *mvccpb.KeyValue) bool {
+		rest, ok := strings.CutPrefix(string(kv.Key), prefix)
+		if !ok {
+			return false
+		}
+		for _, d := range dirs {
+			if IsChild(d, rest) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// permits is the rule of a request for n of capacity permits: every direct
+// child of the prefix created before ours blocks with its permits, and
+// capacity-n of them may remain.
+func Permits(capacity, n int64) *Rule {
+	return &Rule{
+		Blocks: Exclusive.Blocks,
+		room:   capacity - n,
+		weigh: func(kv *mvccpb.KeyValue) (int64, error) {
+			weight, cp, ok := SemaphoreValue(kv.Value)
+			switch {
+			case !ok:
+				return 0, fmt.Errorf("%w: key %s has value %q, not a semaphore's <permits>/<capacity>", ErrInvalidArgument, kv.Key, kv.Value)
+			case cp != capacity:
+				return 0, fmt.Errorf("%w: key %s holds or waits for %d of %d permits, and this semaphore's capacity is %d", ErrInvalidArgument, kv.Key, weight, cp, capacity)
+			}
+			return weight, nil
+		},
+	}
+}
+
+// semaphoreValue parses a semaphore key's value, "<permits>/<capacity>",
+// with 1 <= permits <= capacity.
+func SemaphoreValue(v []byte) (permits, capacity int64, ok bool) {
+	w, c, cut := strings.Cut(string(v), "/")
+	permits, err1 := strconv.ParseInt(w, 10, 64)
+	capacity, err2 := strconv.ParseInt(c, 10, 64)
+	return permits, capacity, cut && err1 == nil && err2 == nil && permits >= 1 && permits <= capacity
 }

@@ -15,14 +15,14 @@ import (
 // did not release it (its share, for a read hold) itself, bounded by the
 // TTL; it returns why the hold ended otherwise (nil when it was released),
 // and the release's error.
-func (e *ctxHold) afterRun(ctx context.Context, release func(context.Context) error) (cause, released error) {
-	h := e.h
-	if h.live() && !e.left.Load() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.s.ttl)
+func (e *CtxHold) afterRun(ctx context.Context, release func(context.Context) error) (cause, released error) {
+	h := e.H
+	if h.Live() && !e.left.Load() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.Session.ttl)
 		defer cancel()
 		released = release(rctx)
 	}
-	cause = h.err()
+	cause = h.Err()
 	if errors.Is(cause, ErrLockReleased) { // released: by us, or by fn itself
 		return nil, released
 	}
@@ -36,7 +36,7 @@ func (e *ctxHold) afterRun(ctx context.Context, release func(context.Context) er
 // or what its release failed at) unless err already wraps it, as when fn
 // returned context.Cause of its context: each is stated once, and errors.Is
 // finds it either way. With nothing to add, err comes back as it is.
-func stated(err, cause error) error {
+func Stated(err, cause error) error {
 	if cause == nil || errors.Is(err, cause) {
 		return err
 	}
@@ -52,30 +52,17 @@ type running struct {
 }
 
 // ctxHold is a hold that a Run's context carries, innermost first.
-type ctxHold struct {
-	h     *hold
-	n     int64       // permits (1 but for a Semaphore)
+type CtxHold struct {
+	H     *Hold
+	N     int64       // permits (1 but for a Semaphore)
 	tag   string      // an Election's value, a Semaphore's capacity
 	left  atomic.Bool // fn released the Run's share of a read hold itself
-	outer *ctxHold
+	Outer *CtxHold
 }
 
-type ctxHoldKey struct{}
+type CtxHoldKey struct{}
 
-func holdIn(ctx context.Context) *ctxHold {
-	e, _ := ctx.Value(ctxHoldKey{}).(*ctxHold)
+func HoldIn(ctx context.Context) *CtxHold {
+	e, _ := ctx.Value(CtxHoldKey{}).(*CtxHold)
 	return e
-}
-
-// HoldFrom returns the innermost hold that ctx carries (the context a Run
-// hands to its fn, or one derived from it): its key and fencing token (the
-// key's create revision), to pass along with fn's writes to other systems.
-// ok is false when ctx carries none. It does not touch etcd; the hold may
-// have ended since (then fn's context has ended too).
-func HoldFrom(ctx context.Context) (key string, rev int64, ok bool) {
-	e := holdIn(ctx)
-	if e == nil {
-		return "", 0, false
-	}
-	return e.h.key, e.h.rev, true
 }

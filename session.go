@@ -55,12 +55,12 @@ type Session struct {
 	deadline time.Time      // local deadline, see above
 	moved    chan struct{}  // closed when deadline next moves or the session ends (DeadlineMoved); nil until asked for
 	watchers sync.WaitGroup // hold watchers and sweepers started by this session
-	reg      registry       // the keys its primitives use (registry.go)
+	Reg      Registry       // the keys its primitives use (registry.go)
 
 	closeOnce sync.Once
 	closeErr  error
 
-	rep reports // WithLogger, WithMetrics; nil: none
+	rep Reports // WithLogger, WithMetrics; nil: none
 }
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts keeping
@@ -78,7 +78,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
-	if err := closedClient(client); err != nil {
+	if err := ClosedClient(client); err != nil {
 		return nil, err
 	}
 	o, err := resolve(client, opts)
@@ -87,12 +87,12 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 	}
 	// The session ends with a cause of its own when its parent context
 	// ends: the client closed, or the WithContext context.
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(o.ctx))
-	stop := context.AfterFunc(o.ctx, func() {
-		if o.ctx == client.Ctx() {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(o.Ctx))
+	stop := context.AfterFunc(o.Ctx, func() {
+		if o.Ctx == client.Ctx() {
 			cancel(errClientClosedSession)
 		} else {
-			cancel(fmt.Errorf("%w: its context ended: %w", ErrSessionClosed, context.Cause(o.ctx)))
+			cancel(fmt.Errorf("%w: its context ended: %w", ErrSessionClosed, context.Cause(o.Ctx)))
 		}
 	})
 	s := &Session{
@@ -104,8 +104,8 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		loop:   make(chan struct{}),
 		check:  make(chan struct{}, 1),
 	}
-	s.reg = registry{s: s, keys: make(map[string]keyUse), swept: make(map[string][]int64)}
-	s.rep, s.slack, s.delay = o.rep, o.slack, o.delay
+	s.Reg = Registry{s: s, keys: make(map[string]keyUse), swept: make(map[string][]int64)}
+	s.rep, s.slack, s.delay = o.Rep, o.Slack, o.Delay
 	first, err := s.start(o)
 	if err != nil {
 		stop()
@@ -113,7 +113,7 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 		return nil, err
 	}
 	if s.rep != nil {
-		s.rep.sessionBegan(s)
+		s.rep.SessionBegan(s)
 	}
 	go s.keepAlive(first)
 	return s, nil
@@ -124,29 +124,29 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 // when an adopted lease has less than that left beyond it. Its calls are
 // bounded by the first answer's bound (answerBound) and the TTL.
 func (s *Session) start(o sessionOptions) (time.Time, error) {
-	bound := min(answerBound(s.client), o.ttl)
-	ctx, cancel := context.WithTimeoutCause(clientv3.WithRequireLeader(s.ctx), bound, tag(fmt.Errorf("%w within %v", errNoAnswer, bound), context.DeadlineExceeded))
+	bound := min(answerBound(s.client), o.TTL)
+	ctx, cancel := context.WithTimeoutCause(clientv3.WithRequireLeader(s.ctx), bound, Tag(fmt.Errorf("%w within %v", errNoAnswer, bound), context.DeadlineExceeded))
 	defer cancel()
 	var sent time.Time // of the call that answered: the deadline counts from it
-	if o.leaseID != clientv3.NoLease {
+	if o.LeaseID != clientv3.NoLease {
 		resp, err := whenLed(ctx, &sent, func() (*clientv3.LeaseTimeToLiveResponse, error) {
-			return s.client.TimeToLive(ctx, o.leaseID, clientv3.WithAttachedKeys())
+			return s.client.TimeToLive(ctx, o.LeaseID, clientv3.WithAttachedKeys())
 		})
 		if err != nil {
-			return sent, s.unreachable(ctx, fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
+			return sent, s.unreachable(ctx, fmt.Sprintf("adopt lease 0x%x", int64(o.LeaseID)), err)
 		}
 		if resp.TTL <= 0 {
-			return sent, tag(fmt.Errorf("etcdsync: adopt lease 0x%x: not found (expired, revoked, or never granted)", int64(o.leaseID)), ErrSessionExpired)
+			return sent, Tag(fmt.Errorf("etcdsync: adopt lease 0x%x: not found (expired, revoked, or never granted)", int64(o.LeaseID)), ErrSessionExpired)
 		}
 		// The server truncates the remaining TTL, so this is never late.
 		granted := time.Duration(resp.GrantedTTL) * time.Second
-		if !o.slackOn {
-			s.slack = defaultSlack(granted - o.delay)
+		if !o.SlackOn {
+			s.slack = defaultSlack(granted - o.Delay)
 		}
-		s.id, s.ttl, s.startRev = o.leaseID, granted-s.beyond(), resp.Revision
+		s.id, s.ttl, s.startRev = o.LeaseID, granted-s.beyond(), resp.Revision
 		s.deadline = sent.Add(time.Duration(resp.TTL)*time.Second - s.beyond())
 		if s.ttl < time.Second || !s.deadline.After(sent) {
-			return sent, tag(fmt.Errorf("etcdsync: adopt lease 0x%x: %ds left of a %ds TTL, within the slack %v and lock delay %v", int64(o.leaseID), resp.TTL, resp.GrantedTTL, s.slack, o.delay), ErrSessionExpired)
+			return sent, Tag(fmt.Errorf("etcdsync: adopt lease 0x%x: %ds left of a %ds TTL, within the slack %v and lock delay %v", int64(o.LeaseID), resp.TTL, resp.GrantedTTL, s.slack, o.Delay), ErrSessionExpired)
 		}
 		if len(resp.Keys) > 0 {
 			// The header of TimeToLive is the serving member's revision,
@@ -154,13 +154,13 @@ func (s *Session) start(o sessionOptions) (time.Time, error) {
 			// read's is at least the revision of every create before it.
 			get, err := s.client.Get(ctx, string(resp.Keys[0]), clientv3.WithCountOnly())
 			if err != nil {
-				return sent, s.unreachable(ctx, fmt.Sprintf("adopt lease 0x%x", int64(o.leaseID)), err)
+				return sent, s.unreachable(ctx, fmt.Sprintf("adopt lease 0x%x", int64(o.LeaseID)), err)
 			}
 			s.startRev = max(s.startRev, get.Header.Revision)
 		}
 	} else {
 		resp, err := whenLed(ctx, &sent, func() (*clientv3.LeaseGrantResponse, error) {
-			return s.client.Grant(ctx, int64((o.ttl+s.beyond())/time.Second))
+			return s.client.Grant(ctx, int64((o.TTL+s.beyond())/time.Second))
 		})
 		if err != nil {
 			return sent, s.unreachable(ctx, "grant lease", err)
@@ -183,7 +183,7 @@ func whenLed[T any](ctx context.Context, sent *time.Time, f func() (T, error)) (
 		if !errors.Is(err, rpctypes.ErrNoLeader) {
 			return v, err
 		}
-		if sleep(ctx, leaderPause) != nil {
+		if Sleep(ctx, leaderPause) != nil {
 			return v, err
 		}
 	}
@@ -243,7 +243,7 @@ func dialTimeout(cli *clientv3.Client) time.Duration {
 // been closed, else nil: a call on a closed client fails at once and sends
 // nothing (etcd's client would retry it, printing warnings, until its
 // context ends).
-func closedClient(cli *clientv3.Client) error {
+func ClosedClient(cli *clientv3.Client) error {
 	if cli.Ctx().Err() != nil {
 		return errClientClosed
 	}
@@ -361,12 +361,12 @@ func (s *Session) revoke(bound time.Duration) error {
 // endedErr is the error for a call on a session that has ended: why it
 // ended, also matching ErrSessionExpired unless it was closed (Close,
 // Orphan, its context or its client: ErrSessionClosed).
-func (s *Session) endedErr() error {
+func (s *Session) EndedErr() error {
 	cause := context.Cause(s.ctx)
 	if errors.Is(cause, ErrSessionClosed) {
 		return cause
 	}
-	return tag(cause, ErrSessionExpired)
+	return Tag(cause, ErrSessionExpired)
 }
 
 // checkLease asks for a keepalive now, so that a revoked lease ends the
@@ -390,14 +390,14 @@ func (s *Session) end(cause error) {
 // once rather than when each is next looked at (so that a loss is reported
 // when it happens).
 func (s *Session) finishHolds() {
-	var holds []*hold
-	s.reg.mu.Lock()
-	for _, use := range s.reg.keys {
+	var holds []*Hold
+	s.Reg.mu.Lock()
+	for _, use := range s.Reg.keys {
 		if use.hold != nil {
 			holds = append(holds, use.hold)
 		}
 	}
-	s.reg.mu.Unlock()
+	s.Reg.mu.Unlock()
 	for _, h := range holds {
 		h.finish(nil)
 	}
@@ -420,7 +420,7 @@ func (s *Session) goWatch(f func()) bool {
 }
 
 // bound returns ctx ended also by the session's end, and its cancel.
-func (s *Session) bound(ctx context.Context) (context.Context, func()) {
+func (s *Session) Bound(ctx context.Context) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.ctx, cancel)
 	return ctx, func() { stop(); cancel() }
@@ -436,7 +436,7 @@ func (s *Session) made(kv *mvccpb.KeyValue) bool {
 // reportEnd tells the session's end, if anyone listens.
 func (s *Session) reportEnd() {
 	if s.rep != nil {
-		s.rep.sessionEnded(s, context.Cause(s.ctx))
+		s.rep.SessionEnded(s, context.Cause(s.ctx))
 	}
 }
 
@@ -472,7 +472,7 @@ func (s *Session) keepAlive(first time.Time) {
 		deadline := s.Deadline()
 		if late := time.Since(deadline); late >= 0 {
 			if s.rep != nil {
-				s.rep.actedLate(s, late)
+				s.rep.ActedLate(s, late)
 			}
 			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending, seen %v after the deadline; the server may free its keys from %v after it", ErrSessionExpired, ErrLostContact, s.ttl, late.Round(time.Millisecond), s.beyond()))
 			return
@@ -492,19 +492,19 @@ func (s *Session) keepAlive(first time.Time) {
 				return
 			case r.err != nil: // try again after a pause, unless a beat is due sooner
 				if s.rep != nil {
-					s.rep.keepaliveFailed(s, r.err)
+					s.rep.KeepaliveFailed(s, r.err)
 				}
-				next = earliest(next, time.Now().Add(min(retryPause, pace)))
+				next = earliest(next, time.Now().Add(min(RetryPause, pace)))
 			default:
 				if s.rep != nil {
-					s.rep.keepaliveAcked(s, time.Since(r.sent))
+					s.rep.KeepaliveAcked(s, time.Since(r.sent))
 				}
 				s.extend(r.sent.Add(time.Duration(r.ttl)*time.Second - s.beyond()))
 			}
 			continue
 		case <-timer.C:
 			if s.rep != nil {
-				s.rep.actedLate(s, time.Since(due))
+				s.rep.ActedLate(s, time.Since(due))
 			}
 		}
 		if time.Now().Before(next) {
@@ -601,7 +601,7 @@ func (s *Session) DeadlineMoved() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
-		return closed
+		return Closed
 	}
 	if s.moved == nil {
 		s.moved = make(chan struct{})
@@ -610,4 +610,4 @@ func (s *Session) DeadlineMoved() <-chan struct{} {
 }
 
 // retryPause is the pause between failed keepalives (bounded by TTL/3).
-const retryPause = 500 * time.Millisecond
+const RetryPause = 500 * time.Millisecond

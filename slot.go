@@ -18,7 +18,7 @@ import (
 )
 
 // checkName validates a primitive's name.
-func checkName(name string) error {
+func CheckName(name string) error {
 	if name == "" {
 		return fmt.Errorf("%w: empty name", ErrInvalidName)
 	}
@@ -30,39 +30,39 @@ func checkName(name string) error {
 
 // slot is one contender's place: the session, the name's prefix, the key,
 // and the rule that says whom it waits for.
-type slot struct {
-	s      *Session
-	prefix string // NAME/
-	key    string // NAME/<lease-hex>, or NAME/read/<lease-hex> and so on (rule.dir)
-	kind   string // of primitive: mutex, election, rwmutex, semaphore, group
-	rule   *rule
+type Slot struct {
+	Session *Session
+	Prefix  string // NAME/
+	Key     string // NAME/<lease-hex>, or NAME/read/<lease-hex> and so on (rule.dir)
+	Kind    string // of primitive: mutex, election, rwmutex, semaphore, group
+	Rule    *Rule
 }
 
 // name is the primitive's name: the prefix without its slash.
-func (sl *slot) name() string { return strings.TrimSuffix(sl.prefix, "/") }
+func (sl *Slot) Name() string { return strings.TrimSuffix(sl.Prefix, "/") }
 
-func newSlot(s *Session, name, kind string) (slot, error) {
+func NewSlot(s *Session, name, kind string) (Slot, error) {
 	if s == nil {
-		return slot{}, fmt.Errorf("%w: nil session", ErrInvalidArgument)
+		return Slot{}, fmt.Errorf("%w: nil session", ErrInvalidArgument)
 	}
-	if err := checkName(name); err != nil {
-		return slot{}, err
+	if err := CheckName(name); err != nil {
+		return Slot{}, err
 	}
-	return slot{s: s, prefix: name + "/", kind: kind}.with(&exclusive), nil
+	return Slot{Session: s, Prefix: name + "/", Kind: kind}.With(&Exclusive), nil
 }
 
 // with returns the slot under rule r, its key in r's directory. The prefix
 // is the start of the key's string, so a slot holds one string, not two.
-func (sl slot) with(r *rule) slot {
-	n := len(sl.prefix)
-	sl.rule, sl.key = r, sl.prefix+r.dir+strconv.FormatInt(int64(sl.s.Lease()), 16)
-	sl.prefix = sl.key[:n]
+func (sl Slot) With(r *Rule) Slot {
+	n := len(sl.Prefix)
+	sl.Rule, sl.Key = r, sl.Prefix+r.Dir+strconv.FormatInt(int64(sl.Session.Lease()), 16)
+	sl.Prefix = sl.Key[:n]
 	return sl
 }
 
 // isChild reports whether key is a direct child NAME/<hex> of prefix: the
 // only keys that take part in a queue (a lock on NAME/x never blocks NAME).
-func isChild(prefix, key string) bool {
+func IsChild(prefix, key string) bool {
 	rest, ok := strings.CutPrefix(key, prefix)
 	if !ok || rest == "" {
 		return false
@@ -78,11 +78,11 @@ func isChild(prefix, key string) bool {
 // listOp lists the keys under the prefix (see listOpts), limited when the
 // rule needs only the newest; under a rule that nothing blocks, it reads
 // only our own key (nothing can be ahead of it).
-func (sl *slot) listOp() clientv3.Op {
-	if sl.rule.blocks == nil {
-		return clientv3.OpGet(sl.key)
+func (sl *Slot) listOp() clientv3.Op {
+	if sl.Rule.Blocks == nil {
+		return clientv3.OpGet(sl.Key)
 	}
-	return clientv3.OpGet(sl.prefix, sl.listOpts(false)...)
+	return clientv3.OpGet(sl.Prefix, sl.listOpts(false)...)
 }
 
 // listOpts lists the keys under the prefix in create-revision order, with
@@ -90,13 +90,13 @@ func (sl *slot) listOp() clientv3.Op {
 // that needs only the newest keys (rule.newest), the newest listLimit of
 // them, newest first (see turn.list), so that a reply does not grow with
 // the queue.
-func (sl *slot) listOpts(full bool) []clientv3.OpOption {
-	if sl.rule.newest && !full {
+func (sl *Slot) listOpts(full bool) []clientv3.OpOption {
+	if sl.Rule.newest && !full {
 		return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(listLimit)}
 	}
 	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
-	if sl.rule.weigh == nil {
+	if sl.Rule.weigh == nil {
 		opts = append(opts, clientv3.WithKeysOnly())
 	}
 	return opts
@@ -113,32 +113,32 @@ const listLimit = 4
 // server applies it, never a later hold. When it fails the session sweeps
 // the key (see Session.sweep). It runs under a short bounded context of its
 // own, as it cleans up after calls whose context may have ended.
-func (sl *slot) withdraw(rev int64) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.s.ctx), createGrace)
+func (sl *Slot) Withdraw(rev int64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.Session.ctx), CreateGrace)
 	defer cancel()
 	err := sl.deleteAt(ctx, rev)
 	if err != nil {
-		sl.s.reg.disown(sl.key, rev) // before the key's claim is freed: the sweeper acts
-		sl.s.reg.sweep(sl.key)
-		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.key, err)
+		sl.Session.Reg.disown(sl.Key, rev) // before the key's claim is freed: the sweeper acts
+		sl.Session.Reg.Sweep(sl.Key)
+		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.Key, err)
 	}
 	return nil
 }
 
 // deleteAt deletes our key at create revision rev; with rev 0, the key with
 // our lease created after the session began, if any.
-func (sl *slot) deleteAt(ctx context.Context, rev int64) error {
+func (sl *Slot) deleteAt(ctx context.Context, rev int64) error {
 	if rev == 0 {
-		resp, err := sl.s.client.Get(ctx, sl.key)
+		resp, err := sl.Session.client.Get(ctx, sl.Key)
 		if err != nil {
 			return err
 		}
-		if len(resp.Kvs) == 0 || !sl.s.made(resp.Kvs[0]) {
+		if len(resp.Kvs) == 0 || !sl.Session.made(resp.Kvs[0]) {
 			return nil
 		}
 		rev = resp.Kvs[0].CreateRevision
 	}
-	return deleteAtRev(ctx, sl.s.client, sl.key, rev)
+	return DeleteAtRev(ctx, sl.Session.client, sl.Key, rev)
 }
 
 // acquire takes the slot's key for one hold: it reserves the key in the
@@ -152,8 +152,8 @@ func (sl *slot) deleteAt(ctx context.Context, rev int64) error {
 // name gives an error wrapping ErrLocked. A hold is returned only while the
 // session lives. Under a shared rule, a live hold of the key in the session
 // is joined (counted) without touching etcd.
-func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte, error) {
-	hs, value, err := acquire(ctx, []*slot{sl}, val, m)
+func (sl *Slot) acquire(ctx context.Context, val string, m Mode) (*Hold, []byte, error) {
+	hs, value, err := Acquire(ctx, []*Slot{sl}, val, m)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -161,12 +161,12 @@ func (sl *slot) acquire(ctx context.Context, val string, m mode) (*hold, []byte,
 }
 
 // why wraps err with what ended the call: the caller's context, or the session.
-func (sl *slot) why(ctx context.Context, err error) error {
+func (sl *Slot) why(ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
-		return fmt.Errorf("etcdsync: acquire %s: %w", sl.name(), ctx.Err())
-	case sl.s.ctx.Err() != nil:
-		return sl.s.endedErr()
+		return fmt.Errorf("etcdsync: acquire %s: %w", sl.Name(), ctx.Err())
+	case sl.Session.ctx.Err() != nil:
+		return sl.Session.EndedErr()
 	}
 	return err
 }
@@ -176,19 +176,19 @@ func (sl *slot) why(ctx context.Context, err error) error {
 // this session when it holds the key at rev (the two values then share one
 // hold), else a new one when no value of the session uses the key. A hold at
 // rev that is gone shows at the first guarded call or through Done.
-func (sl *slot) resume(rev int64) (*hold, error) {
-	sl.s.reg.mu.Lock()
-	h := sl.s.reg.keys[sl.key].hold
-	sl.s.reg.mu.Unlock()
+func (sl *Slot) Resume(rev int64) (*Hold, error) {
+	sl.Session.Reg.mu.Lock()
+	h := sl.Session.Reg.keys[sl.Key].hold
+	sl.Session.Reg.mu.Unlock()
 	switch {
-	case h != nil && h.live() && h.kind != sl.kind:
-		return nil, fmt.Errorf("%w: %s is held by a %s of this session", ErrNotHeld, sl.key, h.kind)
-	case h != nil && h.live() && h.rev == rev:
+	case h != nil && h.Live() && h.Kind != sl.Kind:
+		return nil, fmt.Errorf("%w: %s is held by a %s of this session", ErrNotHeld, sl.Key, h.Kind)
+	case h != nil && h.Live() && h.Rev == rev:
 		return h, nil
-	case h != nil && h.live():
-		return nil, fmt.Errorf("%w: %s is held by this session at revision %d, not %d", ErrNotHeld, sl.key, h.rev, rev)
+	case h != nil && h.Live():
+		return nil, fmt.Errorf("%w: %s is held by this session at revision %d, not %d", ErrNotHeld, sl.Key, h.Rev, rev)
 	}
-	if err := sl.s.reg.claimKey(context.Background(), sl.key, false); err != nil {
+	if err := sl.Session.Reg.ClaimKey(context.Background(), sl.Key, false); err != nil {
 		return nil, err
 	}
 	return newHold(sl, rev, &pb.ResponseHeader{Revision: rev}), nil
@@ -197,6 +197,6 @@ func (sl *slot) resume(rev int64) (*hold, error) {
 // blocking returns the keys of kvs (sorted by create revision) created before
 // rev that block, oldest first. A key whose weight the rule cannot read is an
 // error wrapping ErrInvalidArgument.
-func (sl *slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
-	return sl.rule.blocking(sl.prefix, kvs, rev)
+func (sl *Slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
+	return sl.Rule.blocking(sl.Prefix, kvs, rev)
 }

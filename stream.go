@@ -82,7 +82,7 @@ func waitContext(ctx context.Context) context.Context {
 // empty stream open for the client's life.
 func (st *stream) add(key string, opts ...clientv3.OpOption) watchOf {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(st.ctx))
-	return watchOf{ch: st.t.s.client.Watch(ctx, key, append(opts, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())...), cancel: cancel}
+	return watchOf{ch: st.t.Session.client.Watch(ctx, key, append(opts, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())...), cancel: cancel}
 }
 
 // close ends every watch.
@@ -104,7 +104,7 @@ func (st *stream) receive(ctx context.Context) (r keyed, err error) {
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(st.own.ch)})
-	keys = append(keys, st.t.key)
+	keys = append(keys, st.t.Key)
 	for _, ws := range []map[string]watchOf{st.keys, st.also} {
 		for key, w := range ws {
 			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.ch)})
@@ -138,7 +138,7 @@ func (st *stream) recv(ctx context.Context) (keyed, error) {
 func (st *stream) check(r keyed) error {
 	_, watched := st.keys[r.key]
 	_, also := st.also[r.key]
-	mine := r.key == st.t.key
+	mine := r.key == st.t.Key
 	switch {
 	case !watched && !mine && !also: // a watch dropped since
 		return nil
@@ -149,12 +149,12 @@ func (st *stream) check(r keyed) error {
 	case also && slices.ContainsFunc(r.wr.Events, func(ev *clientv3.Event) bool {
 		return ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > st.t.rev // not an older incarnation's, replayed by a member behind
 	}):
-		return fmt.Errorf("%w: %s, of the same acquire, was deleted", errOwnKeyGone, r.key)
+		return fmt.Errorf("%w: %s, of the same acquire, was deleted", ErrOwnKeyGone, r.key)
 	case !mine:
 		return nil
 	}
 	if rev := st.t.deleted(r.wr, st.queue); rev > 0 {
-		return fmt.Errorf("%w (revision %d)", errOwnKeyGone, rev)
+		return fmt.Errorf("%w (revision %d)", ErrOwnKeyGone, rev)
 	}
 	return nil
 }
@@ -170,7 +170,7 @@ func (st *stream) watchQueue() {
 		w.cancel()
 		delete(st.keys, key)
 	}
-	st.own, st.queue = st.add(st.t.prefix, clientv3.WithPrefix()), true
+	st.own, st.queue = st.add(st.t.Prefix, clientv3.WithPrefix()), true
 }
 
 // toQueue reads what is left ahead after a key it watched went at gone (it
@@ -201,7 +201,7 @@ func (st *stream) toQueue(ctx context.Context, gone int64) error {
 func (st *stream) recvOwn(ctx context.Context) (keyed, error) {
 	for {
 		r, err := st.recv(ctx)
-		if err != nil || r.key == st.t.key {
+		if err != nil || r.key == st.t.Key {
 			return r, err
 		}
 		if _, err := st.alsoSeen(ctx, r); err != nil {
@@ -220,7 +220,7 @@ func (st *stream) alsoSeen(ctx context.Context, r keyed) (bool, error) {
 	}
 	if r.wr.Created {
 		if st.alsoPending--; st.alsoPending == 0 {
-			return true, keysAt(ctx, st.t.s.client, st.t.also, st.t.rev, nil)
+			return true, keysAt(ctx, st.t.Session.client, st.t.also, st.t.rev, nil)
 		}
 	}
 	return true, nil

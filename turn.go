@@ -33,7 +33,7 @@ import (
 // turn is the outcome of an acquire: our key's create revision, the keys
 // ahead of it and the header of the read that listed them.
 type turn struct {
-	*slot
+	*Slot
 	rev   int64
 	value []byte // our key's value when it already existed (non-nil), else nil
 	ahead []*mvccpb.KeyValue
@@ -64,18 +64,18 @@ type turn struct {
 // lease is ours: a resumed hold after a restart with WithLease, or a create
 // the client retried after it committed. It returns one turn per slot, in
 // the slots' order, also with an error (for the cleanup).
-func enqueue(ctx context.Context, sls []*slot, val string) ([]turn, error) {
-	lease := sls[0].s.Lease()
+func enqueue(ctx context.Context, sls []*Slot, val string) ([]turn, error) {
+	lease := sls[0].Session.Lease()
 	cmps := make([]clientv3.Cmp, 0, len(sls))
 	then := make([]clientv3.Op, 0, 2*len(sls))
 	els := make([]clientv3.Op, 0, 2*len(sls))
 	for _, sl := range sls {
 		list := sl.listOp()
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0))
-		then = append(then, clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)), list)
-		els = append(els, clientv3.OpGet(sl.key), list)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.Key), "=", 0))
+		then = append(then, clientv3.OpPut(sl.Key, val, clientv3.WithLease(lease)), list)
+		els = append(els, clientv3.OpGet(sl.Key), list)
 	}
-	resp, err := sls[0].s.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	resp, err := sls[0].Session.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	return turns(ctx, sls, resp, err, val, true)
 }
 
@@ -89,7 +89,7 @@ func enqueue(ctx context.Context, sls []*slot, val string) ([]turn, error) {
 // it did not, a key of ours that exists has its own, and one that does not
 // would come after every key listed. listed says whether the response has,
 // per slot, the get of our key (empty after a put) and the list.
-func turns(ctx context.Context, sls []*slot, resp *clientv3.TxnResponse, err error, val string, listed bool) ([]turn, error) {
+func turns(ctx context.Context, sls []*Slot, resp *clientv3.TxnResponse, err error, val string, listed bool) ([]turn, error) {
 	if errors.Is(err, rpctypes.ErrTooManyOps) { // refused: nothing written
 		err = fmt.Errorf("%w: %d names in one transaction are more than the server's --max-txn-ops allows (128 by default: 64 names): %w", ErrInvalidArgument, len(sls), err)
 	}
@@ -97,11 +97,11 @@ func turns(ctx context.Context, sls []*slot, resp *clientv3.TxnResponse, err err
 	for i, sl := range sls {
 		switch {
 		case err != nil:
-			ts[i] = turn{slot: sl, wrote: unsure(err)}
+			ts[i] = turn{Slot: sl, wrote: Unsure(err)}
 		case resp.Succeeded:
-			ts[i] = turn{slot: sl, hdr: resp.Header, wrote: true, rev: resp.Header.Revision}
+			ts[i] = turn{Slot: sl, hdr: resp.Header, wrote: true, rev: resp.Header.Revision}
 		default:
-			ts[i] = turn{slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
+			ts[i] = turn{Slot: sl, hdr: resp.Header, rev: resp.Header.Revision + 1}
 		}
 	}
 	if err != nil || !listed {
@@ -117,7 +117,7 @@ func turns(ctx context.Context, sls []*slot, resp *clientv3.TxnResponse, err err
 	for i := range ts[1:] {
 		if (ts[i].value == nil) != (ts[i+1].value == nil) || ts[i].rev != ts[i+1].rev {
 			return ts, fmt.Errorf("%w: this session's keys on %s (create revision %d) and %s (%d) are not from one acquire: release them first",
-				ErrInvalidArgument, ts[i].key, ts[i].rev, ts[i+1].key, ts[i+1].rev)
+				ErrInvalidArgument, ts[i].Key, ts[i].rev, ts[i+1].Key, ts[i+1].rev)
 		}
 	}
 	return ts, nil
@@ -135,11 +135,11 @@ func (t *turn) queued(ctx context.Context, rs []*pb.ResponseOp, val string) erro
 	var own *mvccpb.KeyValue
 	if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
 		own = kvs[0]
-		if lease := t.s.Lease(); clientv3.LeaseID(own.Lease) != lease {
-			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.key, own.Lease, int64(lease))
+		if lease := t.Session.Lease(); clientv3.LeaseID(own.Lease) != lease {
+			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.Key, own.Lease, int64(lease))
 		}
-		if t.rule.weigh != nil && string(own.Value) != val { // a restarted process's key, resumed
-			return fmt.Errorf("%w: key %s exists with %q, and this call asks for %q: acquire it as it is, then release it", ErrInvalidArgument, t.key, own.Value, val)
+		if t.Rule.weigh != nil && string(own.Value) != val { // a restarted process's key, resumed
+			return fmt.Errorf("%w: key %s exists with %q, and this call asks for %q: acquire it as it is, then release it", ErrInvalidArgument, t.Key, own.Value, val)
 		}
 		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
@@ -172,7 +172,7 @@ func (t *turn) needs() int {
 // (listOpts: under a limited list, newest first; more: keys it did not
 // reach exist).
 func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
-	if t.rule.newest && len(kvs) > 0 && kvs[0].CreateRevision > kvs[len(kvs)-1].CreateRevision {
+	if t.Rule.newest && len(kvs) > 0 && kvs[0].CreateRevision > kvs[len(kvs)-1].CreateRevision {
 		kvs = slices.Clone(kvs)
 		slices.Reverse(kvs)
 	}
@@ -180,7 +180,7 @@ func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
 	if err != nil {
 		return err
 	}
-	t.ahead, t.far, t.farN, t.unlisted = ahead, 0, 0, t.rule.newest && more
+	t.ahead, t.far, t.farN, t.unlisted = ahead, 0, 0, t.Rule.newest && more
 	if t.unlisted && len(ahead) > 0 {
 		t.far, t.farN = 1, 1
 	}
@@ -192,7 +192,7 @@ func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
 // late), or a restarted process's key (WithLease) that still waits; never a
 // restarted process's hold.
 func (t *turn) mine(kv *mvccpb.KeyValue) bool {
-	return t.s.made(kv) || t.blocked()
+	return t.Session.made(kv) || t.blocked()
 }
 
 // tryEnqueue writes our keys only if nothing at all is under any NAME/
@@ -201,18 +201,18 @@ func (t *turn) mine(kv *mvccpb.KeyValue) bool {
 // keys that leave us room), it falls back to enqueue. The returned turns
 // have keys ahead where a name is held; the caller then withdraws the keys
 // it wrote.
-func tryEnqueue(ctx context.Context, sls []*slot, val string) ([]turn, error) {
-	lease := sls[0].s.Lease()
+func tryEnqueue(ctx context.Context, sls []*Slot, val string) ([]turn, error) {
+	lease := sls[0].Session.Lease()
 	cmps := make([]clientv3.Cmp, 0, 2*len(sls))
 	then := make([]clientv3.Op, 0, len(sls))
 	els := make([]clientv3.Op, 0, 2*len(sls))
 	for _, sl := range sls {
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.prefix+sl.rule.free), "=", 0).WithPrefix(),
-			clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)) // ours may lie outside rule.free
-		then = append(then, clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)))
-		els = append(els, clientv3.OpGet(sl.key), sl.listOp())
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.Prefix+sl.Rule.free), "=", 0).WithPrefix(),
+			clientv3.Compare(clientv3.CreateRevision(sl.Key), "=", 0)) // ours may lie outside rule.free
+		then = append(then, clientv3.OpPut(sl.Key, val, clientv3.WithLease(lease)))
+		els = append(els, clientv3.OpGet(sl.Key), sl.listOp())
 	}
-	resp, qerr := sls[0].s.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	resp, qerr := sls[0].Session.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	ts, err := turns(ctx, sls, resp, qerr, val, qerr == nil && !resp.Succeeded)
 	if err != nil || resp.Succeeded || slices.ContainsFunc(ts, func(t turn) bool { return t.blocked() || t.value != nil }) {
 		return ts, err
@@ -225,11 +225,11 @@ func tryEnqueue(ctx context.Context, sls []*slot, val string) ([]turn, error) {
 // and, unless the rule is exact, the one behind them.
 func (t *turn) nearest() []*mvccpb.KeyValue {
 	i, w := len(t.ahead), int64(0)
-	for i > 0 && w <= t.rule.room {
+	for i > 0 && w <= t.Rule.room {
 		i--
-		w = addWeights(w, t.rule.weight(t.ahead[i:i+1]))
+		w = addWeights(w, t.Rule.weight(t.ahead[i:i+1]))
 	}
-	if t.rule.exact {
+	if t.Rule.exact {
 		return t.ahead[i:]
 	}
 	return t.ahead[max(0, i-1):]
@@ -245,9 +245,9 @@ func (t *turn) single() bool {
 	if t.farN == 0 {
 		return true
 	}
-	w := t.rule.weight(t.ahead)
+	w := t.Rule.weight(t.ahead)
 	for i := range t.ahead {
-		if addWeights(w-t.rule.weight(t.ahead[i:i+1]), t.far) <= t.rule.room {
+		if addWeights(w-t.Rule.weight(t.ahead[i:i+1]), t.far) <= t.Rule.room {
 			return true
 		}
 	}
@@ -256,14 +256,14 @@ func (t *turn) single() bool {
 
 // blocked reports whether more weight that blocks us is listed ahead than
 // the rule leaves room for.
-func (t *turn) blocked() bool { return addWeights(t.rule.weight(t.ahead), t.far) > t.rule.room }
+func (t *turn) blocked() bool { return addWeights(t.Rule.weight(t.ahead), t.far) > t.Rule.room }
 
 // keepNearest keeps of the keys listed ahead only those a waiter watches
 // (nearest), as small copies, and the weight and number of the others, so
 // that a waiter's memory does not grow with the queue ahead of it.
 func (t *turn) keepNearest() {
 	near := t.nearest()
-	t.far = addWeights(t.far, t.rule.weight(t.ahead[:len(t.ahead)-len(near)]))
+	t.far = addWeights(t.far, t.Rule.weight(t.ahead[:len(t.ahead)-len(near)]))
 	t.farN += len(t.ahead) - len(near)
 	t.ahead = make([]*mvccpb.KeyValue, len(near))
 	for i, kv := range near {
@@ -287,7 +287,7 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 		default:
 			// The stream broke (member restart, lost leader, compaction):
 			// re-read where we stand and watch again.
-			if err := sleep(ctx, retryPause); err != nil {
+			if err := Sleep(ctx, RetryPause); err != nil {
 				return nil, err
 			}
 			if err := t.settle(ctx, t.hdr.Revision); err != nil && final(err) {
@@ -328,9 +328,9 @@ func (t *turn) watch(ctx context.Context) error {
 	st := &stream{t: t, ctx: waitContext(ctx), keys: make(map[string]watchOf)}
 	t.keepNearest()
 	if t.single() {
-		st.own, st.queue = st.add(t.prefix, clientv3.WithPrefix()), true
+		st.own, st.queue = st.add(t.Prefix, clientv3.WithPrefix()), true
 	} else {
-		st.own = st.add(t.key)
+		st.own = st.add(t.Key)
 	}
 	for _, key := range t.also {
 		if st.also == nil {
@@ -349,7 +349,7 @@ func (t *turn) watch(ctx context.Context) error {
 		}
 		if st.queue { // not expected (a read lists no more than the last), but watch what it listed
 			st.own.cancel()
-			st.own, st.queue = st.add(t.key), false
+			st.own, st.queue = st.add(t.Key), false
 		}
 		st.watchNearest()
 		gone, err := st.next(ctx)
@@ -369,7 +369,7 @@ func (t *turn) watch(ctx context.Context) error {
 // whole prefix) of our own key.
 func (t *turn) deleted(wr clientv3.WatchResponse, own bool) int64 {
 	for _, ev := range wr.Events {
-		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && (!own || string(ev.Kv.Key) == t.key) {
+		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && (!own || string(ev.Kv.Key) == t.Key) {
 			return ev.Kv.ModRevision
 		}
 	}
@@ -401,24 +401,24 @@ func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 	opts := append(t.listOpts(full), clientv3.WithMaxCreateRev(t.rev))
 	var resp *clientv3.GetResponse
 	var err error
-	if !t.s.caps.cached() {
-		resp, err = t.s.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
+	if !t.Session.caps.cached() {
+		resp, err = t.Session.client.Get(ctx, t.Prefix, append(opts, clientv3.WithSerializable())...)
 		if err == nil && resp.Header.Revision < atLeast {
-			t.s.caps.behind()
+			t.Session.caps.behind()
 		}
 	}
 	if resp == nil && err == nil || err == nil && resp.Header.Revision < atLeast {
-		resp, err = t.s.client.Get(ctx, t.prefix, opts...)
+		resp, err = t.Session.client.Get(ctx, t.Prefix, opts...)
 	}
 	if err != nil {
 		return err
 	}
 	mine := t.value == nil && !t.wrote // a try that wrote nothing has no key to find
 	for _, kv := range resp.Kvs {
-		mine = mine || string(kv.Key) == t.key && kv.CreateRevision == t.rev
+		mine = mine || string(kv.Key) == t.Key && kv.CreateRevision == t.rev
 	}
 	if !mine {
-		return errOwnKeyGone
+		return ErrOwnKeyGone
 	}
 	if err := t.list(resp.Kvs, resp.More); err != nil {
 		return err
@@ -427,7 +427,7 @@ func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 	return nil
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
+func Sleep(ctx context.Context, d time.Duration) error {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {

@@ -1,0 +1,16 @@
+package etcdsync
+
+import "context"
+
+// HoldFrom returns the innermost hold that ctx carries (the context a Run
+// hands to its fn, or one derived from it): its key and fencing token (the
+// key's create revision), to pass along with fn's writes to other systems.
+// ok is false when ctx carries none. It does not touch etcd; the hold may
+// have ended since (then fn's context has ended too).
+func HoldFrom(ctx context.Context) (key string, rev int64, ok bool) {
+	e := HoldIn(ctx)
+	if e == nil {
+		return "", 0, false
+	}
+	return e.H.Key, e.H.Rev, true
+}
