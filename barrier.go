@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -44,7 +45,7 @@ func NewBarrier(cli *clientv3.Client, name string) *Barrier {
 	b := &Barrier{cli: cli, name: name}
 	if cli == nil {
 		b.bad = fmt.Errorf("%w: barrier %s: nil client", ErrInvalidArgument, name)
-	} else if err := CheckName(name); err != nil {
+	} else if err := queue.CheckName(name); err != nil {
 		b.bad = err
 	}
 	return b
@@ -88,7 +89,7 @@ func (b *Barrier) hold(ctx context.Context, s *Session) error {
 	lease := clientv3.NoLease
 	if s != nil {
 		if s.Err() != nil {
-			return s.EndedErr()
+			return s.q.EndedErr()
 		}
 		lease = s.Lease()
 	}
@@ -103,7 +104,7 @@ func (b *Barrier) hold(ctx context.Context, s *Session) error {
 		Commit()
 	switch {
 	case err != nil && s != nil && errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return Tag(fmt.Errorf("etcdsync: hold barrier %s: %w", b.name, err), ErrSessionExpired)
+		return queue.Tag(fmt.Errorf("etcdsync: hold barrier %s: %w", b.name, err), ErrSessionExpired)
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("etcdsync: hold barrier %s: %w (the barrier may be closed: %w)", b.name, ctx.Err(), err)
 	case err != nil:
@@ -116,10 +117,10 @@ func (b *Barrier) hold(ctx context.Context, s *Session) error {
 		}
 		return fmt.Errorf("%w: barrier %s is held (create revision %d, lease %x)", ErrLocked, b.name, kv.CreateRevision, kv.Lease)
 	case ctx.Err() != nil: // closed after ctx ended: open it again
-		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), CreateGrace)
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), queue.CreateGrace)
 		defer dcancel()
 		err := fmt.Errorf("etcdsync: hold barrier %s: %w", b.name, ctx.Err())
-		if derr := DeleteAtRev(dctx, b.cli, b.name, resp.Header.Revision); derr != nil {
+		if derr := queue.DeleteAtRev(dctx, b.cli, b.name, resp.Header.Revision); derr != nil {
 			return fmt.Errorf("%w; it was closed at revision %d and stays closed: %w", err, resp.Header.Revision, derr)
 		}
 		return err
@@ -197,7 +198,7 @@ func (b *Barrier) Wait(ctx context.Context) error {
 	if len(resp.Kvs) == 0 {
 		return nil
 	}
-	if _, err := WatchGone(ctx, b.cli, b.name, resp.Kvs[0].CreateRevision, resp.Header.Revision+1); err != nil {
+	if _, err := queue.WatchGone(ctx, b.cli, b.name, resp.Kvs[0].CreateRevision, resp.Header.Revision+1); err != nil {
 		return fmt.Errorf("etcdsync: wait for barrier %s: %w", b.name, err)
 	}
 	return nil
@@ -209,7 +210,7 @@ func (b *Barrier) usable() error {
 	if b.bad != nil {
 		return b.bad
 	}
-	return ClosedClient(b.cli)
+	return queue.ClosedClient(b.cli)
 }
 
 // graced returns a context for a create that must not be cancelled with
@@ -218,6 +219,6 @@ func (b *Barrier) usable() error {
 // function releases it.
 func graced(ctx context.Context) (context.Context, func()) {
 	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(CreateGrace, cancel) })
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(queue.CreateGrace, cancel) })
 	return gctx, func() { stop(); cancel() }
 }

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -42,9 +43,9 @@ import (
 // name cannot both be in. All methods are safe for concurrent use; one
 // value makes one Enter or Leave at a time.
 type DoubleBarrier struct {
-	sl      Slot   // the party's key NAME/waiters/<lease-hex>, on its session
-	waiters string // NAME/waiters/
-	ready   string // NAME/ready
+	sl      queue.Slot // the party's key NAME/waiters/<lease-hex>, on its session
+	waiters string     // NAME/waiters/
+	ready   string     // NAME/ready
 	count   int
 	bad     error // why the name, session or count is unusable, or nil
 
@@ -56,7 +57,7 @@ type DoubleBarrier struct {
 
 // party places a double barrier party's key under NAME/waiters/; parties
 // do not queue, so it has no blocking rule.
-var party = Rule{Dir: "waiters/"}
+var party = queue.Rule{Dir: "waiters/"}
 
 // NewDoubleBarrier returns the double barrier on name for count parties,
 // with session s as one party. It does not touch etcd. An invalid name, a
@@ -64,7 +65,7 @@ var party = Rule{Dir: "waiters/"}
 // wrapping ErrInvalidName or ErrInvalidArgument.
 func NewDoubleBarrier(s *Session, name string, count int) *DoubleBarrier {
 	db := &DoubleBarrier{waiters: name + "/waiters/", ready: name + "/ready", count: count}
-	sl, err := NewSlot(s, name, "doublebarrier")
+	sl, err := queue.NewSlot(s.core(), name, "doublebarrier")
 	switch {
 	case err != nil:
 		db.bad = err
@@ -174,7 +175,7 @@ func (db *DoubleBarrier) why(op string, ctx context.Context, err error) error {
 
 // gone is the error of a party whose key vanished by revision rev.
 func (db *DoubleBarrier) gone(rev int64) error {
-	return fmt.Errorf("%w (double barrier party %s, by revision %d)", ErrOwnKeyGone, db.sl.Key, rev)
+	return fmt.Errorf("%w (double barrier party %s, by revision %d)", queue.ErrOwnKeyGone, db.sl.Key, rev)
 }
 
 // enter reserves the party's key in the session and joins the round; on
@@ -229,7 +230,7 @@ func (db *DoubleBarrier) join(ctx context.Context) (rev, round int64, wrote bool
 		Else(clientv3.OpGet(sl.Key), clientv3.OpGet(db.ready), list).
 		Commit()
 	if err != nil {
-		return 0, 0, Unsure(err), err
+		return 0, 0, queue.Unsure(err), err
 	}
 	rev = resp.Header.Revision
 	if own := resp.Responses[0].GetResponseRange().GetKvs(); len(own) > 0 {
@@ -260,7 +261,7 @@ func (db *DoubleBarrier) join(ctx context.Context) (rev, round int64, wrote bool
 	default:
 		round, err = db.await(ctx, rev, resp.Header.Revision+1)
 	}
-	return rev, round, !errors.Is(err, ErrOwnKeyGone), err
+	return rev, round, !errors.Is(err, queue.ErrOwnKeyGone), err
 }
 
 // fill puts ready, while the party's key (created at rev) and every party
@@ -293,7 +294,7 @@ func (db *DoubleBarrier) fill(ctx context.Context, rev int64, counted []*mvccpb.
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		}
-		if err := Sleep(ctx, RetryPause); err != nil {
+		if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
 			return 0, err
 		}
 	}
@@ -316,7 +317,7 @@ func (db *DoubleBarrier) await(ctx context.Context, rev, from int64) (int64, err
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		}
-		if err := Sleep(ctx, RetryPause); err != nil {
+		if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
 			return 0, err
 		}
 		resp, err := db.sl.Session.Client().Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(db.ready)).Commit()
@@ -400,7 +401,7 @@ func (db *DoubleBarrier) leave(ctx context.Context, rev, round int64) error {
 		return nil
 	}
 	err = db.why("leave", ctx, err)
-	if !l.left && s.Err() == nil && !errors.Is(err, ErrOwnKeyGone) {
+	if !l.left && s.Err() == nil && !errors.Is(err, queue.ErrOwnKeyGone) {
 		err = errors.Join(err, db.withdraw(rev, round, l.alone))
 	}
 	return err
@@ -427,7 +428,7 @@ func (db *DoubleBarrier) depart(ctx context.Context, rev, round int64, last bool
 // slot.withdraw, which the session's sweeper backs).
 func (db *DoubleBarrier) withdraw(rev, round int64, last bool) error {
 	if last {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(db.sl.Session.Ctx()), CreateGrace)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(db.sl.Session.Ctx()), queue.CreateGrace)
 		_, _, err := db.depart(ctx, rev, round, true)
 		cancel()
 		if err == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -16,7 +17,7 @@ import (
 // two Election values on one Session exclude each other like Mutexes. All
 // methods are safe for concurrent use.
 type Election struct {
-	hr          Holder
+	hr          queue.Holder
 	campaigning chan struct{} // one Campaign at a time on this value
 }
 
@@ -24,7 +25,7 @@ type Election struct {
 // etcd. An invalid name or a nil session is reported by every call that uses
 // them (Observe's channel closes at once).
 func NewElection(s *Session, name string) *Election {
-	return &Election{hr: NewHolder(s, name, "election"), campaigning: make(chan struct{}, 1)}
+	return &Election{hr: queue.NewHolder(s.core(), name, "election"), campaigning: make(chan struct{}, 1)}
 }
 
 // ResumeElection returns an Election on name that leads with leaderKey at
@@ -86,13 +87,13 @@ func (e *Election) Campaign(ctx context.Context, val string) error {
 		}
 		// The leadership was gone behind our back: campaign anew.
 	}
-	return e.elect(ctx, val, WaitTurn)
+	return e.elect(ctx, val, queue.WaitTurn)
 }
 
 // elect is Campaign past its checks (TryCampaign with tryTurn): it waits for
 // this value's own term, if any, to end (as a second Lock on a Mutex does),
 // then campaigns; a restarted process's key it resumes is proclaimed val.
-func (e *Election) elect(ctx context.Context, val string, md Mode) error {
+func (e *Election) elect(ctx context.Context, val string, md queue.Mode) error {
 	old, err := e.hr.Acquire(ctx, val, md)
 	if err != nil {
 		return err
@@ -125,7 +126,7 @@ func (e *Election) Run(ctx context.Context, val string, fn func(ctx context.Cont
 	if e.hr.Bad != nil {
 		return e.hr.Bad
 	}
-	return e.hr.Run(ctx, 1, val, func(ctx context.Context) error { return e.elect(ctx, val, WaitTurn) }, e.Resign, fn)
+	return e.hr.Run(ctx, 1, val, func(ctx context.Context) error { return e.elect(ctx, val, queue.WaitTurn) }, e.Resign, fn)
 }
 
 // TryCampaign leads with val only when nobody leads or waits: otherwise
@@ -137,7 +138,7 @@ func (e *Election) TryCampaign(ctx context.Context, val string) error {
 	if e.hr.Bad != nil {
 		return e.hr.Bad
 	}
-	return e.elect(ctx, val, TryTurn)
+	return e.elect(ctx, val, queue.TryTurn)
 }
 
 // TryRun is Run with TryCampaign: when someone leads or waits it returns an
@@ -220,7 +221,7 @@ func (e *Election) Resign(ctx context.Context) error {
 }
 
 // resign ends the term of h (nil: none) as Resign does.
-func resign(ctx context.Context, h *Hold) error {
+func resign(ctx context.Context, h *queue.Hold) error {
 	if h == nil {
 		return nil
 	}

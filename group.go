@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -30,20 +31,20 @@ import (
 // name would share its key, so while one is a member a Join through the
 // other returns an error wrapping ErrLocked at once.
 type Group struct {
-	hr      Holder
+	hr      queue.Holder
 	joining chan struct{} // one Join or Leave at a time on this value
 }
 
 // member is the rule of a group's member: no key blocks it, so its key holds
 // as soon as it is written.
-var member = Rule{}
+var member = queue.Rule{}
 
 // NewGroup returns a Group on name for session s. It does not touch etcd. An
 // invalid name or a nil session is reported by every call, with an error
 // wrapping ErrInvalidName or ErrInvalidArgument (Watch's channel then
 // closes at once).
 func NewGroup(s *Session, name string) *Group {
-	g := &Group{hr: NewHolder(s, name, "group"), joining: make(chan struct{}, 1)}
+	g := &Group{hr: queue.NewHolder(s.core(), name, "group"), joining: make(chan struct{}, 1)}
 	if g.hr.Bad == nil {
 		g.hr.Slot = g.hr.Slot.With(&member)
 	}
@@ -74,7 +75,7 @@ func (g *Group) Join(ctx context.Context, val string) error {
 			return err
 		}
 	}
-	old, err := g.hr.Acquire(ctx, val, JoinTurn)
+	old, err := g.hr.Acquire(ctx, val, queue.JoinTurn)
 	if errors.Is(err, ErrLocked) {
 		return fmt.Errorf("etcdsync: join %s: another value of this session uses its key: %w", g.hr.Slot.Name(), err)
 	}
@@ -219,10 +220,10 @@ func checkGroup(cli *clientv3.Client, name string) error {
 	if cli == nil {
 		return fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
-	if err := ClosedClient(cli); err != nil {
+	if err := queue.ClosedClient(cli); err != nil {
 		return err
 	}
-	return CheckName(name)
+	return queue.CheckName(name)
 }
 
 // readGroup reads the keys under prefix, oldest first, in one linearizable
@@ -236,7 +237,7 @@ func readGroup(ctx context.Context, cli *clientv3.Client, prefix string) (*clien
 func membersOf(prefix string, kvs []*mvccpb.KeyValue) []Entry {
 	out := []Entry{}
 	for _, kv := range kvs {
-		if IsChild(prefix, string(kv.Key)) {
+		if queue.IsChild(prefix, string(kv.Key)) {
 			out = append(out, memberOf(kv))
 		}
 	}
@@ -295,7 +296,7 @@ func (gw *groupWatch) keep(ctx context.Context) {
 			return
 		}
 		read = gw.follow(ctx)
-		if gw.cli.Ctx().Err() != nil || !read && Sleep(ctx, RetryPause) != nil {
+		if gw.cli.Ctx().Err() != nil || !read && queue.Sleep(ctx, queue.RetryPause) != nil {
 			return
 		}
 	}
@@ -314,7 +315,7 @@ func (gw *groupWatch) read(ctx context.Context) bool {
 			gw.publish(!first)
 			return true
 		}
-		if gw.cli.Ctx().Err() != nil || Sleep(ctx, RetryPause) != nil {
+		if gw.cli.Ctx().Err() != nil || queue.Sleep(ctx, queue.RetryPause) != nil {
 			return false
 		}
 	}
@@ -346,7 +347,7 @@ func (gw *groupWatch) apply(evs []*clientv3.Event) {
 	for _, ev := range evs {
 		gw.seen = ev.Kv.ModRevision
 		key := string(ev.Kv.Key)
-		if !IsChild(gw.prefix, key) {
+		if !queue.IsChild(gw.prefix, key) {
 			continue
 		}
 		i := slices.IndexFunc(gw.members, func(e Entry) bool { return e.Key == key })

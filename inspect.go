@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -38,10 +39,10 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 	if cli == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
-	if err := ClosedClient(cli); err != nil {
+	if err := queue.ClosedClient(cli); err != nil {
 		return nil, err
 	}
-	if err := CheckName(name); err != nil {
+	if err := queue.CheckName(name); err != nil {
 		return nil, err
 	}
 	prefix := name + "/"
@@ -52,14 +53,14 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 	var direct, rw []*mvccpb.KeyValue
 	for _, kv := range resp.Kvs {
 		switch {
-		case Exclusive.Blocks(prefix, kv):
+		case queue.Exclusive.Blocks(prefix, kv):
 			direct = append(direct, kv)
-		case WriteRule.Blocks(prefix, kv):
+		case queue.WriteRule.Blocks(prefix, kv):
 			rw = append(rw, kv)
 		}
 	}
 	var out []Entry
-	add := func(kvs []*mvccpb.KeyValue, kind func(*mvccpb.KeyValue) (string, *Rule)) error {
+	add := func(kvs []*mvccpb.KeyValue, kind func(*mvccpb.KeyValue) (string, *queue.Rule)) error {
 		for _, kv := range kvs {
 			k, r := kind(kv)
 			held, err := r.Holds(prefix, kvs, kv.CreateRevision)
@@ -70,18 +71,18 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 		}
 		return nil
 	}
-	directKind := func(*mvccpb.KeyValue) (string, *Rule) { return "exclusive", &Exclusive }
+	directKind := func(*mvccpb.KeyValue) (string, *queue.Rule) { return "exclusive", &queue.Exclusive }
 	if capacity, ok := semaphoreCapacity(direct); ok {
-		directKind = func(kv *mvccpb.KeyValue) (string, *Rule) {
-			n, _, _ := SemaphoreValue(kv.Value)
-			return "semaphore", Permits(capacity, n)
+		directKind = func(kv *mvccpb.KeyValue) (string, *queue.Rule) {
+			n, _, _ := queue.SemaphoreValue(kv.Value)
+			return "semaphore", queue.Permits(capacity, n)
 		}
 	}
-	rwKind := func(kv *mvccpb.KeyValue) (string, *Rule) {
-		if InDirs(ReadRule.Dir)(prefix, kv) {
-			return "read", &ReadRule
+	rwKind := func(kv *mvccpb.KeyValue) (string, *queue.Rule) {
+		if queue.InDirs(queue.ReadRule.Dir)(prefix, kv) {
+			return "read", &queue.ReadRule
 		}
-		return "write", &WriteRule
+		return "write", &queue.WriteRule
 	}
 	if err := add(direct, directKind); err != nil {
 		return nil, err
@@ -97,7 +98,7 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 func semaphoreCapacity(kvs []*mvccpb.KeyValue) (int64, bool) {
 	capacity := int64(0)
 	for _, kv := range kvs {
-		_, c, ok := SemaphoreValue(kv.Value)
+		_, c, ok := queue.SemaphoreValue(kv.Value)
 		if !ok || capacity != 0 && c != capacity {
 			return 0, false
 		}

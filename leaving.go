@@ -9,6 +9,7 @@ package etcdsync
 import (
 	"context"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -34,7 +35,7 @@ func (l *leaving) run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil:
-			if err := Sleep(ctx, RetryPause); err != nil {
+			if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
 				return err
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -89,7 +90,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		sessionsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "etcdsync_sessions_expired_total", Help: "Sessions that ended on their own (not by Close), by cause."}, []string{"cause"}),
-		margin: &marginCollector{sessions: make(map[*Session]struct{}), desc: prometheus.NewDesc(
+		margin: &marginCollector{sessions: make(map[*queue.Session]struct{}), desc: prometheus.NewDesc(
 			"etcdsync_session_deadline_margin_seconds", "Least time left before a live session's local deadline.", nil, nil)},
 	}
 	var err error
@@ -131,7 +132,7 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C, err error)
 type marginCollector struct {
 	desc     *prometheus.Desc
 	mu       sync.Mutex
-	sessions map[*Session]struct{}
+	sessions map[*queue.Session]struct{}
 }
 
 func (c *marginCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
@@ -175,7 +176,7 @@ type report struct {
 	m   *Metrics
 
 	mu    sync.Mutex
-	began map[*Hold]time.Time // holds handed out and not yet ended (holdBegan, holdEnded)
+	began map[*queue.Hold]time.Time // holds handed out and not yet ended (holdBegan, holdEnded)
 }
 
 // reportIn sets, through set, the report of the session o makes, made on
@@ -183,7 +184,7 @@ type report struct {
 func reportIn(o *sessionOptions, set func(*report)) {
 	r, ok := o.Rep.(*report)
 	if !ok {
-		r = &report{began: make(map[*Hold]time.Time)}
+		r = &report{began: make(map[*queue.Hold]time.Time)}
 	}
 	set(r)
 	if r.log == nil && r.m == nil {
@@ -199,7 +200,7 @@ func (r *report) logs(level slog.Level) bool {
 	return r.log != nil && r.log.Enabled(context.Background(), level)
 }
 
-func (r *report) SessionBegan(s *Session) {
+func (r *report) SessionBegan(s *queue.Session) {
 	if r.m != nil {
 		r.m.margin.add(s)
 	}
@@ -208,7 +209,7 @@ func (r *report) SessionBegan(s *Session) {
 	}
 }
 
-func (r *report) SessionEnded(s *Session, cause error) {
+func (r *report) SessionEnded(s *queue.Session, cause error) {
 	own := !errors.Is(cause, ErrSessionClosed)
 	if r.m != nil {
 		r.m.margin.remove(s)
@@ -225,13 +226,13 @@ func (r *report) SessionEnded(s *Session, cause error) {
 	}
 }
 
-func (r *report) KeepaliveFailed(s *Session, err error) {
+func (r *report) KeepaliveFailed(s *queue.Session, err error) {
 	if r.logs(slog.LevelDebug) {
 		r.log.Debug("etcdsync: keepalive stream failed, retrying", "lease", leaseHex(s.Lease()), "error", err)
 	}
 }
 
-func (r *report) KeepaliveAcked(_ *Session, rtt time.Duration) {
+func (r *report) KeepaliveAcked(_ *queue.Session, rtt time.Duration) {
 	if r.m != nil {
 		r.m.keepaliveRTT.Observe(rtt.Seconds())
 	}
@@ -240,7 +241,7 @@ func (r *report) KeepaliveAcked(_ *Session, rtt time.Duration) {
 // actedLate observes how late the loop ran, and warns when that is past
 // half the slack (past a second with no slack): throttling is eating into
 // what keeps a late holder safe.
-func (r *report) ActedLate(s *Session, late time.Duration) {
+func (r *report) ActedLate(s *queue.Session, late time.Duration) {
 	if r.m != nil {
 		r.m.lateness.Observe(late.Seconds())
 	}
@@ -253,7 +254,7 @@ func (r *report) ActedLate(s *Session, late time.Duration) {
 	}
 }
 
-func (r *report) AcquireFailed(sl *Slot, err error) {
+func (r *report) AcquireFailed(sl *queue.Slot, err error) {
 	reason := acquireReason(err)
 	if r.m != nil {
 		r.m.acquireErrors.WithLabelValues(sl.Kind, reason).Inc()
@@ -263,7 +264,7 @@ func (r *report) AcquireFailed(sl *Slot, err error) {
 	}
 }
 
-func (r *report) HoldBegan(h *Hold, wait time.Duration) {
+func (r *report) HoldBegan(h *queue.Hold, wait time.Duration) {
 	r.mu.Lock()
 	if _, ok := r.began[h]; !ok { // a joined shared hold keeps its start
 		r.began[h] = time.Now()
@@ -279,7 +280,7 @@ func (r *report) HoldBegan(h *Hold, wait time.Duration) {
 
 // holdEnded reports a hold that ended: released or lost. A hold never
 // handed out (holdBegan) is not reported.
-func (r *report) HoldEnded(h *Hold, cause error) {
+func (r *report) HoldEnded(h *queue.Hold, cause error) {
 	r.mu.Lock()
 	began, ok := r.began[h]
 	delete(r.began, h)
@@ -335,13 +336,13 @@ func acquireReason(err error) string {
 
 func leaseHex(id clientv3.LeaseID) string { return fmt.Sprintf("%x", int64(id)) }
 
-func (c *marginCollector) add(s *Session) {
+func (c *marginCollector) add(s *queue.Session) {
 	c.mu.Lock()
 	c.sessions[s] = struct{}{}
 	c.mu.Unlock()
 }
 
-func (c *marginCollector) remove(s *Session) {
+func (c *marginCollector) remove(s *queue.Session) {
 	c.mu.Lock()
 	delete(c.sessions, s)
 	c.mu.Unlock()

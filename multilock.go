@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -36,8 +37,8 @@ import (
 // naming it waits for itself, as with two Mutexes. All methods are safe for
 // concurrent use.
 type MultiLock struct {
-	names []string // sorted, distinct
-	hrs   []Holder // one per name, in names' order
+	names []string       // sorted, distinct
+	hrs   []queue.Holder // one per name, in names' order
 	bad   error
 
 	mu   sync.Mutex
@@ -48,7 +49,7 @@ type MultiLock struct {
 // multiHold is one hold of a MultiLock: a hold per name, and the context
 // that ends when the first of them ends.
 type multiHold struct {
-	hs  []*Hold
+	hs  []*queue.Hold
 	ctx context.Context
 	end context.CancelCauseFunc // ends ctx
 	// relays end ctx when a hold ends otherwise than by a release (a
@@ -104,10 +105,10 @@ func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
 	parts = slices.Clone(parts)
 	slices.SortFunc(parts, func(a, b Part) int { return cmp.Or(strings.Compare(a.Name, b.Name), cmp.Compare(a.Side, b.Side)) })
 	parts = slices.Compact(parts)
-	ml := &MultiLock{hrs: make([]Holder, len(parts))}
+	ml := &MultiLock{hrs: make([]queue.Holder, len(parts))}
 	for i, p := range parts {
 		ml.names = append(ml.names, p.Name)
-		ml.hrs[i] = NewHolder(s, p.Name, "multilock")
+		ml.hrs[i] = queue.NewHolder(s.core(), p.Name, "multilock")
 		switch {
 		case ml.bad != nil:
 		case ml.hrs[i].Bad != nil:
@@ -117,7 +118,7 @@ func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
 		case p.Side == ReadSide:
 			ml.hrs[i].Slot = ml.hrs[i].Slot.With(&multiReadRule)
 		case p.Side == WriteSide:
-			ml.hrs[i].Slot = ml.hrs[i].Slot.With(&WriteRule)
+			ml.hrs[i].Slot = ml.hrs[i].Slot.With(&queue.WriteRule)
 		case p.Side != MutexSide:
 			ml.bad = fmt.Errorf("%w: side %d of %s", ErrInvalidArgument, p.Side, p.Name)
 		}
@@ -131,7 +132,7 @@ func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
 // multiReadRule is an RWMutex's read rule for a MultiLock: its hold is not
 // shared with the session's other read holds of the name (see
 // NewMultiLockOf).
-var multiReadRule = func() Rule { r := ReadRule; r.Shared = false; return r }()
+var multiReadRule = func() queue.Rule { r := queue.ReadRule; r.Shared = false; return r }()
 
 // Lock blocks until every name is held, ctx ends (the error wraps ctx.Err())
 // or the session ends (ErrSessionExpired; ErrSessionClosed once it was
@@ -139,22 +140,22 @@ var multiReadRule = func() Rule { r := ReadRule; r.Shared = false; return r }()
 // names. A waiter whose own key on any name vanishes returns
 // ErrSessionExpired at once. On error no key is left behind, on any name. A
 // MultiLock is not reentrant: Lock on a held one waits for Unlock.
-func (ml *MultiLock) Lock(ctx context.Context) error { return ml.lock(ctx, WaitTurn) }
+func (ml *MultiLock) Lock(ctx context.Context) error { return ml.lock(ctx, queue.WaitTurn) }
 
 // TryLock takes every name if none is held, else returns an error wrapping
 // ErrLocked, also when this value holds them. It costs one RPC and writes
 // nothing when a name is held; ctx bounds the call.
-func (ml *MultiLock) TryLock(ctx context.Context) error { return ml.lock(ctx, TryTurn) }
+func (ml *MultiLock) TryLock(ctx context.Context) error { return ml.lock(ctx, queue.TryTurn) }
 
-func (ml *MultiLock) lock(ctx context.Context, md Mode) error {
+func (ml *MultiLock) lock(ctx context.Context, md queue.Mode) error {
 	if ml.bad != nil {
 		return ml.bad
 	}
-	sls := make([]*Slot, len(ml.hrs))
+	sls := make([]*queue.Slot, len(ml.hrs))
 	for i := range ml.hrs {
 		sls[i] = &ml.hrs[i].Slot
 	}
-	hs, _, err := Acquire(ctx, sls, "", md)
+	hs, _, err := queue.Acquire(ctx, sls, "", md)
 	if err != nil {
 		return err
 	}
@@ -187,7 +188,7 @@ func (ml *MultiLock) lock(ctx context.Context, md Mode) error {
 // transaction, one revision), bounded by ctx, and returns the errors of
 // those it did not release, joined.
 func (mh *multiHold) release(ctx context.Context) error {
-	var live []*Hold
+	var live []*queue.Hold
 	for _, h := range mh.hs {
 		if h.Live() {
 			live = append(live, h)
@@ -196,7 +197,7 @@ func (mh *multiHold) release(ctx context.Context) error {
 	if len(live) == 0 {
 		return nil
 	}
-	return errors.Join(Unhold(ctx, live)...)
+	return errors.Join(queue.Unhold(ctx, live)...)
 }
 
 // current returns the current hold, or nil.
@@ -218,13 +219,13 @@ func (ml *MultiLock) Unlock(ctx context.Context) error {
 	}
 	mh := ml.current()
 	if mh == nil {
-		return NotHeldBy(ml.hrs[0].Slot.Session, ErrLockReleased, strings.Join(ml.names, ", "))
+		return queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrLockReleased, strings.Join(ml.names, ", "))
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("etcdsync: release %s: %w", strings.Join(ml.names, ", "), err)
 	}
 	err := mh.release(ctx)
-	if slices.ContainsFunc(mh.hs, (*Hold).Live) { // a release failed: the value still holds, retry it
+	if slices.ContainsFunc(mh.hs, (*queue.Hold).Live) { // a release failed: the value still holds, retry it
 		return err
 	}
 	mh.relays.Wait() // every hold has ended: a loss among them has ended ctx
@@ -291,11 +292,11 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 		return ml.Err()
 	}
 	ml.Done() // watch the keys: a delete behind our back ends fn's context
-	e := HoldIn(ctx)
+	e := queue.HoldIn(ctx)
 	for _, h := range mh.hs {
-		e = &CtxHold{H: h, N: 1, Outer: e}
+		e = &queue.CtxHold{H: h, N: 1, Outer: e}
 	}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, CtxHoldKey{}, e))
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, queue.CtxHoldKey{}, e))
 	defer cancel(nil)
 	stop := context.AfterFunc(mh.ctx, func() { cancel(context.Cause(mh.ctx)) })
 	defer stop()
@@ -307,7 +308,7 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 		if cause := context.Cause(mh.ctx); cause != nil && !errors.Is(cause, ErrLockReleased) {
 			released = cause // the hold ended before fn returned: Unlock found it gone
 		}
-		err = Stated(err, released)
+		err = queue.Stated(err, released)
 		if p != nil {
 			panic(p)
 		}
@@ -359,7 +360,7 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 	}
 	mh := ml.current()
 	if mh == nil || context.Cause(mh.ctx) != nil {
-		return nil, NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
+		return nil, queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
 	}
 	cmps := make([]clientv3.Cmp, len(mh.hs))
 	gets := make([]clientv3.Op, len(mh.hs))
@@ -379,7 +380,7 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
 		}
 	}
-	return nil, NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
+	return nil, queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
 }
 
 // Done returns a channel closed when the hold ends on any name (released,
@@ -389,7 +390,7 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 func (ml *MultiLock) Done() <-chan struct{} {
 	mh := ml.current()
 	if mh == nil {
-		return Closed
+		return queue.Closed
 	}
 	for _, h := range mh.hs {
 		h.Done()

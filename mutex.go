@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -16,7 +17,7 @@ import (
 // Mutex values on one Session and name exclude each other too. All methods
 // are safe for concurrent use.
 type Mutex struct {
-	hr Holder
+	hr queue.Holder
 }
 
 // NewMutex returns a Mutex on name for session s. It does not touch etcd. An
@@ -24,7 +25,7 @@ type Mutex struct {
 // every call that uses them, with an error wrapping ErrInvalidName or
 // ErrInvalidArgument.
 func NewMutex(s *Session, name string) *Mutex {
-	return &Mutex{hr: NewHolder(s, name, "mutex")}
+	return &Mutex{hr: queue.NewHolder(s.core(), name, "mutex")}
 }
 
 // Lock blocks until the lock is held, ctx ends (the error wraps ctx.Err()) or
@@ -32,7 +33,7 @@ func NewMutex(s *Session, name string) *Mutex {
 // waiter whose own key vanishes returns ErrSessionExpired at once. On error no
 // key is left behind.
 func (m *Mutex) Lock(ctx context.Context) error {
-	_, err := m.hr.Acquire(ctx, "", WaitTurn)
+	_, err := m.hr.Acquire(ctx, "", queue.WaitTurn)
 	return err
 }
 
@@ -42,7 +43,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // the newest under it). When the name has only nested keys under it, it
 // falls back to one more RPC to enqueue. ctx bounds the call.
 func (m *Mutex) TryLock(ctx context.Context) error {
-	_, err := m.hr.Acquire(ctx, "", TryTurn)
+	_, err := m.hr.Acquire(ctx, "", queue.TryTurn)
 	return err
 }
 

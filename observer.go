@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -32,7 +33,7 @@ func NewObserver(cli *clientv3.Client, name string) *Observer {
 	o := &Observer{cli: cli, name: name, prefix: name + "/"}
 	if cli == nil {
 		o.bad = fmt.Errorf("%w: nil client", ErrInvalidArgument)
-	} else if err := CheckName(name); err != nil {
+	} else if err := queue.CheckName(name); err != nil {
 		o.bad = err
 	}
 	return o
@@ -63,7 +64,7 @@ func (o *Observer) usable() error {
 	case o.bad != nil:
 		return o.bad
 	}
-	return ClosedClient(o.cli)
+	return queue.ClosedClient(o.cli)
 }
 
 // Err returns why an Observe channel closed before its context ended (an
@@ -190,7 +191,7 @@ func (o *Observer) observe(ctx context.Context, send func(*pb.ResponseHeader, Te
 			if err := o.usable(); err != nil {
 				return fmt.Errorf("etcdsync: observe %s: %w", o.name, err)
 			}
-			if Sleep(ctx, RetryPause) != nil {
+			if queue.Sleep(ctx, queue.RetryPause) != nil {
 				return nil
 			}
 			continue
@@ -205,7 +206,7 @@ func (o *Observer) observe(ctx context.Context, send func(*pb.ResponseHeader, Te
 		if at = o.follow(ctx, at, leader, once); at < 0 {
 			// The watch ended (ctx, a lost leader, a member restart):
 			// read again where it stopped.
-			if at = -at; Sleep(ctx, RetryPause) != nil {
+			if at = -at; queue.Sleep(ctx, queue.RetryPause) != nil {
 				return nil
 			}
 		}
@@ -238,7 +239,7 @@ func (o *Observer) follow(ctx context.Context, at int64, leader *mvccpb.KeyValue
 		for _, ev := range wr.Events {
 			key := string(ev.Kv.Key)
 			switch {
-			case !IsChild(o.prefix, key):
+			case !queue.IsChild(o.prefix, key):
 			case leader == nil && ev.IsCreate(), leader != nil && key == string(leader.Key) && ev.Type == mvccpb.PUT:
 				leader = ev.Kv
 				// A copy, field by field: WatchResponse.Header is a
@@ -272,7 +273,7 @@ func (o *Observer) read(ctx context.Context, at int64) (*clientv3.GetResponse, e
 // revision), or nil.
 func leaderOf(prefix string, kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
 	for _, kv := range kvs {
-		if IsChild(prefix, string(kv.Key)) {
+		if queue.IsChild(prefix, string(kv.Key)) {
 			return kv
 		}
 	}

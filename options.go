@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -18,7 +19,7 @@ type SessionOption interface {
 }
 
 // sessionOptions are the settings the options make (queue.Options).
-type sessionOptions = Options
+type sessionOptions = queue.Options
 
 type optionFunc func(*sessionOptions)
 

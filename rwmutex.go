@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -24,20 +25,20 @@ import (
 // NAME": a Mutex or Election on NAME/read or NAME/write writes keys that
 // look like this RWMutex's readers or writers, and counts as one.
 type RWMutex struct {
-	w, r Holder
+	w, r queue.Holder
 
 	mu   sync.Mutex
-	last *Holder // the holder of the last hold taken
+	last *queue.Holder // the holder of the last hold taken
 }
 
 // NewRWMutex returns an RWMutex on name for session s. It does not touch
 // etcd. An invalid name or a nil session is reported by every call that uses
 // them.
 func NewRWMutex(s *Session, name string) *RWMutex {
-	rw := &RWMutex{w: NewHolder(s, name, "rwmutex"), r: NewHolder(s, name, "rwmutex")}
+	rw := &RWMutex{w: queue.NewHolder(s.core(), name, "rwmutex"), r: queue.NewHolder(s.core(), name, "rwmutex")}
 	if rw.w.Bad == nil {
-		rw.w.Slot = rw.w.Slot.With(&WriteRule)
-		rw.r.Slot = rw.r.Slot.With(&ReadRule)
+		rw.w.Slot = rw.w.Slot.With(&queue.WriteRule)
+		rw.r.Slot = rw.r.Slot.With(&queue.ReadRule)
 	}
 	return rw
 }
@@ -48,7 +49,7 @@ func NewRWMutex(s *Session, name string) *RWMutex {
 // that hold after one read that shows its key still there. A waiter whose own
 // key vanishes returns ErrSessionExpired at once. On error no key of this call
 // is left behind.
-func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, WaitTurn) }
+func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, queue.WaitTurn) }
 
 // TryRLock takes a read hold if no writer holds or waits, else returns an
 // error wrapping ErrLocked. When a writer holds or waits it costs one RPC
@@ -56,7 +57,7 @@ func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(&rw.r, c
 // another read acquire or the last read release of this session on the name
 // is in flight, and after such a release failed, until its hold ends or a
 // retry releases it. ctx bounds the call.
-func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, TryTurn) }
+func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, queue.TryTurn) }
 
 // RUnlock ends one read hold of this value. The session's last read hold on
 // the name deletes the read key (at the revision it was created), in one RPC
@@ -68,11 +69,11 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error { return rw.r.Release(ctx)
 
 // Lock blocks until the write hold is taken: every reader and writer
 // created before it has gone. ctx and the session bound it as RLock's.
-func (rw *RWMutex) Lock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, WaitTurn) }
+func (rw *RWMutex) Lock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, queue.WaitTurn) }
 
 // TryLock takes the write hold if nobody holds or waits, else returns an
 // error wrapping ErrLocked, in one RPC that writes nothing when held.
-func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, TryTurn) }
+func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, queue.TryTurn) }
 
 // Unlock releases the write hold as Mutex.Unlock does.
 func (rw *RWMutex) Unlock(ctx context.Context) error { return rw.w.Release(ctx) }
@@ -104,7 +105,7 @@ func (rw *RWMutex) TryRRun(ctx context.Context, fn func(ctx context.Context) err
 	return rw.r.Run(ctx, 1, "", rw.TryRLock, rw.RUnlock, fn)
 }
 
-func (rw *RWMutex) acquire(hr *Holder, ctx context.Context, md Mode) error {
+func (rw *RWMutex) acquire(hr *queue.Holder, ctx context.Context, md queue.Mode) error {
 	if _, err := hr.Acquire(ctx, "", md); err != nil {
 		return err
 	}
@@ -116,7 +117,7 @@ func (rw *RWMutex) acquire(hr *Holder, ctx context.Context, md Mode) error {
 
 // cur is the holder of the current hold (the write hold first), else of
 // the last hold taken.
-func (rw *RWMutex) cur() *Holder {
+func (rw *RWMutex) cur() *queue.Holder {
 	switch {
 	case rw.w.Current() != nil:
 		return &rw.w

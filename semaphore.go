@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -18,7 +19,7 @@ import (
 // Semaphore values on one Session and name exclude each other, as Mutexes
 // do (they would share the key). All methods are safe for concurrent use.
 type Semaphore struct {
-	hr       Holder
+	hr       queue.Holder
 	capacity int64
 }
 
@@ -27,7 +28,7 @@ type Semaphore struct {
 // below 1 is reported by every call, with an error wrapping ErrInvalidName or
 // ErrInvalidArgument.
 func NewSemaphore(s *Session, name string, capacity int64) *Semaphore {
-	sm := &Semaphore{hr: NewHolder(s, name, "semaphore"), capacity: capacity}
+	sm := &Semaphore{hr: queue.NewHolder(s.core(), name, "semaphore"), capacity: capacity}
 	if sm.hr.Bad == nil && capacity < 1 {
 		sm.hr.Bad = fmt.Errorf("%w: semaphore %s: capacity %d, want at least 1", ErrInvalidArgument, name, capacity)
 	}
@@ -42,17 +43,19 @@ func NewSemaphore(s *Session, name string, capacity int64) *Semaphore {
 // ahead with another capacity, is an error wrapping ErrInvalidArgument. On
 // error no key of this call is left behind. A value holds at most one hold:
 // Acquire on a holding value waits for Release.
-func (sm *Semaphore) Acquire(ctx context.Context, n int64) error { return sm.acquire(ctx, n, WaitTurn) }
+func (sm *Semaphore) Acquire(ctx context.Context, n int64) error {
+	return sm.acquire(ctx, n, queue.WaitTurn)
+}
 
 // TryAcquire takes n permits if they are free and nobody waits ahead, else
 // returns an error wrapping ErrLocked. When nothing is held it costs one RPC;
 // when permits are taken but enough are free, two; when not enough are free
 // it costs one RPC and writes nothing.
 func (sm *Semaphore) TryAcquire(ctx context.Context, n int64) error {
-	return sm.acquire(ctx, n, TryTurn)
+	return sm.acquire(ctx, n, queue.TryTurn)
 }
 
-func (sm *Semaphore) acquire(ctx context.Context, n int64, md Mode) error {
+func (sm *Semaphore) acquire(ctx context.Context, n int64, md queue.Mode) error {
 	if sm.hr.Bad != nil {
 		return sm.hr.Bad
 	}
@@ -60,7 +63,7 @@ func (sm *Semaphore) acquire(ctx context.Context, n int64, md Mode) error {
 		return fmt.Errorf("%w: acquire %d permits of semaphore %s, capacity %d", ErrInvalidArgument, n, sm.hr.Slot.Name(), sm.capacity)
 	}
 	sl := sm.hr.Slot
-	sl.Rule = Permits(sm.capacity, n)
+	sl.Rule = queue.Permits(sm.capacity, n)
 	_, err := sm.hr.AcquireAs(ctx, &sl, fmt.Sprintf("%d/%d", n, sm.capacity), md)
 	return err
 }

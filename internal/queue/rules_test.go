@@ -1,4 +1,4 @@
-package etcdsync
+package queue
 
 // The blocking rules, weights, the nearest keys a waiter watches and name
 // validation, without a server: each case is a queue of keys as etcd lists

@@ -1,8 +1,22 @@
-package etcdsync
+package queue
 
 import (
 	"errors"
 	"fmt"
+)
+
+// The sentinel errors of the package etcdsync, which says what each means
+// (its errors.go assigns these values to its own names, so that errors.Is
+// matches either).
+var (
+	ErrLocked          = errors.New("etcdsync: locked")
+	ErrSessionExpired  = errors.New("etcdsync: session expired")
+	ErrLostContact     = errors.New("etcdsync: lost contact with etcd")
+	ErrSessionClosed   = errors.New("etcdsync: session closed")
+	ErrLockReleased    = errors.New("etcdsync: lock released")
+	ErrNotHeld         = errors.New("etcdsync: not held")
+	ErrInvalidName     = errors.New("etcdsync: invalid name")
+	ErrInvalidArgument = errors.New("etcdsync: invalid argument")
 )
 
 var (

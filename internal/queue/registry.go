@@ -1,4 +1,4 @@
-package etcdsync
+package queue
 
 // A session's registry of the keys its primitives use (type registry).
 //
