@@ -3,7 +3,7 @@ package etcdsync
 // The barrier: one key, NAME itself (the key etcd's recipe Barrier uses),
 // that blocks every Wait while it exists. Hold creates it (HoldFor binds it
 // to a session's lease), Release deletes it, Wait reads it once and watches
-// for its delete (watchGone, hold.go).
+// for its delete (queue.WatchGone, internal/queue/hold.go).
 
 import (
 	"context"
@@ -214,7 +214,7 @@ func (b *Barrier) usable() error {
 }
 
 // graced returns a context for a create that must not be cancelled with
-// ctx (see slot.enter): it ends createGrace after ctx does, so that the
+// ctx (see Slot.enter): it ends createGrace after ctx does, so that the
 // caller learns the create's outcome and can undo it. The returned
 // function releases it.
 func graced(ctx context.Context) (context.Context, func()) {

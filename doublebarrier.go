@@ -425,7 +425,7 @@ func (db *DoubleBarrier) depart(ctx context.Context, rev, round int64, last bool
 
 // withdraw removes the key of a party whose Leave failed, and ready with it
 // when it was the round's last party, under a short context of its own (see
-// slot.withdraw, which the session's sweeper backs).
+// Slot.Withdraw, which the session's sweeper backs).
 func (db *DoubleBarrier) withdraw(rev, round int64, last bool) error {
 	if last {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(db.sl.Session.Ctx()), queue.CreateGrace)

@@ -1,5 +1,10 @@
 package etcdsync
 
+// Leader election (type Election): a candidate's key NAME/<lease-hex> with
+// its value under the exclusive rule (internal/queue), Campaign, Proclaim,
+// Resign, Handover and the leader's Run; Leader and Observe through an
+// Observer (observer.go).
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,9 @@
 package etcdsync
 
+// The sentinel errors, in one var block: the protocol's are defined in
+// internal/queue (which wraps them) and named here, so that errors.Is
+// matches either name.
+
 import (
 	"errors"
 

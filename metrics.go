@@ -238,7 +238,7 @@ func (r *report) KeepaliveAcked(_ *queue.Session, rtt time.Duration) {
 	}
 }
 
-// actedLate observes how late the loop ran, and warns when that is past
+// ActedLate observes how late the loop ran, and warns when that is past
 // half the slack (past a second with no slack): throttling is eating into
 // what keeps a late holder safe.
 func (r *report) ActedLate(s *queue.Session, late time.Duration) {
@@ -278,7 +278,7 @@ func (r *report) HoldBegan(h *queue.Hold, wait time.Duration) {
 	}
 }
 
-// holdEnded reports a hold that ended: released or lost. A hold never
+// HoldEnded reports a hold that ended: released or lost. A hold never
 // handed out (holdBegan) is not reported.
 func (r *report) HoldEnded(h *queue.Hold, cause error) {
 	r.mu.Lock()

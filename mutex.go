@@ -1,5 +1,8 @@
 package etcdsync
 
+// The distributed lock (type Mutex): a key NAME/<lease-hex> under the
+// exclusive rule (internal/queue), and NewLocker's sync.Locker on it.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,8 @@
 package etcdsync
 
+// Following an election's leader without a session (type Observer): one
+// read of the direct children of NAME/, then one watch of the prefix.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,8 @@
 package etcdsync
 
+// The options of NewSession (type SessionOption): each With… states its
+// default; their checks and defaults are queue.Options.Resolve.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,8 @@
 package etcdsync
 
+// HoldFrom: the hold a Run's context carries (internal/queue/run.go keeps
+// the Runs' contexts).
+
 import (
 	"context"
 

@@ -1,5 +1,9 @@
 package etcdsync
 
+// The read/write lock (type RWMutex): a reader's key NAME/read/<lease-hex>
+// and a writer's NAME/write/<lease-hex>, under queue.ReadRule and
+// queue.WriteRule.
+
 import (
 	"context"
 	"sync"

@@ -1,5 +1,8 @@
 package etcdsync
 
+// The weighted semaphore (type Semaphore): a hold is one key NAME/<lease-hex>
+// whose value is "<permits>/<capacity>", under queue.Permits.
+
 import (
 	"context"
 	"fmt"

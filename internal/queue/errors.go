@@ -1,5 +1,10 @@
 package queue
 
+// The errors of the protocol: the package etcdsync's sentinels (defined
+// here, so that the protocol wraps them; its errors.go gives them their
+// public names and doc comments), the errors only the protocol makes, and
+// how an error is made to match a sentinel as well (Tag).
+
 import (
 	"errors"
 	"fmt"
@@ -30,7 +35,7 @@ var (
 	// request within the client's DialTimeout (see answerBound).
 	errNoAnswer = errors.New("no answer from etcd")
 
-	// errOwnKeyGone means a waiter's own key vanished.
+	// ErrOwnKeyGone means a waiter's own key vanished.
 	ErrOwnKeyGone = fmt.Errorf("%w: own key deleted while waiting", ErrSessionExpired)
 )
 
@@ -42,7 +47,7 @@ type tagged struct{ err, sentinel error }
 func (t tagged) Error() string   { return t.err.Error() }
 func (t tagged) Unwrap() []error { return []error{t.err, t.sentinel} }
 
-// tag returns err, also matching sentinel.
+// Tag returns err, also matching sentinel.
 func Tag(err, sentinel error) error {
 	if errors.Is(err, sentinel) {
 		return err
@@ -50,7 +55,7 @@ func Tag(err, sentinel error) error {
 	return tagged{err: err, sentinel: sentinel}
 }
 
-// notHeldBy is the error of a call that needs a hold on what that the value
+// NotHeldBy is the error of a call that needs a hold on what that the value
 // does not have: it wraps notHeld (ErrLockReleased, ErrNotHeld), and also
 // ErrInvalidArgument when the session's client was closed.
 func NotHeldBy(s *Session, notHeld error, what string) error {

@@ -1,5 +1,18 @@
 package queue
 
+// A held key (type Hold) and the holder (type Holder) of a primitive value.
+//
+// The hold: the state a primitive value has while it holds (Done, the guard,
+// Do and the causes of loss), the watch that learns of its loss, the Runs
+// under it (run.go), and the fenced release: a held key is deleted only
+// while it is the hold's (its create revision), one hold or several in one
+// transaction, so that a retried or late release never deletes a newer hold.
+//
+// The holder: what a primitive value (a Mutex, an Election, one side of an
+// RWMutex, a Semaphore) keeps between calls: its slot and its current hold,
+// and the calls every primitive shares on it (acquire, release, Run and its
+// reentrancy, Do, Done, Err, the guard).
+
 import (
 	"context"
 	"errors"
@@ -12,14 +25,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// A held key (type hold): the state a primitive value has while it holds
-// (Done, the guard, Do and the causes of loss), the watch that learns of its
-// loss, the Runs under it (run.go), and the fenced release: a held key is
-// deleted only while it is the hold's (its create revision), one hold or
-// several in one transaction, so that a retried or late release never
-// deletes a newer hold.
-
-// hold is one held key: the state a Mutex or Election value has while it
+// Hold is one held key: the state a Mutex or Election value has while it
 // holds. It ends with the session, or earlier (finish). Loss detection (Done)
 // and the hold's context start lazily: a hold nobody asked about costs no
 // goroutine, no watch and no context.
@@ -45,7 +51,7 @@ type holdExtra struct {
 	writing sync.Mutex // one write of the key's value (put) at a time
 	wrote   int64      // the key's mod revision after our last put (writing); 0: its create
 
-	// under hold.mu:
+	// under Hold.mu:
 	last    *pb.ResponseHeader      // of the last write through the hold (Proclaim)
 	ctx     context.Context         // ends with the hold; nil until asked for
 	end     context.CancelCauseFunc // ends ctx
@@ -122,7 +128,7 @@ func (h *Hold) check(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-// context returns a context that ends when the hold ends, with its cause.
+// Context returns a context that ends when the hold ends, with its cause.
 func (h *Hold) Context() context.Context {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -138,7 +144,7 @@ func (h *Hold) Context() context.Context {
 	return x.ctx
 }
 
-// advance records the header of a later write through the hold (Proclaim);
+// Advance records the header of a later write through the hold (Proclaim);
 // headers only move forward.
 func (h *Hold) Advance(hdr *pb.ResponseHeader) {
 	h.mu.Lock()
@@ -166,11 +172,11 @@ func (h *Hold) header() *pb.ResponseHeader {
 	return &pb.ResponseHeader{ClusterId: h.start.cluster, MemberId: h.start.member, Revision: h.start.rev, RaftTerm: h.start.term}
 }
 
-// inherited reports whether h's key was created before the session began: a
+// Inherited reports whether h's key was created before the session began: a
 // hold of a restarted process that this session adopted (WithLease).
 func (h *Hold) Inherited() bool { return h.Rev <= h.Session.startRev }
 
-// live reports whether h is a hold that has not ended.
+// Live reports whether h is a hold that has not ended.
 func (h *Hold) Live() bool { return h != nil && !h.over.Load() && h.Session.ctx.Err() == nil }
 
 // finish ends the hold with cause (the session's, if it has ended) and frees
@@ -216,7 +222,7 @@ func (h *Hold) stop(cause error) {
 	}
 }
 
-// done returns a channel closed when the hold ends, starting the watch that
+// Done returns a channel closed when the hold ends, starting the watch that
 // notices a key deleted behind our back.
 func (h *Hold) Done() <-chan struct{} {
 	ctx := h.Context()
@@ -233,7 +239,7 @@ func (h *Hold) Done() <-chan struct{} {
 	return ctx.Done()
 }
 
-// err returns nil while the hold lasts, else why it ended.
+// Err returns nil while the hold lasts, else why it ended.
 func (h *Hold) Err() error {
 	if h.over.Load() {
 		h.mu.Lock()
@@ -246,7 +252,7 @@ func (h *Hold) Err() error {
 	return nil
 }
 
-// lost ends the hold because its key is gone or replaced.
+// Lost ends the hold because its key is gone or replaced.
 func (h *Hold) Lost(rev int64) {
 	if h.releasing.Load() > 0 {
 		h.finish(ErrLockReleased)
@@ -263,7 +269,7 @@ func (h *Hold) watchKey(hctx context.Context) {
 	}
 }
 
-// watchGone blocks until the incarnation of key created at rev is gone
+// WatchGone blocks until the incarnation of key created at rev is gone
 // (deleted, or deleted and created again), watching from revision from (the
 // key was there at from-1), and returns the revision at which it was seen
 // gone. It keeps one watch; when the watch fails (compaction, a member
@@ -302,7 +308,7 @@ func WatchGone(ctx context.Context, cli *clientv3.Client, key string, rev, from 
 	}
 }
 
-// guard is the comparison that holds while h is the current hold; with no
+// Guard is the comparison that holds while h is the current hold; with no
 // hold it is a valid comparison that is always false.
 func (h *Hold) Guard(prefix string) clientv3.Cmp {
 	if !h.Live() {
@@ -330,7 +336,7 @@ func (h *Hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespons
 	return resp, nil
 }
 
-// put sets the key's value while h is current, and only over the value of
+// Put sets the key's value while h is current, and only over the value of
 // our last put (or the create): a put of ours that the server applies late,
 // after a newer one, finds the key changed and writes nothing. When the key
 // has changed since our last put (such a late put of ours landed first, or
@@ -372,7 +378,7 @@ func (h *Hold) Put(ctx context.Context, val string) (*pb.ResponseHeader, error) 
 // putTries bounds how often put writes over a value it did not expect.
 const putTries = 4
 
-// unhold deletes the key at the held revision only (a retried release never
+// Unhold deletes the key at the held revision only (a retried release never
 // deletes a newer hold). It is bounded by ctx and by the hold itself: when the
 // hold ends meanwhile (the session reached its local deadline, the key was
 // deleted) it returns at once. On an RPC error the hold stays, so it can be
@@ -380,7 +386,7 @@ const putTries = 4
 // ErrLockReleased. The hold ends once the delete has committed.
 func (h *Hold) Unhold(ctx context.Context) error { return Unhold(ctx, []*Hold{h})[0] }
 
-// unhold releases several holds of one session in one RPC (see hold.unhold
+// Unhold releases several holds of one session in one RPC (see Hold.Unhold
 // for each): one transaction deletes each key that is still its hold's, at
 // one revision. It returns one error per hold, nil for those released; it
 // is bounded by ctx and, with one hold, by that hold.
@@ -468,7 +474,7 @@ func (h *Hold) addRun(stop context.CancelCauseFunc) (leave func(), handedOver bo
 	}, handedOver
 }
 
-// stopRuns begins a Handover of h: no Run registered from now on starts its
+// StopRuns begins a Handover of h: no Run registered from now on starts its
 // work, and the work of every Run under h is cancelled with cause. It
 // returns channels that close as each Run has released.
 func (h *Hold) StopRuns(cause error) []chan struct{} {
@@ -484,12 +490,7 @@ func (h *Hold) StopRuns(cause error) []chan struct{} {
 	return over
 }
 
-// The holder (type holder): what a primitive value (a Mutex, an Election,
-// one side of an RWMutex, a Semaphore) keeps between calls: its slot and its
-// current hold, and the calls every primitive shares on it (acquire,
-// release, Run and its reentrancy, Do, Done, Err, the guard).
-
-// holder is the state every primitive value (Mutex, Election) keeps: its
+// Holder is the state every primitive value (Mutex, Election) keeps: its
 // slot, and its current hold, if any. A primitive is "which keys, which
 // guard" on top of it.
 type Holder struct {
@@ -512,13 +513,13 @@ func NewHolder(s *Session, name, kind string) Holder {
 	return Holder{Slot: sl, Bad: err}
 }
 
-// acquire acquires a hold (see slot.acquire) and makes it current. It returns
+// Acquire acquires a hold (see Slot.acquire) and makes it current. It returns
 // the value the key already had when it existed.
 func (hr *Holder) Acquire(ctx context.Context, val string, md Mode) ([]byte, error) {
 	return hr.AcquireAs(ctx, &hr.Slot, val, md)
 }
 
-// acquireAs is acquire through sl: the holder's slot under the rule of this one
+// AcquireAs is acquire through sl: the holder's slot under the rule of this one
 // acquire (a Semaphore's weight).
 func (hr *Holder) AcquireAs(ctx context.Context, sl *Slot, val string, md Mode) ([]byte, error) {
 	if hr.Bad != nil {
@@ -532,7 +533,7 @@ func (hr *Holder) AcquireAs(ctx context.Context, sl *Slot, val string, md Mode) 
 	return value, nil
 }
 
-// addShare makes h the value's hold and counts one more share of it.
+// AddShare makes h the value's hold and counts one more share of it.
 func (hr *Holder) AddShare(h *Hold) {
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
@@ -542,11 +543,11 @@ func (hr *Holder) AddShare(h *Hold) {
 	hr.n++
 }
 
-// release ends the current hold (unhold). For a shared hold it ends this
+// Release ends the current hold (unhold). For a shared hold it ends this
 // value's share: the value's last share leaves the hold, and the session's
 // last share releases the key. When that release fails with the hold still
 // there, the value holds again (one share), so it can be retried, and
-// nobody joins the hold any more (hold.kept). An ended ctx sends nothing and
+// nobody joins the hold any more (Hold.kept). An ended ctx sends nothing and
 // changes nothing.
 func (hr *Holder) Release(ctx context.Context) error {
 	h, err := hr.Held(ErrLockReleased)
@@ -584,7 +585,7 @@ func (hr *Holder) Release(ctx context.Context) error {
 	return err
 }
 
-// abandon ends the current hold after a failure that leaves it unwanted: it
+// Abandon ends the current hold after a failure that leaves it unwanted: it
 // removes the key (bounded, as a cleanup) and frees the reservation.
 func (hr *Holder) Abandon() error {
 	h := hr.Current()
@@ -597,7 +598,7 @@ func (hr *Holder) Abandon() error {
 	return err
 }
 
-// current returns the live hold, or nil (recording why the last one ended).
+// Current returns the live hold, or nil (recording why the last one ended).
 func (hr *Holder) Current() *Hold {
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
@@ -608,7 +609,7 @@ func (hr *Holder) Current() *Hold {
 	return hr.H
 }
 
-// held returns the live hold, or an error wrapping notHeld (and
+// Held returns the live hold, or an error wrapping notHeld (and
 // ErrInvalidArgument when the client was closed).
 func (hr *Holder) Held(notHeld error) (*Hold, error) {
 	if hr.Bad != nil {
@@ -658,7 +659,7 @@ func (hr *Holder) Done() <-chan struct{} {
 	return Closed
 }
 
-// check is the Check of every primitive: nil while the value holds, its
+// Check is the Check of every primitive: nil while the value holds, its
 // hold is current and its session passes Check; else why not. The first
 // call for a hold starts its loss watch (as Done does), so a key deleted
 // behind the holder's back shows within a watch round trip.
@@ -695,7 +696,7 @@ var Closed = func() chan struct{} {
 	return c
 }()
 
-// run is the Run of every primitive: it takes a hold (acquire, bounded by ctx),
+// Run is the Run of every primitive: it takes a hold (acquire, bounded by ctx),
 // calls fn with a context that ends when ctx ends or, with the hold's cause
 // (context.Cause), the moment the hold ends, and releases the hold (release)
 // once fn has returned or panicked, bounded by the session's TTL whatever ctx
@@ -747,7 +748,7 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 	return fn(fctx)
 }
 
-// reenter returns the live hold ctx carries that a Run of this session and
+// Reenter returns the live hold ctx carries that a Run of this session and
 // name, for n permits and tag, enters: the same kind of hold (a Mutex in a
 // Mutex, a read or a write in a write of an RWMutex, a read in a read,
 // permits within those held, the same Election value or Semaphore

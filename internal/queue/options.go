@@ -1,5 +1,8 @@
 package queue
 
+// A session's settings (type Options), as the options of etcdsync.NewSession
+// make them: their checks and their defaults.
+
 import (
 	"context"
 	"fmt"
@@ -9,7 +12,7 @@ import (
 )
 
 // Options are a session's settings, as the options of NewSession leave them
-// (WithTTL and the others, options.go).
+// (WithTTL and the others, in its options.go).
 type Options struct {
 	TTL     time.Duration // 0 means DefaultTTL
 	TTLSet  bool
@@ -18,7 +21,7 @@ type Options struct {
 	Slack   time.Duration   // WithSlack
 	SlackOn bool            // WithSlack given; else the default (defaultSlack)
 	Ctx     context.Context // nil means the client's context
-	Rep     Reports         // WithLogger, WithMetrics (metrics.go); nil: none
+	Rep     Reports         // WithLogger, WithMetrics (the package etcdsync's metrics.go); nil: none
 }
 
 // Resolve checks the options and fills in the defaults that depend on

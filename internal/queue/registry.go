@@ -1,6 +1,6 @@
 package queue
 
-// A session's registry of the keys its primitives use (type registry).
+// A session's registry of the keys its primitives use (type Registry).
 //
 // Key claims: a session's primitives share one key per name (NAME/<lease>,
 // fixed by interop), so a session reserves a key for one hold at a time
@@ -22,9 +22,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// registry is a session's record of the keys its primitives use: the claim
+// Registry is a session's record of the keys its primitives use: the claim
 // on each key, its hold once it holds, and the keys its sweepers watch. Its
-// mu also guards the holds' shares (hold.shares, hold.closing). It is taken
+// mu also guards the holds' shares (Hold.shares, Hold.closing). It is taken
 // before the session's own mu, never after.
 type Registry struct {
 	s     *Session
@@ -33,7 +33,7 @@ type Registry struct {
 	swept map[string][]int64 // keys swept (see sweep) -> revisions of creates by this session's acquires not yet seen by the sweeper
 }
 
-// claimKey reserves key for one primitive of this session: the key name is
+// ClaimKey reserves key for one primitive of this session: the key name is
 // fixed by interop (NAME/<lease>), so two holders on one session would share
 // a key. With wait it blocks until the key is free or ctx ends; without, it
 // returns ErrLocked at once. A reservation is freed by releaseKey, once.
@@ -44,7 +44,7 @@ func (r *Registry) ClaimKey(ctx context.Context, key string, wait bool) error {
 
 // shareKey is claimKey for a key whose holds the session's primitives share
 // (an RWMutex's read key): when the session holds the key and one read shows
-// it still there, it joins that hold (counted, see hold.leave) and returns
+// it still there, it joins that hold (counted, see Hold.leave) and returns
 // it; else it reserves the key and returns nil. With wait, an acquire or a
 // release of the key in flight is waited for; without, it is an error
 // wrapping ErrLocked.
@@ -150,7 +150,7 @@ func (r *Registry) wakeLocked(key string) {
 	}
 }
 
-// releaseKey frees a reservation made by claimKey.
+// ReleaseKey frees a reservation made by claimKey.
 func (r *Registry) ReleaseKey(key string) {
 	r.mu.Lock()
 	freed := r.keys[key].freed
@@ -161,7 +161,7 @@ func (r *Registry) ReleaseKey(key string) {
 	}
 }
 
-// sweep keeps a create of key whose outcome this session could not learn
+// Sweep keeps a create of key whose outcome this session could not learn
 // from leaving a key behind, however late the server applies it (a request
 // that a member cut off from its peers forwarded to the leader can be applied
 // when the partition heals). Until the session ends, it deletes every key at

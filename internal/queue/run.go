@@ -1,8 +1,8 @@
 package queue
 
-// What Run's context carries (type ctxHold): the holds of the Runs it is
+// What Run's context carries (type CtxHold): the holds of the Runs it is
 // inside, innermost first, so that a Run inside fn (given fn's context)
-// enters the hold that is already there (holder.run, holder.reenter), and
+// enters the hold that is already there (Holder.Run, Holder.Reenter), and
 // HoldFrom finds them; and how Run states a hold's cause once.
 
 import (
@@ -32,7 +32,7 @@ func (e *CtxHold) afterRun(ctx context.Context, release func(context.Context) er
 	return cause, released
 }
 
-// stated is fn's error err joined with cause (why the hold ended under fn,
+// Stated is fn's error err joined with cause (why the hold ended under fn,
 // or what its release failed at) unless err already wraps it, as when fn
 // returned context.Cause of its context: each is stated once, and errors.Is
 // finds it either way. With nothing to add, err comes back as it is.
@@ -51,7 +51,7 @@ type running struct {
 	over chan struct{}
 }
 
-// ctxHold is a hold that a Run's context carries, innermost first.
+// CtxHold is a hold that a Run's context carries, innermost first.
 type CtxHold struct {
 	H     *Hold
 	N     int64       // permits (1 but for a Semaphore)

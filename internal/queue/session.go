@@ -1,5 +1,16 @@
 package queue
 
+// The session (type Session): a lease granted (or adopted) for a process,
+// its life and its end (Close revokes, Orphan leaves the lease to expire),
+// and the holds it ends with it; its keepalive, the loop that refreshes the
+// lease, one KeepAliveOnce per beat through the client's Lease, and the
+// local deadline each acknowledged beat moves (never later than the
+// server's expiry: a beat's deadline counts from its send time); and what it
+// reports (type Reports, at the end). The keys its primitives use, and its
+// sweepers, are in its registry (registry.go). The package etcdsync's
+// Session is this one's public face (its NewSession resolves the options,
+// options.go, and calls Start).
+
 import (
 	"context"
 	"errors"
@@ -14,14 +25,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// The session (type Session): a lease granted (or adopted) for a process,
-// its life and its end (Close revokes, Orphan leaves the lease to expire),
-// and the holds it ends with it; its keepalive, the loop that refreshes the
-// lease, one KeepAliveOnce per beat through the client's Lease, and the
-// local deadline each acknowledged beat moves (never later than the
-// server's expiry: a beat's deadline counts from its send time). The keys
-// its primitives use, and its sweepers, are in its registry (registry.go).
 
 // Session is a lease kept alive in the background. Every key a primitive
 // writes is bound to the lease, so the keys vanish when the session ends.
@@ -220,7 +223,7 @@ func dialTimeout(cli *clientv3.Client) time.Duration {
 	return time.Duration(d.Int())
 }
 
-// closedClient returns an error wrapping ErrInvalidArgument when cli has
+// ClosedClient returns an error wrapping ErrInvalidArgument when cli has
 // been closed, else nil: a call on a closed client fails at once and sends
 // nothing (etcd's client would retry it, printing warnings, until its
 // context ends).
@@ -339,7 +342,7 @@ func (s *Session) revoke(bound time.Duration) error {
 	return nil
 }
 
-// endedErr is the error for a call on a session that has ended: why it
+// EndedErr is the error for a call on a session that has ended: why it
 // ended, also matching ErrSessionExpired unless it was closed (Close,
 // Orphan, its context or its client: ErrSessionClosed).
 func (s *Session) EndedErr() error {
@@ -400,7 +403,7 @@ func (s *Session) goWatch(f func()) bool {
 	return true
 }
 
-// bound returns ctx ended also by the session's end, and its cancel.
+// Bound returns ctx ended also by the session's end, and its cancel.
 func (s *Session) Bound(ctx context.Context) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(s.ctx, cancel)
@@ -590,26 +593,26 @@ func (s *Session) DeadlineMoved() <-chan struct{} {
 	return s.moved
 }
 
-// retryPause is the pause between failed keepalives (bounded by TTL/3).
+// RetryPause is the pause between failed keepalives (bounded by TTL/3).
 const RetryPause = 500 * time.Millisecond
 
-// reports receives a session's state changes, as they happen. Its methods
+// Reports receives a session's state changes, as they happen. Its methods
 // must not block.
 type Reports interface {
 	SessionBegan(s *Session)
-	// sessionEnded is told once the session's holds have ended.
+	// SessionEnded is told once the session's holds have ended.
 	SessionEnded(s *Session, cause error)
 	KeepaliveFailed(s *Session, err error)
 	KeepaliveAcked(s *Session, rtt time.Duration)
-	// actedLate is told, each time the keepalive loop's timer fires (a beat
+	// ActedLate is told, each time the keepalive loop's timer fires (a beat
 	// or the deadline due), how long after it was due the loop ran: a
 	// process short of CPU runs late.
 	ActedLate(s *Session, late time.Duration)
 	AcquireFailed(sl *Slot, err error)
-	// holdBegan is told when an acquire hands out h, after wait; a hold
+	// HoldBegan is told when an acquire hands out h, after wait; a hold
 	// joined (counted) again is told again.
 	HoldBegan(h *Hold, wait time.Duration)
-	// holdEnded is told when h ended with cause (released or lost), before
+	// HoldEnded is told when h ended with cause (released or lost), before
 	// its Done closes.
 	HoldEnded(h *Hold, cause error)
 }

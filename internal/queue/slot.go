@@ -1,5 +1,24 @@
 package queue
 
+// A contender's place (type Slot) and how it gets its turn: its session, the
+// name's prefix NAME/, its key NAME/<lease-hex> (or NAME/<dir>/<lease-hex>
+// under a rule with a directory), and the rule (type Rule) that says whom it
+// waits for. Only direct children of the prefix take part in a queue.
+//
+// The blocking rules: which keys created before ours block us, what each
+// weighs, how much blocking weight may remain ahead when we hold, and which
+// of the keys ahead a waiter watches; one rule per primitive (Exclusive for a
+// Mutex or an Election, ReadRule and WriteRule for an RWMutex, Permits for
+// a Semaphore, none for a Group's member): the machinery is shared.
+//
+// The acquire step every primitive shares (Slot.acquire, Acquire): reserve
+// the keys in the session (registry.go), write them if absent and list the
+// queues in one transaction, wait for the turn (both turn.go) unless it is a
+// try, and on any failure withdraw the key this call may have written,
+// however late the server applies the create. Every request goes through the
+// client's interfaces (KV, Watcher, Lease, Maintenance), so that a
+// namespace, a wrapper, an in-process client or etcd's gRPC proxy sees it.
+
 import (
 	"context"
 	"errors"
@@ -18,13 +37,7 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// A contender's place (type slot): its session, the name's prefix NAME/, its
-// key NAME/<lease-hex> (or NAME/<dir>/<lease-hex> under a rule with a
-// directory) and the rule that says whom it waits for; how it lists the
-// queue, acquires (acquire.go) and withdraws its key. Only direct children of
-// the prefix take part in a queue.
-
-// checkName validates a primitive's name.
+// CheckName validates a primitive's name.
 func CheckName(name string) error {
 	if name == "" {
 		return fmt.Errorf("%w: empty name", ErrInvalidName)
@@ -35,7 +48,7 @@ func CheckName(name string) error {
 	return nil
 }
 
-// slot is one contender's place: the session, the name's prefix, the key,
+// Slot is one contender's place: the session, the name's prefix, the key,
 // and the rule that says whom it waits for.
 type Slot struct {
 	Session *Session
@@ -45,7 +58,7 @@ type Slot struct {
 	Rule    *Rule
 }
 
-// name is the primitive's name: the prefix without its slash.
+// Name is the primitive's name: the prefix without its slash.
 func (sl *Slot) Name() string { return strings.TrimSuffix(sl.Prefix, "/") }
 
 func NewSlot(s *Session, name, kind string) (Slot, error) {
@@ -58,7 +71,7 @@ func NewSlot(s *Session, name, kind string) (Slot, error) {
 	return Slot{Session: s, Prefix: name + "/", Kind: kind}.With(&Exclusive), nil
 }
 
-// with returns the slot under rule r, its key in r's directory. The prefix
+// With returns the slot under rule r, its key in r's directory. The prefix
 // is the start of the key's string, so a slot holds one string, not two.
 func (sl Slot) With(r *Rule) Slot {
 	n := len(sl.Prefix)
@@ -67,7 +80,7 @@ func (sl Slot) With(r *Rule) Slot {
 	return sl
 }
 
-// isChild reports whether key is a direct child NAME/<hex> of prefix: the
+// IsChild reports whether key is a direct child NAME/<hex> of prefix: the
 // only keys that take part in a queue (a lock on NAME/x never blocks NAME).
 func IsChild(prefix, key string) bool {
 	rest, ok := strings.CutPrefix(key, prefix)
@@ -94,7 +107,7 @@ func (sl *Slot) listOp() clientv3.Op {
 
 // listOpts lists the keys under the prefix in create-revision order, with
 // their values only when the rule weighs them; unless full, under a rule
-// that needs only the newest keys (rule.newest), the newest listLimit of
+// that needs only the newest keys (Rule.newest), the newest listLimit of
 // them, newest first (see turn.list), so that a reply does not grow with
 // the queue.
 func (sl *Slot) listOpts(full bool) []clientv3.OpOption {
@@ -113,7 +126,7 @@ func (sl *Slot) listOpts(full bool) []clientv3.OpOption {
 // three before it, of which a waiter watches two.
 const listLimit = 4
 
-// withdraw deletes the key this call may have written: the one at rev, or
+// Withdraw deletes the key this call may have written: the one at rev, or
 // (rev 0: the create's outcome is unknown) the key with our lease created
 // after the session began that a read finds, at its create revision; never a
 // hold that a restarted process resumes (WithLease), and, however late the
@@ -178,7 +191,7 @@ func (sl *Slot) why(ctx context.Context, err error) error {
 	return err
 }
 
-// resume returns a hold of the slot's key at rev without touching etcd, for a
+// Resume returns a hold of the slot's key at rev without touching etcd, for a
 // value that takes over a hold (ResumeElection): the live hold of a value of
 // this session when it holds the key at rev (the two values then share one
 // hold), else a new one when no value of the session uses the key. A hold at
@@ -208,12 +221,7 @@ func (sl *Slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue,
 	return sl.Rule.blocking(sl.Prefix, kvs, rev)
 }
 
-// The blocking rules: which keys created before ours block us, what each
-// weighs, how much blocking weight may remain ahead when we hold, and which
-// of the keys ahead a waiter watches. A primitive is a rule (mutex.go,
-// rwmutex.go, semaphore.go, election.go, group.go); the machinery is shared.
-
-// rule says whom a contender waits for: which of the keys under its prefix
+// Rule says whom a contender waits for: which of the keys under its prefix
 // created before its own block it, their weights, and how much blocking
 // weight may remain ahead when it holds. A rule without blocks is one that
 // no key blocks (a Group's member).
@@ -234,11 +242,11 @@ type Rule struct {
 	newest bool
 }
 
-// exclusive is the rule of a Mutex or an Election: every direct child of the
+// Exclusive is the rule of a Mutex or an Election: every direct child of the
 // prefix created before ours blocks, and none may remain.
 var Exclusive = Rule{Blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return IsChild(prefix, string(kv.Key)) }, newest: true}
 
-// blocking is slot.blocking for a key under prefix.
+// blocking is Slot.blocking for a key under prefix.
 func (r *Rule) blocking(prefix string, kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
 	if r.Blocks == nil {
 		return nil, nil
@@ -257,7 +265,7 @@ func (r *Rule) blocking(prefix string, kvs []*mvccpb.KeyValue, rev int64) ([]*mv
 	return out, nil
 }
 
-// holds reports whether a key created at rev under prefix holds under r,
+// Holds reports whether a key created at rev under prefix holds under r,
 // given the keys of kvs: the weight of those that block it leaves it room.
 func (r *Rule) Holds(prefix string, kvs []*mvccpb.KeyValue, rev int64) (bool, error) {
 	ahead, err := r.blocking(prefix, kvs, rev)
@@ -286,17 +294,17 @@ func addWeights(a, b int64) int64 {
 	return a + b
 }
 
-// readRule: a reader waits for the writers created before it, and its key
+// ReadRule: a reader waits for the writers created before it, and its key
 // is shared by the session's read holds; TryRLock writes at once when no
 // writer key exists. A reader watches only the nearest writer, so that a
 // writer's release reaches only the readers it lets in (those behind the
 // next writer read once when their turn comes).
 var ReadRule = Rule{Dir: "read/", Blocks: InDirs("write/"), free: "write/", Shared: true, exact: true}
 
-// writeRule: a writer waits for every reader and writer created before it.
+// WriteRule: a writer waits for every reader and writer created before it.
 var WriteRule = Rule{Dir: "write/", Blocks: InDirs("read/", "write/")}
 
-// inDirs returns a blocks rule: the key is a direct child NAME/<dir><id> of
+// InDirs returns a blocks rule: the key is a direct child NAME/<dir><id> of
 // one of dirs, id in hex or decimal (etcd's recipes name keys by time).
 func InDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
 	return func(prefix string, kv *mvccpb.KeyValue) bool {
@@ -313,7 +321,7 @@ func InDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
 	}
 }
 
-// permits is the rule of a request for n of capacity permits: every direct
+// Permits is the rule of a request for n of capacity permits: every direct
 // child of the prefix created before ours blocks with its permits, and
 // capacity-n of them may remain.
 func Permits(capacity, n int64) *Rule {
@@ -333,7 +341,7 @@ func Permits(capacity, n int64) *Rule {
 	}
 }
 
-// semaphoreValue parses a semaphore key's value, "<permits>/<capacity>",
+// SemaphoreValue parses a semaphore key's value, "<permits>/<capacity>",
 // with 1 <= permits <= capacity.
 func SemaphoreValue(v []byte) (permits, capacity int64, ok bool) {
 	w, c, cut := strings.Cut(string(v), "/")
@@ -342,15 +350,7 @@ func SemaphoreValue(v []byte) (permits, capacity int64, ok bool) {
 	return permits, capacity, cut && err1 == nil && err2 == nil && permits >= 1 && permits <= capacity
 }
 
-// The acquire step every primitive shares: reserve the keys in the session,
-// write them if absent and list the queues in one transaction, wait for the
-// turn (both turn.go) unless it is a try, and on any failure withdraw the
-// key this call may have written, however late the server applies the
-// create. Every request goes through the client's interfaces (KV, Watcher,
-// Lease, Maintenance), so that a namespace, a wrapper, an in-process client
-// or etcd's gRPC proxy sees it.
-
-// deleteAtRev deletes key only while it is the incarnation created at rev, so
+// DeleteAtRev deletes key only while it is the incarnation created at rev, so
 // that however late the server applies it, it never deletes a later one.
 func DeleteAtRev(ctx context.Context, cli *clientv3.Client, key string, rev int64) error {
 	_, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
@@ -364,7 +364,7 @@ func final(err error) bool {
 	return errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrInvalidArgument)
 }
 
-// mode says how acquire waits.
+// Mode says how acquire waits.
 type Mode int
 
 const (
@@ -373,12 +373,12 @@ const (
 	JoinTurn             // never wait, in etcd or for the session's own use of the key (Group.Join)
 )
 
-// createGrace is how long an acquire's create may run on after the caller's
+// CreateGrace is how long an acquire's create may run on after the caller's
 // context (or the session) ended: long enough to learn, in most cases, whether
 // it committed, so that the cleanup knows what to delete.
 const CreateGrace = time.Second
 
-// acquire is slot.acquire for the keys of several slots of one session at
+// Acquire is Slot.acquire for the keys of several slots of one session at
 // once (a MultiLock), all or none: one transaction writes them all, at one
 // create revision, so that two callers of overlapping sets wait for each
 // other in one order, whatever order they name them in; the turn of each
@@ -575,7 +575,7 @@ func releaseKeys(sls []*Slot) {
 	}
 }
 
-// unsure reports whether a write that failed with err may have been applied,
+// Unsure reports whether a write that failed with err may have been applied,
 // or may still be: anything but the server's definite refusal.
 func Unsure(err error) bool {
 	code := status.Code(err)

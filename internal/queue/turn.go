@@ -1,5 +1,30 @@
 package queue
 
+// A turn (type turn): one key's place in its queue and the wait for it; and
+// the wait's watch stream (type stream).
+//
+// The enqueue transaction writes the keys of one acquire if absent and lists
+// the queues in one transaction (or, for a try, writes only where nothing is
+// there); its response gives a turn per key, with the keys ahead of it, and
+// whether the keys of one acquire share one create revision.
+//
+// The wait on deletes (turn.wait, turn.watch): older keys can only vanish,
+// never appear. A waiter that lists and watches every key that blocks it
+// watches the whole prefix on one watch (stream.waitQueue): the event of the
+// last one's delete gives it the turn with no further RPC, as the same
+// response would show its own key's delete at that revision, and an earlier
+// one would have come before it. Any other waiter watches its own key and
+// the nearest keys that block it (turn.nearest), and reads what is left when
+// one of them goes. When its own key goes first it returns
+// ErrSessionExpired.
+//
+// The stream: the watches a waiter waits on, all through the client's
+// Watcher, on one gRPC stream of the wait's own (waitContext): one of the
+// whole prefix while it lists and watches every key that blocks it
+// (waitQueue: the turn on a delete's event alone), else one of its own key
+// and one of each of the nearest keys ahead (next); responses matched to
+// watches by the channel they came on, never by watch IDs.
+
 import (
 	"context"
 	"errors"
@@ -17,23 +42,6 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
-// A turn (type turn): one key's place in its queue and the wait for it.
-//
-// The enqueue transaction writes the keys of one acquire if absent and lists
-// the queues in one transaction (or, for a try, writes only where nothing is
-// there); its response gives a turn per key, with the keys ahead of it, and
-// whether the keys of one acquire share one create revision.
-//
-// The wait on deletes (turn.wait, turn.watch): older keys can only vanish,
-// never appear. A waiter that lists and watches every key that blocks it
-// watches the whole prefix on one watch (stream.go): the event of the last
-// one's delete gives it the turn with no further RPC, as the same response
-// would show its own key's delete at that revision, and an earlier one
-// would have come before it. Any other waiter watches its own key and the
-// nearest keys that block it (turn.nearest), and reads what is left when
-// one of them goes. When its own key goes first it returns
-// ErrSessionExpired.
-
 // turn is the outcome of an acquire: our key's create revision, the keys
 // ahead of it and the header of the read that listed them.
 type turn struct {
@@ -46,14 +54,14 @@ type turn struct {
 	// watches only the nearest, so it keeps only those.
 	far  int64
 	farN int
-	// unlisted: a limited list (rule.newest) did not reach the oldest key:
+	// unlisted: a limited list (Rule.newest) did not reach the oldest key:
 	// older keys may block us too. far and farN then count one such key,
 	// unseen, so that only a read that lists them lets the turn come.
 	unlisted bool
 	hdr      *pb.ResponseHeader
 	wrote    bool // this call may have written the key
 	// also are the keys of the same acquire on other names (a MultiLock's),
-	// whose deletes end our wait too (stream.go).
+	// whose deletes end our wait too (stream.check).
 	also []string
 	// gone is the latest delete of a key listed ahead seen since: one
 	// stream delivers the deletes of different watches out of revision
@@ -200,7 +208,7 @@ func (t *turn) mine(kv *mvccpb.KeyValue) bool {
 }
 
 // tryEnqueue writes our keys only if nothing at all is under any NAME/
-// (under NAME/<rule.free>): one RPC and no write when a name is held. When
+// (under NAME/<Rule.free>): one RPC and no write when a name is held. When
 // a compare fails although nothing blocks us (only nested keys NAME/x/…, or
 // keys that leave us room), it falls back to enqueue. The returned turns
 // have keys ahead where a name is held; the caller then withdraws the keys
@@ -441,14 +449,6 @@ func Sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
-
-// A wait's watch stream (type stream): the watches a waiter waits on, all
-// through the client's Watcher, on one gRPC stream of the wait's own
-// (waitContext): one of the whole prefix while it lists and watches every
-// key that blocks it (waitQueue: the turn on a delete's event alone), else
-// one of its own key and one of each of the nearest keys ahead (next);
-// responses matched to watches by the channel they came on, never by watch
-// IDs.
 
 // keyed is one response of the watch of one key, or (closed) the end of it.
 type keyed struct {
