@@ -12,9 +12,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Barrier blocks the processes that Wait on a name while the barrier is

@@ -15,9 +15,10 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // DoubleBarrier lets count parties start a phase together (Enter) and

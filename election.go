@@ -10,9 +10,10 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Election is a leader election on a name. A candidate's key is

@@ -13,9 +13,10 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Group is membership of a group on a name: who is in a pool right now, with

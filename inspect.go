@@ -8,9 +8,10 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Entry is one key of a name's queues.

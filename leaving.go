@@ -9,9 +9,10 @@ package etcdsync
 import (
 	"context"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // leaving is one Leave: the party's key, created at rev, in the round that

@@ -14,9 +14,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Metrics are the Prometheus collectors that sessions made WithMetrics

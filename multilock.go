@@ -16,9 +16,10 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // MultiLock is a distributed lock on several names at once: Lock holds

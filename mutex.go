@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Mutex is a distributed lock on a name. Its key, NAME/<lease-hex>, is the

@@ -9,11 +9,12 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Observer follows the leader of an election on a name. It needs no Session

@@ -8,8 +8,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // DefaultTTL is the session TTL used when WithTTL is not given.

@@ -8,9 +8,10 @@ import (
 	"context"
 	"sync"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // RWMutex is a distributed read/write lock on a name: many readers or one

@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/etcdsync/etcdsync/internal/queue"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Semaphore is a distributed weighted semaphore on a name: at most capacity

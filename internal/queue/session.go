@@ -20,10 +20,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/etcdsync/etcdsync/internal/reach"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/reach"
 )
 
 // Session is a lease kept alive in the background. Every key a primitive
