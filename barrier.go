@@ -3,7 +3,7 @@ package etcdsync
 // The barrier: one key, NAME itself (the key etcd's recipe Barrier uses),
 // that blocks every Wait while it exists. Hold creates it (HoldFor binds it
 // to a session's lease), Release deletes it, Wait reads it once and watches
-// for its delete (watchGone, hold.go).
+// for its delete (queue.WatchGone, internal/queue/hold.go).
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Barrier blocks the processes that Wait on a name while the barrier is
@@ -44,7 +46,7 @@ func NewBarrier(cli *clientv3.Client, name string) *Barrier {
 	b := &Barrier{cli: cli, name: name}
 	if cli == nil {
 		b.bad = fmt.Errorf("%w: barrier %s: nil client", ErrInvalidArgument, name)
-	} else if err := checkName(name); err != nil {
+	} else if err := queue.CheckName(name); err != nil {
 		b.bad = err
 	}
 	return b
@@ -88,7 +90,7 @@ func (b *Barrier) hold(ctx context.Context, s *Session) error {
 	lease := clientv3.NoLease
 	if s != nil {
 		if s.Err() != nil {
-			return s.endedErr()
+			return s.q.EndedErr()
 		}
 		lease = s.Lease()
 	}
@@ -103,7 +105,7 @@ func (b *Barrier) hold(ctx context.Context, s *Session) error {
 		Commit()
 	switch {
 	case err != nil && s != nil && errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return tag(fmt.Errorf("etcdsync: hold barrier %s: %w", b.name, err), ErrSessionExpired)
+		return queue.Tag(fmt.Errorf("etcdsync: hold barrier %s: %w", b.name, err), ErrSessionExpired)
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("etcdsync: hold barrier %s: %w (the barrier may be closed: %w)", b.name, ctx.Err(), err)
 	case err != nil:
@@ -116,10 +118,10 @@ func (b *Barrier) hold(ctx context.Context, s *Session) error {
 		}
 		return fmt.Errorf("%w: barrier %s is held (create revision %d, lease %x)", ErrLocked, b.name, kv.CreateRevision, kv.Lease)
 	case ctx.Err() != nil: // closed after ctx ended: open it again
-		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), createGrace)
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), queue.CreateGrace)
 		defer dcancel()
 		err := fmt.Errorf("etcdsync: hold barrier %s: %w", b.name, ctx.Err())
-		if derr := deleteAtRev(dctx, b.cli, b.name, resp.Header.Revision); derr != nil {
+		if derr := queue.DeleteAtRev(dctx, b.cli, b.name, resp.Header.Revision); derr != nil {
 			return fmt.Errorf("%w; it was closed at revision %d and stays closed: %w", err, resp.Header.Revision, derr)
 		}
 		return err
@@ -197,7 +199,7 @@ func (b *Barrier) Wait(ctx context.Context) error {
 	if len(resp.Kvs) == 0 {
 		return nil
 	}
-	if _, err := watchGone(ctx, b.cli, b.name, resp.Kvs[0].CreateRevision, resp.Header.Revision+1); err != nil {
+	if _, err := queue.WatchGone(ctx, b.cli, b.name, resp.Kvs[0].CreateRevision, resp.Header.Revision+1); err != nil {
 		return fmt.Errorf("etcdsync: wait for barrier %s: %w", b.name, err)
 	}
 	return nil
@@ -209,15 +211,15 @@ func (b *Barrier) usable() error {
 	if b.bad != nil {
 		return b.bad
 	}
-	return closedClient(b.cli)
+	return queue.ClosedClient(b.cli)
 }
 
 // graced returns a context for a create that must not be cancelled with
-// ctx (see slot.enter): it ends createGrace after ctx does, so that the
+// ctx (see Slot.enter): it ends createGrace after ctx does, so that the
 // caller learns the create's outcome and can undo it. The returned
 // function releases it.
 func graced(ctx context.Context) (context.Context, func()) {
 	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(createGrace, cancel) })
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(queue.CreateGrace, cancel) })
 	return gctx, func() { stop(); cancel() }
 }

@@ -59,6 +59,10 @@
 // in-process client of an embedded etcd, a client behind etcd's gRPC proxy
 // and a user's own wrappers all see every call.
 //
+// The protocol every primitive shares lives in one package of this module,
+// internal/queue; docs/protocol.md walks through it step by step, with each
+// invariant below, the code that keeps it and the tests that pin it.
+//
 // # Invariants
 //
 // These hold for every primitive; the tests cite them by name.

@@ -17,6 +17,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // DoubleBarrier lets count parties start a phase together (Enter) and
@@ -42,9 +44,9 @@ import (
 // name cannot both be in. All methods are safe for concurrent use; one
 // value makes one Enter or Leave at a time.
 type DoubleBarrier struct {
-	sl      slot   // the party's key NAME/waiters/<lease-hex>, on its session
-	waiters string // NAME/waiters/
-	ready   string // NAME/ready
+	sl      queue.Slot // the party's key NAME/waiters/<lease-hex>, on its session
+	waiters string     // NAME/waiters/
+	ready   string     // NAME/ready
 	count   int
 	bad     error // why the name, session or count is unusable, or nil
 
@@ -56,7 +58,7 @@ type DoubleBarrier struct {
 
 // party places a double barrier party's key under NAME/waiters/; parties
 // do not queue, so it has no blocking rule.
-var party = rule{dir: "waiters/"}
+var party = queue.Rule{Dir: "waiters/"}
 
 // NewDoubleBarrier returns the double barrier on name for count parties,
 // with session s as one party. It does not touch etcd. An invalid name, a
@@ -64,14 +66,14 @@ var party = rule{dir: "waiters/"}
 // wrapping ErrInvalidName or ErrInvalidArgument.
 func NewDoubleBarrier(s *Session, name string, count int) *DoubleBarrier {
 	db := &DoubleBarrier{waiters: name + "/waiters/", ready: name + "/ready", count: count}
-	sl, err := newSlot(s, name, "doublebarrier")
+	sl, err := queue.NewSlot(s.core(), name, "doublebarrier")
 	switch {
 	case err != nil:
 		db.bad = err
 	case count < 1:
 		db.bad = fmt.Errorf("%w: double barrier %s: count %d, want at least 1", ErrInvalidArgument, name, count)
 	default:
-		db.sl = sl.with(&party)
+		db.sl = sl.With(&party)
 	}
 	return db
 }
@@ -124,7 +126,7 @@ func (db *DoubleBarrier) Leave(ctx context.Context) error {
 		return err
 	}
 	err = db.leave(ctx, rev, round)
-	db.sl.s.reg.releaseKey(db.sl.key)
+	db.sl.Session.Reg.ReleaseKey(db.sl.Key)
 	db.end(0, 0)
 	return err
 }
@@ -139,11 +141,11 @@ func (db *DoubleBarrier) begin(leave bool) (rev, round int64, err error) {
 	defer db.mu.Unlock()
 	switch {
 	case db.busy:
-		return 0, 0, fmt.Errorf("%w: double barrier %s: an Enter or Leave of this value is under way", ErrInvalidArgument, db.sl.name())
+		return 0, 0, fmt.Errorf("%w: double barrier %s: an Enter or Leave of this value is under way", ErrInvalidArgument, db.sl.Name())
 	case leave && db.rev == 0:
-		return 0, 0, fmt.Errorf("%w: double barrier %s: Leave without a successful Enter", ErrInvalidArgument, db.sl.name())
+		return 0, 0, fmt.Errorf("%w: double barrier %s: Leave without a successful Enter", ErrInvalidArgument, db.sl.Name())
 	case !leave && db.rev != 0:
-		return 0, 0, fmt.Errorf("%w: double barrier %s: this value has entered already (Leave first)", ErrInvalidArgument, db.sl.name())
+		return 0, 0, fmt.Errorf("%w: double barrier %s: this value has entered already (Leave first)", ErrInvalidArgument, db.sl.Name())
 	}
 	db.busy = true
 	return db.rev, db.round, nil
@@ -160,38 +162,38 @@ func (db *DoubleBarrier) end(rev, round int64) {
 // session's, when one of them ended the call; err itself when it names the
 // barrier already (a sentinel's); else err with what failed.
 func (db *DoubleBarrier) why(op string, ctx context.Context, err error) error {
-	s := db.sl.s
+	s := db.sl.Session
 	switch {
 	case ctx.Err() != nil:
 		err = ctx.Err()
-	case s.ctx.Err() != nil:
-		return s.endedErr()
+	case s.Ctx().Err() != nil:
+		return s.EndedErr()
 	case errors.Is(err, ErrLocked) || errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrSessionExpired):
 		return err
 	}
-	return fmt.Errorf("etcdsync: %s double barrier %s: %w", op, db.sl.name(), err)
+	return fmt.Errorf("etcdsync: %s double barrier %s: %w", op, db.sl.Name(), err)
 }
 
 // gone is the error of a party whose key vanished by revision rev.
 func (db *DoubleBarrier) gone(rev int64) error {
-	return fmt.Errorf("%w (double barrier party %s, by revision %d)", errOwnKeyGone, db.sl.key, rev)
+	return fmt.Errorf("%w (double barrier party %s, by revision %d)", queue.ErrOwnKeyGone, db.sl.Key, rev)
 }
 
 // enter reserves the party's key in the session and joins the round; on
 // error it removes the key it may have written and frees the reservation.
 func (db *DoubleBarrier) enter(ctx context.Context) (rev, round int64, err error) {
 	sl := &db.sl
-	s := sl.s
+	s := sl.Session
 	if err := ctx.Err(); err != nil { // nothing is sent
 		return 0, 0, db.why("enter", ctx, err)
 	}
 	if s.Err() != nil {
-		return 0, 0, s.endedErr()
+		return 0, 0, s.EndedErr()
 	}
-	if err := s.reg.claimKey(ctx, sl.key, false); err != nil {
-		return 0, 0, fmt.Errorf("%w: double barrier %s: this session is a party already, through another value (a Session is one party)", ErrInvalidArgument, sl.name())
+	if err := s.Reg.ClaimKey(ctx, sl.Key, false); err != nil {
+		return 0, 0, fmt.Errorf("%w: double barrier %s: this session is a party already, through another value (a Session is one party)", ErrInvalidArgument, sl.Name())
 	}
-	wctx, cancel := s.bound(ctx)
+	wctx, cancel := s.Bound(ctx)
 	defer cancel()
 	rev, round, wrote, err := db.join(wctx)
 	if err == nil {
@@ -201,11 +203,11 @@ func (db *DoubleBarrier) enter(ctx context.Context) (rev, round int64, err error
 	switch {
 	case s.Err() != nil: // the key goes with the lease
 	case wrote && rev == 0: // the create's outcome is unknown
-		s.reg.sweep(sl.key)
+		s.Reg.Sweep(sl.Key)
 	case wrote:
-		err = errors.Join(err, sl.withdraw(rev))
+		err = errors.Join(err, sl.Withdraw(rev))
 	}
-	s.reg.releaseKey(sl.key)
+	s.Reg.ReleaseKey(sl.Key)
 	return 0, 0, err
 }
 
@@ -223,18 +225,18 @@ func (db *DoubleBarrier) join(ctx context.Context) (rev, round int64, wrote bool
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(db.count)))
 	cctx, cancel := graced(ctx)
 	defer cancel()
-	resp, err := sl.s.client.Txn(cctx).
-		If(clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)).
-		Then(clientv3.OpPut(sl.key, "", clientv3.WithLease(sl.s.Lease())), clientv3.OpGet(db.ready), list).
-		Else(clientv3.OpGet(sl.key), clientv3.OpGet(db.ready), list).
+	resp, err := sl.Session.Client().Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(sl.Key), "=", 0)).
+		Then(clientv3.OpPut(sl.Key, "", clientv3.WithLease(sl.Session.Lease())), clientv3.OpGet(db.ready), list).
+		Else(clientv3.OpGet(sl.Key), clientv3.OpGet(db.ready), list).
 		Commit()
 	if err != nil {
-		return 0, 0, unsure(err), err
+		return 0, 0, queue.Unsure(err), err
 	}
 	rev = resp.Header.Revision
 	if own := resp.Responses[0].GetResponseRange().GetKvs(); len(own) > 0 {
-		if clientv3.LeaseID(own[0].Lease) != sl.s.Lease() {
-			return 0, 0, false, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.key, own[0].Lease, int64(sl.s.Lease()))
+		if clientv3.LeaseID(own[0].Lease) != sl.Session.Lease() {
+			return 0, 0, false, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.Key, own[0].Lease, int64(sl.Session.Lease()))
 		}
 		rev = own[0].CreateRevision
 	}
@@ -250,17 +252,17 @@ func (db *DoubleBarrier) join(ctx context.Context) (rev, round int64, wrote bool
 		// A party older than ready is still in: its round is under way.
 		// (A ready with no such party is a round's whose last parties
 		// crashed: it is ignored, and the next put replaces it.)
-		return rev, 0, true, fmt.Errorf("%w: double barrier %s: a round is under way (it filled at revision %d; its parties have not all left)", ErrLocked, sl.name(), ready[0].ModRevision)
+		return rev, 0, true, fmt.Errorf("%w: double barrier %s: a round is under way (it filled at revision %d; its parties have not all left)", ErrLocked, sl.Name(), ready[0].ModRevision)
 	}
-	switch i := slices.IndexFunc(kvs, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == sl.key }); {
+	switch i := slices.IndexFunc(kvs, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == sl.Key }); {
 	case i < 0:
-		return rev, 0, true, fmt.Errorf("%w: double barrier %s is full: %d parties entered before this one", ErrLocked, sl.name(), db.count)
+		return rev, 0, true, fmt.Errorf("%w: double barrier %s is full: %d parties entered before this one", ErrLocked, sl.Name(), db.count)
 	case i == db.count-1:
 		round, err = db.fill(ctx, rev, kvs)
 	default:
 		round, err = db.await(ctx, rev, resp.Header.Revision+1)
 	}
-	return rev, round, !errors.Is(err, errOwnKeyGone), err
+	return rev, round, !errors.Is(err, queue.ErrOwnKeyGone), err
 }
 
 // fill puts ready, while the party's key (created at rev) and every party
@@ -270,13 +272,13 @@ func (db *DoubleBarrier) join(ctx context.Context) (rev, round int64, wrote bool
 // the put of the party that fills it (await). RPC errors are retried until
 // ctx ends.
 func (db *DoubleBarrier) fill(ctx context.Context, rev int64, counted []*mvccpb.KeyValue) (int64, error) {
-	key := db.sl.key
+	key := db.sl.Key
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", rev), clientv3.Compare(clientv3.ModRevision(db.ready), "<", rev)}
 	for _, kv := range counted {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision))
 	}
 	for {
-		resp, err := db.sl.s.client.Txn(ctx).
+		resp, err := db.sl.Session.Client().Txn(ctx).
 			If(cmps...).
 			Then(clientv3.OpPut(db.ready, "")).
 			Else(clientv3.OpGet(key), clientv3.OpGet(db.ready)).
@@ -293,7 +295,7 @@ func (db *DoubleBarrier) fill(ctx context.Context, rev int64, counted []*mvccpb.
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		}
-		if err := sleep(ctx, retryPause); err != nil {
+		if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
 			return 0, err
 		}
 	}
@@ -305,9 +307,9 @@ func (db *DoubleBarrier) fill(ctx context.Context, rev int64, counted []*mvccpb.
 // ErrSessionExpired). A failed watch is followed by one read of the two
 // keys, then a watch from that read. It returns ctx's error when ctx ends.
 func (db *DoubleBarrier) await(ctx context.Context, rev, from int64) (int64, error) {
-	key := db.sl.key
+	key := db.sl.Key
 	for {
-		ev, err := watchFor(ctx, db.sl.s.client, from, db.ready, mvccpb.PUT, key)
+		ev, err := watchFor(ctx, db.sl.Session.Client(), from, db.ready, mvccpb.PUT, key)
 		switch {
 		case err == nil && string(ev.Kv.Key) == key:
 			return 0, db.gone(ev.Kv.ModRevision)
@@ -316,10 +318,10 @@ func (db *DoubleBarrier) await(ctx context.Context, rev, from int64) (int64, err
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		}
-		if err := sleep(ctx, retryPause); err != nil {
+		if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
 			return 0, err
 		}
-		resp, err := db.sl.s.client.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(db.ready)).Commit()
+		resp, err := db.sl.Session.Client().Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(db.ready)).Commit()
 		if err != nil {
 			continue
 		}
@@ -388,11 +390,11 @@ func watchFor(ctx context.Context, cli *clientv3.Client, from int64, key string,
 // round that filled at round. On error it removes the key, if it is still
 // there and the session lives.
 func (db *DoubleBarrier) leave(ctx context.Context, rev, round int64) error {
-	s := db.sl.s
+	s := db.sl.Session
 	if s.Err() != nil {
-		return s.endedErr()
+		return s.EndedErr()
 	}
-	wctx, cancel := s.bound(ctx)
+	wctx, cancel := s.Bound(ctx)
 	defer cancel()
 	l := leaving{db: db, rev: rev, round: round}
 	err := l.run(wctx)
@@ -400,7 +402,7 @@ func (db *DoubleBarrier) leave(ctx context.Context, rev, round int64) error {
 		return nil
 	}
 	err = db.why("leave", ctx, err)
-	if !l.left && s.Err() == nil && !errors.Is(err, errOwnKeyGone) {
+	if !l.left && s.Err() == nil && !errors.Is(err, queue.ErrOwnKeyGone) {
 		err = errors.Join(err, db.withdraw(rev, round, l.alone))
 	}
 	return err
@@ -410,12 +412,12 @@ func (db *DoubleBarrier) leave(ctx context.Context, rev, round int64) error {
 // too if it is still the round's put. It reports false when the key was
 // gone already.
 func (db *DoubleBarrier) depart(ctx context.Context, rev, round int64, last bool) (ok bool, at int64, err error) {
-	ops := []clientv3.Op{clientv3.OpDelete(db.sl.key)}
+	ops := []clientv3.Op{clientv3.OpDelete(db.sl.Key)}
 	if last {
 		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(db.ready), "=", round)},
 			[]clientv3.Op{clientv3.OpDelete(db.ready)}, nil))
 	}
-	resp, err := db.sl.s.client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(db.sl.key), "=", rev)).Then(ops...).Commit()
+	resp, err := db.sl.Session.Client().Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(db.sl.Key), "=", rev)).Then(ops...).Commit()
 	if err != nil {
 		return false, 0, err
 	}
@@ -424,15 +426,15 @@ func (db *DoubleBarrier) depart(ctx context.Context, rev, round int64, last bool
 
 // withdraw removes the key of a party whose Leave failed, and ready with it
 // when it was the round's last party, under a short context of its own (see
-// slot.withdraw, which the session's sweeper backs).
+// Slot.Withdraw, which the session's sweeper backs).
 func (db *DoubleBarrier) withdraw(rev, round int64, last bool) error {
 	if last {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(db.sl.s.ctx), createGrace)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(db.sl.Session.Ctx()), queue.CreateGrace)
 		_, _, err := db.depart(ctx, rev, round, true)
 		cancel()
 		if err == nil {
 			return nil
 		}
 	}
-	return db.sl.withdraw(rev)
+	return db.sl.Withdraw(rev)
 }

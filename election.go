@@ -1,5 +1,10 @@
 package etcdsync
 
+// Leader election (type Election): a candidate's key NAME/<lease-hex> with
+// its value under the exclusive rule (internal/queue), Campaign, Proclaim,
+// Resign, Handover and the leader's Run; Leader and Observe through an
+// Observer (observer.go).
+
 import (
 	"context"
 	"errors"
@@ -7,6 +12,8 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Election is a leader election on a name. A candidate's key is
@@ -16,7 +23,7 @@ import (
 // two Election values on one Session exclude each other like Mutexes. All
 // methods are safe for concurrent use.
 type Election struct {
-	hr          holder
+	hr          queue.Holder
 	campaigning chan struct{} // one Campaign at a time on this value
 }
 
@@ -24,7 +31,7 @@ type Election struct {
 // etcd. An invalid name or a nil session is reported by every call that uses
 // them (Observe's channel closes at once).
 func NewElection(s *Session, name string) *Election {
-	return &Election{hr: newHolder(s, name, "election"), campaigning: make(chan struct{}, 1)}
+	return &Election{hr: queue.NewHolder(s.core(), name, "election"), campaigning: make(chan struct{}, 1)}
 }
 
 // ResumeElection returns an Election on name that leads with leaderKey at
@@ -39,19 +46,19 @@ func NewElection(s *Session, name string) *Election {
 // not lead and Err says why; Campaign still works.
 func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Election {
 	e := NewElection(s, name)
-	if e.hr.bad != nil {
+	if e.hr.Bad != nil {
 		return e
 	}
-	if leaderKey != e.hr.slot.key || leaderRev <= 0 {
-		e.hr.last = fmt.Errorf("%w: leader key %q at revision %d is not this session's key %q", ErrInvalidArgument, leaderKey, leaderRev, e.hr.slot.key)
+	if leaderKey != e.hr.Slot.Key || leaderRev <= 0 {
+		e.hr.Last = fmt.Errorf("%w: leader key %q at revision %d is not this session's key %q", ErrInvalidArgument, leaderKey, leaderRev, e.hr.Slot.Key)
 		return e
 	}
-	h, err := e.hr.slot.resume(leaderRev)
+	h, err := e.hr.Slot.Resume(leaderRev)
 	if err != nil {
-		e.hr.last = err
+		e.hr.Last = err
 		return e
 	}
-	e.hr.h = h
+	e.hr.H = h
 	return e
 }
 
@@ -67,44 +74,44 @@ func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Electi
 // leads. Uncontended, it costs one RPC. To withdraw a waiting candidacy,
 // cancel ctx.
 func (e *Election) Campaign(ctx context.Context, val string) error {
-	if e.hr.bad != nil {
-		return e.hr.bad
+	if e.hr.Bad != nil {
+		return e.hr.Bad
 	}
 	if err := ctx.Err(); err != nil { // nothing is sent
-		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.slot.name(), err)
+		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.Slot.Name(), err)
 	}
 	select {
 	case e.campaigning <- struct{}{}:
 		defer func() { <-e.campaigning }()
 	case <-ctx.Done():
-		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.slot.name(), ctx.Err())
+		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.Slot.Name(), ctx.Err())
 	}
-	if e.hr.current() != nil {
+	if e.hr.Current() != nil {
 		err := e.Proclaim(ctx, val)
 		if !errors.Is(err, ErrElectionNotLeader) {
 			return err
 		}
 		// The leadership was gone behind our back: campaign anew.
 	}
-	return e.elect(ctx, val, waitTurn)
+	return e.elect(ctx, val, queue.WaitTurn)
 }
 
 // elect is Campaign past its checks (TryCampaign with tryTurn): it waits for
 // this value's own term, if any, to end (as a second Lock on a Mutex does),
 // then campaigns; a restarted process's key it resumes is proclaimed val.
-func (e *Election) elect(ctx context.Context, val string, md mode) error {
-	old, err := e.hr.acquire(ctx, val, md)
+func (e *Election) elect(ctx context.Context, val string, md queue.Mode) error {
+	old, err := e.hr.Acquire(ctx, val, md)
 	if err != nil {
 		return err
 	}
 	if old != nil && string(old) != val { // a resumed key with another value
 		if err := e.Proclaim(ctx, val); err != nil {
-			if h := e.hr.current(); h != nil && h.inherited() {
+			if h := e.hr.Current(); h != nil && h.Inherited() {
 				// A restarted process's leadership (WithLease) is not
 				// this call's to end: it goes on with its old value.
-				return fmt.Errorf("etcdsync: campaign on %s resumed the leadership, but proclaiming the new value failed: %w", e.hr.slot.name(), err)
+				return fmt.Errorf("etcdsync: campaign on %s resumed the leadership, but proclaiming the new value failed: %w", e.hr.Slot.Name(), err)
 			}
-			return errors.Join(err, e.hr.abandon())
+			return errors.Join(err, e.hr.Abandon())
 		}
 	}
 	return nil
@@ -122,10 +129,10 @@ func (e *Election) elect(ctx context.Context, val string, md mode) error {
 // of this session and name with the same val enters the term at once; with
 // another val it is an error wrapping ErrInvalidArgument.
 func (e *Election) Run(ctx context.Context, val string, fn func(ctx context.Context) error) error {
-	if e.hr.bad != nil {
-		return e.hr.bad
+	if e.hr.Bad != nil {
+		return e.hr.Bad
 	}
-	return e.hr.run(ctx, 1, val, func(ctx context.Context) error { return e.elect(ctx, val, waitTurn) }, e.Resign, fn)
+	return e.hr.Run(ctx, 1, val, func(ctx context.Context) error { return e.elect(ctx, val, queue.WaitTurn) }, e.Resign, fn)
 }
 
 // TryCampaign leads with val only when nobody leads or waits: otherwise
@@ -134,19 +141,19 @@ func (e *Election) Run(ctx context.Context, val string, fn func(ctx context.Cont
 // only nested keys under it (NAME/x/…), it falls back to one more RPC. ctx
 // bounds the call; on error no key of this call is left behind.
 func (e *Election) TryCampaign(ctx context.Context, val string) error {
-	if e.hr.bad != nil {
-		return e.hr.bad
+	if e.hr.Bad != nil {
+		return e.hr.Bad
 	}
-	return e.elect(ctx, val, tryTurn)
+	return e.elect(ctx, val, queue.TryTurn)
 }
 
 // TryRun is Run with TryCampaign: when someone leads or waits it returns an
 // error wrapping ErrLocked at once, without running fn.
 func (e *Election) TryRun(ctx context.Context, val string, fn func(ctx context.Context) error) error {
-	if e.hr.bad != nil {
-		return e.hr.bad
+	if e.hr.Bad != nil {
+		return e.hr.Bad
 	}
-	return e.hr.run(ctx, 1, val, func(ctx context.Context) error { return e.TryCampaign(ctx, val) }, e.Resign, fn)
+	return e.hr.Run(ctx, 1, val, func(ctx context.Context) error { return e.TryCampaign(ctx, val) }, e.Resign, fn)
 }
 
 // Handover steps down so that the next candidate leads at once, for a
@@ -165,18 +172,18 @@ func (e *Election) TryRun(ctx context.Context, val string, fn func(ctx context.C
 // retried. Called from inside a Run's fn, it waits for that fn: pass a ctx
 // that ends.
 func (e *Election) Handover(ctx context.Context) error {
-	if e.hr.bad != nil {
-		return e.hr.bad
+	if e.hr.Bad != nil {
+		return e.hr.Bad
 	}
-	h := e.hr.current()
+	h := e.hr.Current()
 	if h == nil {
 		return nil
 	}
-	for _, over := range h.stopRuns(fmt.Errorf("%w: %s is handed over", ErrLockReleased, h.key)) {
+	for _, over := range h.StopRuns(fmt.Errorf("%w: %s is handed over", ErrLockReleased, h.Key)) {
 		select {
 		case <-over:
 		case <-ctx.Done():
-			return fmt.Errorf("etcdsync: hand over %s: %w", e.hr.slot.name(), ctx.Err())
+			return fmt.Errorf("etcdsync: hand over %s: %w", e.hr.Slot.Name(), ctx.Err())
 		}
 	}
 	return resign(ctx, h)
@@ -191,18 +198,18 @@ func (e *Election) Handover(ctx context.Context) error {
 // gone, which then resets its state) it returns an error wrapping
 // ErrElectionNotLeader and writes nothing.
 func (e *Election) Proclaim(ctx context.Context, val string) error {
-	h, err := e.hr.held(ErrElectionNotLeader)
+	h, err := e.hr.Held(ErrElectionNotLeader)
 	if err != nil {
 		return err
 	}
-	hdr, err := h.put(ctx, val)
+	hdr, err := h.Put(ctx, val)
 	if errors.Is(err, ErrNotHeld) {
 		return fmt.Errorf("%w: %w", ErrElectionNotLeader, err)
 	}
 	if err != nil {
 		return err
 	}
-	h.advance(hdr)
+	h.Advance(hdr)
 	return nil
 }
 
@@ -213,18 +220,18 @@ func (e *Election) Proclaim(ctx context.Context, val string) error {
 // returns at once. It returns nil when not leading (as etcd does); on an RPC
 // error the leadership stays and Resign can be retried.
 func (e *Election) Resign(ctx context.Context) error {
-	if e.hr.bad != nil {
-		return e.hr.bad
+	if e.hr.Bad != nil {
+		return e.hr.Bad
 	}
-	return resign(ctx, e.hr.current())
+	return resign(ctx, e.hr.Current())
 }
 
 // resign ends the term of h (nil: none) as Resign does.
-func resign(ctx context.Context, h *hold) error {
+func resign(ctx context.Context, h *queue.Hold) error {
 	if h == nil {
 		return nil
 	}
-	if err := h.unhold(ctx); err != nil && !errors.Is(err, ErrLockReleased) {
+	if err := h.Unhold(ctx); err != nil && !errors.Is(err, ErrLockReleased) {
 		return err
 	}
 	return nil
@@ -235,53 +242,53 @@ func resign(ctx context.Context, h *hold) error {
 // Only direct children NAME/<hex> are candidates. It needs no lease (see
 // Observer).
 func (e *Election) Leader(ctx context.Context) (*clientv3.GetResponse, error) {
-	if e.hr.bad != nil {
-		return nil, e.hr.bad
+	if e.hr.Bad != nil {
+		return nil, e.hr.Bad
 	}
-	return NewObserver(e.hr.slot.s.client, e.hr.slot.name()).Leader(ctx)
+	return NewObserver(e.hr.Slot.Session.Client(), e.hr.Slot.Name()).Leader(ctx)
 }
 
 // Observe follows the leader as Observer.Observe does; it needs no lease, so
 // it outlives the session. With an invalid name the channel closes at once.
 func (e *Election) Observe(ctx context.Context) <-chan *clientv3.GetResponse {
-	if e.hr.bad != nil {
+	if e.hr.Bad != nil {
 		ch := make(chan *clientv3.GetResponse)
 		close(ch)
 		return ch
 	}
-	return NewObserver(e.hr.slot.s.client, e.hr.slot.name()).Observe(ctx)
+	return NewObserver(e.hr.Slot.Session.Client(), e.hr.Slot.Name()).Observe(ctx)
 }
 
 // Do runs ops in one transaction only while this value leads (its key still
 // exists at the term's create revision). It blocks for one RPC bounded by ctx.
 // Otherwise it returns an error wrapping ErrNotHeld and resets the state.
 func (e *Election) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	return e.hr.do(ctx, ops...)
+	return e.hr.Do(ctx, ops...)
 }
 
 // Key returns the leader key while leading, else "".
-func (e *Election) Key() string { return e.hr.key() }
+func (e *Election) Key() string { return e.hr.Key() }
 
 // Rev returns the term's fencing token: the create revision of the leader
 // key, strictly increasing from one leader to the next; 0 when not leading.
-func (e *Election) Rev() int64 { return e.hr.rev() }
+func (e *Election) Rev() int64 { return e.hr.Rev() }
 
 // Header returns the response header of the last successful Campaign or
 // Proclaim of the current term (through any handle that shares it), else nil.
-func (e *Election) Header() *pb.ResponseHeader { return e.hr.header() }
+func (e *Election) Header() *pb.ResponseHeader { return e.hr.Header() }
 
 // IsLeader returns a comparison that holds while this value leads, for the
 // caller's own transactions; when not leading it is always false.
-func (e *Election) IsLeader() clientv3.Cmp { return e.hr.guard() }
+func (e *Election) IsLeader() clientv3.Cmp { return e.hr.Guard() }
 
 // Check is a health answer for a leader-only service: nil while this value
 // leads and the leadership is current, else why not, as Mutex.Check.
-func (e *Election) Check() error { return e.hr.check() }
+func (e *Election) Check() error { return e.hr.Check() }
 
 // Done returns a channel closed when the leadership ends: Resign committed,
 // the session ended, or the key was deleted by anyone. The first call for a
 // term starts one watch of its key. When not leading it returns a closed channel.
-func (e *Election) Done() <-chan struct{} { return e.hr.done() }
+func (e *Election) Done() <-chan struct{} { return e.hr.Done() }
 
 // Err returns nil while leading, else why the last term ended (as Mutex.Err).
-func (e *Election) Err() error { return e.hr.err() }
+func (e *Election) Err() error { return e.hr.Err() }

@@ -1,8 +1,13 @@
 package etcdsync
 
+// The sentinel errors, in one var block: the protocol's are defined in
+// internal/queue (which wraps them) and named here, so that errors.Is
+// matches either name.
+
 import (
 	"errors"
-	"fmt"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Sentinel errors. Every error the package returns wraps one of these, or a
@@ -12,77 +17,38 @@ var (
 	// including the value that calls TryLock; by Barrier.Hold when the
 	// barrier is held; by DoubleBarrier.Enter when count parties are in
 	// already, or a round is under way.
-	ErrLocked = errors.New("etcdsync: locked")
+	ErrLocked = queue.ErrLocked
 	// ErrSessionExpired means the session's lease is gone (expired, revoked,
 	// or not kept alive within its TTL), or a waiter's own key vanished.
-	ErrSessionExpired = errors.New("etcdsync: session expired")
+	ErrSessionExpired = queue.ErrSessionExpired
 	// ErrLostContact is wrapped, beside ErrSessionExpired, by the cause of a
 	// session that ended because no keepalive was acknowledged within the TTL
 	// of the last one sent: the server may expire the lease from the slack
 	// (WithSlack) after that on.
-	ErrLostContact = errors.New("etcdsync: lost contact with etcd")
+	ErrLostContact = queue.ErrLostContact
 	// ErrSessionClosed is the cause of a session that was ended on purpose
 	// (Close, Orphan, its WithContext context, its client closed); calls on
 	// it return it, and not ErrSessionExpired.
-	ErrSessionClosed = errors.New("etcdsync: session closed")
+	ErrSessionClosed = queue.ErrSessionClosed
 	// ErrLockReleased is returned by Unlock when there is no hold to release
 	// (and by Barrier.Release when there is no barrier to release). It is
 	// also the cause of a hold that ended by Unlock or Resign.
-	ErrLockReleased = errors.New("etcdsync: lock released")
+	ErrLockReleased = queue.ErrLockReleased
 	// ErrNotHeld is returned by a guarded operation (Do) when the hold it
 	// guards is no longer current; it is also the cause of a hold whose key
 	// was deleted by someone else.
-	ErrNotHeld = errors.New("etcdsync: not held")
+	ErrNotHeld = queue.ErrNotHeld
 	// ErrElectionNotLeader is returned by Proclaim when not leading.
 	ErrElectionNotLeader = errors.New("etcdsync: not leader")
 	// ErrElectionNoLeader is returned by Leader when there is no leader.
 	ErrElectionNoLeader = errors.New("etcdsync: no leader")
 	// ErrInvalidName is wrapped by every call given an empty name or one with
 	// a NUL byte.
-	ErrInvalidName = errors.New("etcdsync: invalid name")
+	ErrInvalidName = queue.ErrInvalidName
 	// ErrInvalidArgument is wrapped by every call given another bad argument:
 	// a nil client or session, a TTL below one second, conflicting options,
 	// a closed client (by every call that takes it, or a session on it: at
 	// once, with no RPC sent); and by a DoubleBarrier call out of turn
 	// (Leave without Enter, Enter twice, two parties on one Session).
-	ErrInvalidArgument = errors.New("etcdsync: invalid argument")
-
-	// errClientClosed is returned, at once and with nothing sent, by a call
-	// on a closed client; errClientClosedSession is the cause of a session
-	// whose client was closed (it also matches ErrSessionClosed).
-	errClientClosed        = fmt.Errorf("%w: client closed", ErrInvalidArgument)
-	errClientClosedSession = tag(fmt.Errorf("%w: client closed", ErrSessionClosed), ErrInvalidArgument)
-
-	// errNoAnswer is why NewSession gave up: no answer to its first
-	// request within the client's DialTimeout (see answerBound).
-	errNoAnswer = errors.New("no answer from etcd")
-
-	// errOwnKeyGone means a waiter's own key vanished.
-	errOwnKeyGone = fmt.Errorf("%w: own key deleted while waiting", ErrSessionExpired)
+	ErrInvalidArgument = queue.ErrInvalidArgument
 )
-
-// tagged is an error with err's text that also matches sentinel (errors.Is),
-// so that a message says what failed and why without repeating a sentinel's
-// text.
-type tagged struct{ err, sentinel error }
-
-func (t tagged) Error() string   { return t.err.Error() }
-func (t tagged) Unwrap() []error { return []error{t.err, t.sentinel} }
-
-// tag returns err, also matching sentinel.
-func tag(err, sentinel error) error {
-	if errors.Is(err, sentinel) {
-		return err
-	}
-	return tagged{err: err, sentinel: sentinel}
-}
-
-// notHeldBy is the error of a call that needs a hold on what that the value
-// does not have: it wraps notHeld (ErrLockReleased, ErrNotHeld), and also
-// ErrInvalidArgument when the session's client was closed.
-func notHeldBy(s *Session, notHeld error, what string) error {
-	if closedClient(s.client) != nil {
-		return tag(fmt.Errorf("%w: %s is not held by this value: client closed", notHeld, what), ErrInvalidArgument)
-	}
-	return fmt.Errorf("%w: %s is not held by this value", notHeld, what)
-}

@@ -15,6 +15,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Group is membership of a group on a name: who is in a pool right now, with
@@ -30,22 +32,22 @@ import (
 // name would share its key, so while one is a member a Join through the
 // other returns an error wrapping ErrLocked at once.
 type Group struct {
-	hr      holder
+	hr      queue.Holder
 	joining chan struct{} // one Join or Leave at a time on this value
 }
 
 // member is the rule of a group's member: no key blocks it, so its key holds
 // as soon as it is written.
-var member = rule{}
+var member = queue.Rule{}
 
 // NewGroup returns a Group on name for session s. It does not touch etcd. An
 // invalid name or a nil session is reported by every call, with an error
 // wrapping ErrInvalidName or ErrInvalidArgument (Watch's channel then
 // closes at once).
 func NewGroup(s *Session, name string) *Group {
-	g := &Group{hr: newHolder(s, name, "group"), joining: make(chan struct{}, 1)}
-	if g.hr.bad == nil {
-		g.hr.slot = g.hr.slot.with(&member)
+	g := &Group{hr: queue.NewHolder(s.core(), name, "group"), joining: make(chan struct{}, 1)}
+	if g.hr.Bad == nil {
+		g.hr.Slot = g.hr.Slot.With(&member)
 	}
 	return g
 }
@@ -68,27 +70,27 @@ func (g *Group) Join(ctx context.Context, val string) error {
 		return err
 	}
 	defer g.unlock()
-	if h := g.hr.current(); h != nil {
-		_, err := h.put(ctx, val)
+	if h := g.hr.Current(); h != nil {
+		_, err := h.Put(ctx, val)
 		if !errors.Is(err, ErrNotHeld) {
 			return err
 		}
 	}
-	old, err := g.hr.acquire(ctx, val, joinTurn)
+	old, err := g.hr.Acquire(ctx, val, queue.JoinTurn)
 	if errors.Is(err, ErrLocked) {
-		return fmt.Errorf("etcdsync: join %s: another value of this session uses its key: %w", g.hr.slot.name(), err)
+		return fmt.Errorf("etcdsync: join %s: another value of this session uses its key: %w", g.hr.Slot.Name(), err)
 	}
 	if err != nil || old == nil || string(old) == val {
 		return err
 	}
 	// A restarted process's membership (WithLease), resumed with its old
 	// value: it stays a member, also when setting val fails.
-	h, err := g.hr.held(ErrNotHeld)
+	h, err := g.hr.Held(ErrNotHeld)
 	if err == nil {
-		_, err = h.put(ctx, val)
+		_, err = h.Put(ctx, val)
 	}
 	if err != nil {
-		return fmt.Errorf("etcdsync: join %s resumed the membership, but setting its value failed: %w", g.hr.slot.name(), err)
+		return fmt.Errorf("etcdsync: join %s resumed the membership, but setting its value failed: %w", g.hr.Slot.Name(), err)
 	}
 	return nil
 }
@@ -103,19 +105,19 @@ func (g *Group) Leave(ctx context.Context) error {
 		return err
 	}
 	defer g.unlock()
-	return resign(ctx, g.hr.current())
+	return resign(ctx, g.hr.Current())
 }
 
 // lock waits, bounded by ctx, until no other Join or Leave runs on g.
 func (g *Group) lock(ctx context.Context, what string) error {
-	if g.hr.bad != nil {
-		return g.hr.bad
+	if g.hr.Bad != nil {
+		return g.hr.Bad
 	}
 	select {
 	case g.joining <- struct{}{}:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("etcdsync: %s %s: %w", what, g.hr.slot.name(), ctx.Err())
+		return fmt.Errorf("etcdsync: %s %s: %w", what, g.hr.Slot.Name(), ctx.Err())
 	}
 }
 
@@ -125,10 +127,10 @@ func (g *Group) unlock() { <-g.joining }
 // in join order: one linearizable read, bounded by ctx (see GroupMembers).
 // It needs no membership, and works after the session ended.
 func (g *Group) Members(ctx context.Context) ([]Entry, int64, error) {
-	if g.hr.bad != nil {
-		return nil, 0, g.hr.bad
+	if g.hr.Bad != nil {
+		return nil, 0, g.hr.Bad
 	}
-	return GroupMembers(ctx, g.hr.slot.s.Client(), g.hr.slot.name())
+	return GroupMembers(ctx, g.hr.Slot.Session.Client(), g.hr.Slot.Name())
 }
 
 // Watch returns a channel of the group's views, kept by one watch (see
@@ -136,32 +138,32 @@ func (g *Group) Members(ctx context.Context) ([]Entry, int64, error) {
 // session, until ctx ends or the client closes. With an invalid name or a
 // nil session the channel closes at once.
 func (g *Group) Watch(ctx context.Context) <-chan GroupView {
-	if g.hr.bad != nil {
+	if g.hr.Bad != nil {
 		ch := make(chan GroupView)
 		close(ch)
 		return ch
 	}
-	return watchGroup(ctx, g.hr.slot.s.Client(), g.hr.slot.prefix)
+	return watchGroup(ctx, g.hr.Slot.Session.Client(), g.hr.Slot.Prefix)
 }
 
 // Key returns this member's key, or "" when not a member.
-func (g *Group) Key() string { return g.hr.key() }
+func (g *Group) Key() string { return g.hr.Key() }
 
 // Rev returns the create revision of this member's key (its place in join
 // order), or 0 when not a member.
-func (g *Group) Rev() int64 { return g.hr.rev() }
+func (g *Group) Rev() int64 { return g.hr.Rev() }
 
 // Done returns a channel closed when the membership ends: Leave committed,
 // the session ended, or the key was deleted by anyone. The first call for a
 // membership starts one watch of its key. When not a member it returns a
 // closed channel.
-func (g *Group) Done() <-chan struct{} { return g.hr.done() }
+func (g *Group) Done() <-chan struct{} { return g.hr.Done() }
 
 // Err returns nil while a member, else why the last membership ended (an
 // error wrapping ErrLockReleased after Leave, ErrNotHeld when its key was
 // deleted, ErrSessionExpired or ErrSessionClosed with the session), or
 // ErrNotHeld if there never was one.
-func (g *Group) Err() error { return g.hr.err() }
+func (g *Group) Err() error { return g.hr.Err() }
 
 // GroupView is a group's members at revision Rev, in join order (create
 // revision, oldest first; members created by one transaction in key
@@ -219,10 +221,10 @@ func checkGroup(cli *clientv3.Client, name string) error {
 	if cli == nil {
 		return fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
-	if err := closedClient(cli); err != nil {
+	if err := queue.ClosedClient(cli); err != nil {
 		return err
 	}
-	return checkName(name)
+	return queue.CheckName(name)
 }
 
 // readGroup reads the keys under prefix, oldest first, in one linearizable
@@ -236,7 +238,7 @@ func readGroup(ctx context.Context, cli *clientv3.Client, prefix string) (*clien
 func membersOf(prefix string, kvs []*mvccpb.KeyValue) []Entry {
 	out := []Entry{}
 	for _, kv := range kvs {
-		if isChild(prefix, string(kv.Key)) {
+		if queue.IsChild(prefix, string(kv.Key)) {
 			out = append(out, memberOf(kv))
 		}
 	}
@@ -295,7 +297,7 @@ func (gw *groupWatch) keep(ctx context.Context) {
 			return
 		}
 		read = gw.follow(ctx)
-		if gw.cli.Ctx().Err() != nil || !read && sleep(ctx, retryPause) != nil {
+		if gw.cli.Ctx().Err() != nil || !read && queue.Sleep(ctx, queue.RetryPause) != nil {
 			return
 		}
 	}
@@ -314,7 +316,7 @@ func (gw *groupWatch) read(ctx context.Context) bool {
 			gw.publish(!first)
 			return true
 		}
-		if gw.cli.Ctx().Err() != nil || sleep(ctx, retryPause) != nil {
+		if gw.cli.Ctx().Err() != nil || queue.Sleep(ctx, queue.RetryPause) != nil {
 			return false
 		}
 	}
@@ -346,7 +348,7 @@ func (gw *groupWatch) apply(evs []*clientv3.Event) {
 	for _, ev := range evs {
 		gw.seen = ev.Kv.ModRevision
 		key := string(ev.Kv.Key)
-		if !isChild(gw.prefix, key) {
+		if !queue.IsChild(gw.prefix, key) {
 			continue
 		}
 		i := slices.IndexFunc(gw.members, func(e Entry) bool { return e.Key == key })

@@ -1,7 +1,7 @@
 package etcdsync
 
 // Inspection: who holds a name and who waits, read once and decided by the
-// rules the waiters themselves follow (rules.go), for every primitive that
+// rules the waiters themselves follow (internal/queue/slot.go), for every primitive that
 // may live on the name.
 
 import (
@@ -10,6 +10,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Entry is one key of a name's queues.
@@ -38,10 +40,10 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 	if cli == nil {
 		return nil, fmt.Errorf("%w: nil client", ErrInvalidArgument)
 	}
-	if err := closedClient(cli); err != nil {
+	if err := queue.ClosedClient(cli); err != nil {
 		return nil, err
 	}
-	if err := checkName(name); err != nil {
+	if err := queue.CheckName(name); err != nil {
 		return nil, err
 	}
 	prefix := name + "/"
@@ -52,17 +54,17 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 	var direct, rw []*mvccpb.KeyValue
 	for _, kv := range resp.Kvs {
 		switch {
-		case exclusive.blocks(prefix, kv):
+		case queue.Exclusive.Blocks(prefix, kv):
 			direct = append(direct, kv)
-		case writeRule.blocks(prefix, kv):
+		case queue.WriteRule.Blocks(prefix, kv):
 			rw = append(rw, kv)
 		}
 	}
 	var out []Entry
-	add := func(kvs []*mvccpb.KeyValue, kind func(*mvccpb.KeyValue) (string, *rule)) error {
+	add := func(kvs []*mvccpb.KeyValue, kind func(*mvccpb.KeyValue) (string, *queue.Rule)) error {
 		for _, kv := range kvs {
 			k, r := kind(kv)
-			held, err := r.holds(prefix, kvs, kv.CreateRevision)
+			held, err := r.Holds(prefix, kvs, kv.CreateRevision)
 			if err != nil {
 				return err
 			}
@@ -70,18 +72,18 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 		}
 		return nil
 	}
-	directKind := func(*mvccpb.KeyValue) (string, *rule) { return "exclusive", &exclusive }
+	directKind := func(*mvccpb.KeyValue) (string, *queue.Rule) { return "exclusive", &queue.Exclusive }
 	if capacity, ok := semaphoreCapacity(direct); ok {
-		directKind = func(kv *mvccpb.KeyValue) (string, *rule) {
-			n, _, _ := semaphoreValue(kv.Value)
-			return "semaphore", permits(capacity, n)
+		directKind = func(kv *mvccpb.KeyValue) (string, *queue.Rule) {
+			n, _, _ := queue.SemaphoreValue(kv.Value)
+			return "semaphore", queue.Permits(capacity, n)
 		}
 	}
-	rwKind := func(kv *mvccpb.KeyValue) (string, *rule) {
-		if inDirs(readRule.dir)(prefix, kv) {
-			return "read", &readRule
+	rwKind := func(kv *mvccpb.KeyValue) (string, *queue.Rule) {
+		if queue.InDirs(queue.ReadRule.Dir)(prefix, kv) {
+			return "read", &queue.ReadRule
 		}
-		return "write", &writeRule
+		return "write", &queue.WriteRule
 	}
 	if err := add(direct, directKind); err != nil {
 		return nil, err
@@ -97,7 +99,7 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 func semaphoreCapacity(kvs []*mvccpb.KeyValue) (int64, bool) {
 	capacity := int64(0)
 	for _, kv := range kvs {
-		_, c, ok := semaphoreValue(kv.Value)
+		_, c, ok := queue.SemaphoreValue(kv.Value)
 		if !ok || capacity != 0 && c != capacity {
 			return 0, false
 		}

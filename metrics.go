@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Metrics are the Prometheus collectors that sessions made WithMetrics
@@ -89,7 +91,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		sessionsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "etcdsync_sessions_expired_total", Help: "Sessions that ended on their own (not by Close), by cause."}, []string{"cause"}),
-		margin: &marginCollector{sessions: make(map[*Session]struct{}), desc: prometheus.NewDesc(
+		margin: &marginCollector{sessions: make(map[*queue.Session]struct{}), desc: prometheus.NewDesc(
 			"etcdsync_session_deadline_margin_seconds", "Least time left before a live session's local deadline.", nil, nil)},
 	}
 	var err error
@@ -131,7 +133,7 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C, err error)
 type marginCollector struct {
 	desc     *prometheus.Desc
 	mu       sync.Mutex
-	sessions map[*Session]struct{}
+	sessions map[*queue.Session]struct{}
 }
 
 func (c *marginCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
@@ -175,22 +177,22 @@ type report struct {
 	m   *Metrics
 
 	mu    sync.Mutex
-	began map[*hold]time.Time // holds handed out and not yet ended (holdBegan, holdEnded)
+	began map[*queue.Hold]time.Time // holds handed out and not yet ended (holdBegan, holdEnded)
 }
 
 // reportIn sets, through set, the report of the session o makes, made on
 // first use; a report with neither a logger nor metrics is none.
 func reportIn(o *sessionOptions, set func(*report)) {
-	r, ok := o.rep.(*report)
+	r, ok := o.Rep.(*report)
 	if !ok {
-		r = &report{began: make(map[*hold]time.Time)}
+		r = &report{began: make(map[*queue.Hold]time.Time)}
 	}
 	set(r)
 	if r.log == nil && r.m == nil {
-		o.rep = nil
+		o.Rep = nil
 		return
 	}
-	o.rep = r
+	o.Rep = r
 }
 
 // logs reports whether the logger takes records at level (the arguments of
@@ -199,16 +201,16 @@ func (r *report) logs(level slog.Level) bool {
 	return r.log != nil && r.log.Enabled(context.Background(), level)
 }
 
-func (r *report) sessionBegan(s *Session) {
+func (r *report) SessionBegan(s *queue.Session) {
 	if r.m != nil {
 		r.m.margin.add(s)
 	}
 	if r.logs(slog.LevelDebug) {
-		r.log.Debug("etcdsync: session started", "lease", leaseHex(s.id), "ttl", s.ttl)
+		r.log.Debug("etcdsync: session started", "lease", leaseHex(s.Lease()), "ttl", s.TTL())
 	}
 }
 
-func (r *report) sessionEnded(s *Session, cause error) {
+func (r *report) SessionEnded(s *queue.Session, cause error) {
 	own := !errors.Is(cause, ErrSessionClosed)
 	if r.m != nil {
 		r.m.margin.remove(s)
@@ -221,65 +223,65 @@ func (r *report) sessionEnded(s *Session, cause error) {
 		level = slog.LevelWarn
 	}
 	if r.logs(level) {
-		r.log.Log(context.Background(), level, "etcdsync: session ended", "lease", leaseHex(s.id), "cause", cause)
+		r.log.Log(context.Background(), level, "etcdsync: session ended", "lease", leaseHex(s.Lease()), "cause", cause)
 	}
 }
 
-func (r *report) keepaliveFailed(s *Session, err error) {
+func (r *report) KeepaliveFailed(s *queue.Session, err error) {
 	if r.logs(slog.LevelDebug) {
-		r.log.Debug("etcdsync: keepalive stream failed, retrying", "lease", leaseHex(s.id), "error", err)
+		r.log.Debug("etcdsync: keepalive stream failed, retrying", "lease", leaseHex(s.Lease()), "error", err)
 	}
 }
 
-func (r *report) keepaliveAcked(_ *Session, rtt time.Duration) {
+func (r *report) KeepaliveAcked(_ *queue.Session, rtt time.Duration) {
 	if r.m != nil {
 		r.m.keepaliveRTT.Observe(rtt.Seconds())
 	}
 }
 
-// actedLate observes how late the loop ran, and warns when that is past
+// ActedLate observes how late the loop ran, and warns when that is past
 // half the slack (past a second with no slack): throttling is eating into
 // what keeps a late holder safe.
-func (r *report) actedLate(s *Session, late time.Duration) {
+func (r *report) ActedLate(s *queue.Session, late time.Duration) {
 	if r.m != nil {
 		r.m.lateness.Observe(late.Seconds())
 	}
-	warnAt := s.slack / 2
-	if s.slack == 0 {
+	warnAt := s.Slack() / 2
+	if s.Slack() == 0 {
 		warnAt = time.Second
 	}
 	if late > warnAt && r.logs(slog.LevelWarn) {
-		r.log.Warn("etcdsync: session ran late", "lease", leaseHex(s.id), "late", late, "slack", s.slack)
+		r.log.Warn("etcdsync: session ran late", "lease", leaseHex(s.Lease()), "late", late, "slack", s.Slack())
 	}
 }
 
-func (r *report) acquireFailed(sl *slot, err error) {
+func (r *report) AcquireFailed(sl *queue.Slot, err error) {
 	reason := acquireReason(err)
 	if r.m != nil {
-		r.m.acquireErrors.WithLabelValues(sl.kind, reason).Inc()
+		r.m.acquireErrors.WithLabelValues(sl.Kind, reason).Inc()
 	}
 	if r.logs(slog.LevelDebug) {
-		r.log.Debug("etcdsync: acquire failed", "kind", sl.kind, "name", sl.name(), "reason", reason, "error", err)
+		r.log.Debug("etcdsync: acquire failed", "kind", sl.Kind, "name", sl.Name(), "reason", reason, "error", err)
 	}
 }
 
-func (r *report) holdBegan(h *hold, wait time.Duration) {
+func (r *report) HoldBegan(h *queue.Hold, wait time.Duration) {
 	r.mu.Lock()
 	if _, ok := r.began[h]; !ok { // a joined shared hold keeps its start
 		r.began[h] = time.Now()
 	}
 	r.mu.Unlock()
 	if r.m != nil {
-		r.m.acquireWait.WithLabelValues(h.kind).Observe(wait.Seconds())
+		r.m.acquireWait.WithLabelValues(h.Kind).Observe(wait.Seconds())
 	}
 	if r.logs(slog.LevelDebug) {
-		r.log.Debug("etcdsync: hold acquired", "kind", h.kind, "name", h.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(h.s.id), "wait", wait)
+		r.log.Debug("etcdsync: hold acquired", "kind", h.Kind, "name", h.Name(), "key", h.Key, "rev", h.Rev, "lease", leaseHex(h.Session.Lease()), "wait", wait)
 	}
 }
 
-// holdEnded reports a hold that ended: released or lost. A hold never
+// HoldEnded reports a hold that ended: released or lost. A hold never
 // handed out (holdBegan) is not reported.
-func (r *report) holdEnded(h *hold, cause error) {
+func (r *report) HoldEnded(h *queue.Hold, cause error) {
 	r.mu.Lock()
 	began, ok := r.began[h]
 	delete(r.began, h)
@@ -290,16 +292,16 @@ func (r *report) holdEnded(h *hold, cause error) {
 	held := time.Since(began)
 	released := errors.Is(cause, ErrLockReleased)
 	if r.m != nil {
-		r.m.holdSeconds.WithLabelValues(h.kind).Observe(held.Seconds())
+		r.m.holdSeconds.WithLabelValues(h.Kind).Observe(held.Seconds())
 		if !released {
-			r.m.holdsLost.WithLabelValues(h.kind, lossCause(cause)).Inc()
+			r.m.holdsLost.WithLabelValues(h.Kind, lossCause(cause)).Inc()
 		}
 	}
 	switch {
 	case released && r.logs(slog.LevelDebug):
-		r.log.Debug("etcdsync: hold released", "kind", h.kind, "name", h.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(h.s.id), "held", held)
+		r.log.Debug("etcdsync: hold released", "kind", h.Kind, "name", h.Name(), "key", h.Key, "rev", h.Rev, "lease", leaseHex(h.Session.Lease()), "held", held)
 	case !released && r.logs(slog.LevelWarn):
-		r.log.Warn("etcdsync: hold lost", "kind", h.kind, "name", h.name(), "key", h.key, "rev", h.rev, "lease", leaseHex(h.s.id), "held", held, "cause", cause)
+		r.log.Warn("etcdsync: hold lost", "kind", h.Kind, "name", h.Name(), "key", h.Key, "rev", h.Rev, "lease", leaseHex(h.Session.Lease()), "held", held, "cause", cause)
 	}
 }
 
@@ -335,35 +337,14 @@ func acquireReason(err error) string {
 
 func leaseHex(id clientv3.LeaseID) string { return fmt.Sprintf("%x", int64(id)) }
 
-func (c *marginCollector) add(s *Session) {
+func (c *marginCollector) add(s *queue.Session) {
 	c.mu.Lock()
 	c.sessions[s] = struct{}{}
 	c.mu.Unlock()
 }
 
-func (c *marginCollector) remove(s *Session) {
+func (c *marginCollector) remove(s *queue.Session) {
 	c.mu.Lock()
 	delete(c.sessions, s)
 	c.mu.Unlock()
-}
-
-// reports receives a session's state changes, as they happen. Its methods
-// must not block.
-type reports interface {
-	sessionBegan(s *Session)
-	// sessionEnded is told once the session's holds have ended.
-	sessionEnded(s *Session, cause error)
-	keepaliveFailed(s *Session, err error)
-	keepaliveAcked(s *Session, rtt time.Duration)
-	// actedLate is told, each time the keepalive loop's timer fires (a beat
-	// or the deadline due), how long after it was due the loop ran: a
-	// process short of CPU runs late.
-	actedLate(s *Session, late time.Duration)
-	acquireFailed(sl *slot, err error)
-	// holdBegan is told when an acquire hands out h, after wait; a hold
-	// joined (counted) again is told again.
-	holdBegan(h *hold, wait time.Duration)
-	// holdEnded is told when h ended with cause (released or lost), before
-	// its Done closes.
-	holdEnded(h *hold, cause error)
 }

@@ -18,6 +18,8 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // MultiLock is a distributed lock on several names at once: Lock holds
@@ -36,8 +38,8 @@ import (
 // naming it waits for itself, as with two Mutexes. All methods are safe for
 // concurrent use.
 type MultiLock struct {
-	names []string // sorted, distinct
-	hrs   []holder // one per name, in names' order
+	names []string       // sorted, distinct
+	hrs   []queue.Holder // one per name, in names' order
 	bad   error
 
 	mu   sync.Mutex
@@ -48,7 +50,7 @@ type MultiLock struct {
 // multiHold is one hold of a MultiLock: a hold per name, and the context
 // that ends when the first of them ends.
 type multiHold struct {
-	hs  []*hold
+	hs  []*queue.Hold
 	ctx context.Context
 	end context.CancelCauseFunc // ends ctx
 	// relays end ctx when a hold ends otherwise than by a release (a
@@ -104,20 +106,20 @@ func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
 	parts = slices.Clone(parts)
 	slices.SortFunc(parts, func(a, b Part) int { return cmp.Or(strings.Compare(a.Name, b.Name), cmp.Compare(a.Side, b.Side)) })
 	parts = slices.Compact(parts)
-	ml := &MultiLock{hrs: make([]holder, len(parts))}
+	ml := &MultiLock{hrs: make([]queue.Holder, len(parts))}
 	for i, p := range parts {
 		ml.names = append(ml.names, p.Name)
-		ml.hrs[i] = newHolder(s, p.Name, "multilock")
+		ml.hrs[i] = queue.NewHolder(s.core(), p.Name, "multilock")
 		switch {
 		case ml.bad != nil:
-		case ml.hrs[i].bad != nil:
-			ml.bad = ml.hrs[i].bad
+		case ml.hrs[i].Bad != nil:
+			ml.bad = ml.hrs[i].Bad
 		case i > 0 && parts[i-1].Name == p.Name:
 			ml.bad = fmt.Errorf("%w: a MultiLock takes one side of %s, not two", ErrInvalidArgument, p.Name)
 		case p.Side == ReadSide:
-			ml.hrs[i].slot = ml.hrs[i].slot.with(&multiReadRule)
+			ml.hrs[i].Slot = ml.hrs[i].Slot.With(&multiReadRule)
 		case p.Side == WriteSide:
-			ml.hrs[i].slot = ml.hrs[i].slot.with(&writeRule)
+			ml.hrs[i].Slot = ml.hrs[i].Slot.With(&queue.WriteRule)
 		case p.Side != MutexSide:
 			ml.bad = fmt.Errorf("%w: side %d of %s", ErrInvalidArgument, p.Side, p.Name)
 		}
@@ -131,7 +133,7 @@ func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
 // multiReadRule is an RWMutex's read rule for a MultiLock: its hold is not
 // shared with the session's other read holds of the name (see
 // NewMultiLockOf).
-var multiReadRule = func() rule { r := readRule; r.shared = false; return r }()
+var multiReadRule = func() queue.Rule { r := queue.ReadRule; r.Shared = false; return r }()
 
 // Lock blocks until every name is held, ctx ends (the error wraps ctx.Err())
 // or the session ends (ErrSessionExpired; ErrSessionClosed once it was
@@ -139,35 +141,35 @@ var multiReadRule = func() rule { r := readRule; r.shared = false; return r }()
 // names. A waiter whose own key on any name vanishes returns
 // ErrSessionExpired at once. On error no key is left behind, on any name. A
 // MultiLock is not reentrant: Lock on a held one waits for Unlock.
-func (ml *MultiLock) Lock(ctx context.Context) error { return ml.lock(ctx, waitTurn) }
+func (ml *MultiLock) Lock(ctx context.Context) error { return ml.lock(ctx, queue.WaitTurn) }
 
 // TryLock takes every name if none is held, else returns an error wrapping
 // ErrLocked, also when this value holds them. It costs one RPC and writes
 // nothing when a name is held; ctx bounds the call.
-func (ml *MultiLock) TryLock(ctx context.Context) error { return ml.lock(ctx, tryTurn) }
+func (ml *MultiLock) TryLock(ctx context.Context) error { return ml.lock(ctx, queue.TryTurn) }
 
-func (ml *MultiLock) lock(ctx context.Context, md mode) error {
+func (ml *MultiLock) lock(ctx context.Context, md queue.Mode) error {
 	if ml.bad != nil {
 		return ml.bad
 	}
-	sls := make([]*slot, len(ml.hrs))
+	sls := make([]*queue.Slot, len(ml.hrs))
 	for i := range ml.hrs {
-		sls[i] = &ml.hrs[i].slot
+		sls[i] = &ml.hrs[i].Slot
 	}
-	hs, _, err := acquire(ctx, sls, "", md)
+	hs, _, err := queue.Acquire(ctx, sls, "", md)
 	if err != nil {
 		return err
 	}
 	mh := &multiHold{hs: hs}
 	mh.ctx, mh.end = context.WithCancelCause(context.WithoutCancel(ctx))
 	for i, h := range hs {
-		ml.hrs[i].addShare(h)
+		ml.hrs[i].AddShare(h)
 		mh.relays.Add(1)
-		context.AfterFunc(h.context(), func() {
+		context.AfterFunc(h.Context(), func() {
 			defer mh.relays.Done()
-			if cause := h.err(); !errors.Is(cause, ErrLockReleased) { // lost: the others go too
+			if cause := h.Err(); !errors.Is(cause, ErrLockReleased) { // lost: the others go too
 				mh.end(cause)
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(h.s.ctx), h.s.ttl)
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(h.Session.Ctx()), h.Session.TTL())
 				defer cancel()
 				if err := mh.release(ctx); err != nil {
 					mh.mu.Lock()
@@ -187,16 +189,16 @@ func (ml *MultiLock) lock(ctx context.Context, md mode) error {
 // transaction, one revision), bounded by ctx, and returns the errors of
 // those it did not release, joined.
 func (mh *multiHold) release(ctx context.Context) error {
-	var live []*hold
+	var live []*queue.Hold
 	for _, h := range mh.hs {
-		if h.live() {
+		if h.Live() {
 			live = append(live, h)
 		}
 	}
 	if len(live) == 0 {
 		return nil
 	}
-	return errors.Join(unhold(ctx, live)...)
+	return errors.Join(queue.Unhold(ctx, live)...)
 }
 
 // current returns the current hold, or nil.
@@ -218,13 +220,13 @@ func (ml *MultiLock) Unlock(ctx context.Context) error {
 	}
 	mh := ml.current()
 	if mh == nil {
-		return notHeldBy(ml.hrs[0].slot.s, ErrLockReleased, strings.Join(ml.names, ", "))
+		return queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrLockReleased, strings.Join(ml.names, ", "))
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("etcdsync: release %s: %w", strings.Join(ml.names, ", "), err)
 	}
 	err := mh.release(ctx)
-	if slices.ContainsFunc(mh.hs, (*hold).live) { // a release failed: the value still holds, retry it
+	if slices.ContainsFunc(mh.hs, (*queue.Hold).Live) { // a release failed: the value still holds, retry it
 		return err
 	}
 	mh.relays.Wait() // every hold has ended: a loss among them has ended ctx
@@ -268,7 +270,7 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 	}
 	entered := 0
 	for i := range ml.hrs {
-		e, err := ml.hrs[i].reenter(ctx, 1, "")
+		e, err := ml.hrs[i].Reenter(ctx, 1, "")
 		if err != nil {
 			return err
 		}
@@ -291,23 +293,23 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 		return ml.Err()
 	}
 	ml.Done() // watch the keys: a delete behind our back ends fn's context
-	e := holdIn(ctx)
+	e := queue.HoldIn(ctx)
 	for _, h := range mh.hs {
-		e = &ctxHold{h: h, n: 1, outer: e}
+		e = &queue.CtxHold{H: h, N: 1, Outer: e}
 	}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, e))
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, queue.CtxHoldKey{}, e))
 	defer cancel(nil)
 	stop := context.AfterFunc(mh.ctx, func() { cancel(context.Cause(mh.ctx)) })
 	defer stop()
 	defer func() {
 		p := recover()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].s.ttl)
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].Session.TTL())
 		defer rcancel()
 		released := ml.Unlock(rctx)
 		if cause := context.Cause(mh.ctx); cause != nil && !errors.Is(cause, ErrLockReleased) {
 			released = cause // the hold ended before fn returned: Unlock found it gone
 		}
-		err = stated(err, released)
+		err = queue.Stated(err, released)
 		if p != nil {
 			panic(p)
 		}
@@ -320,7 +322,7 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 // one of its names).
 func (ml *MultiLock) Rev(name string) int64 {
 	if i, ok := slices.BinarySearch(ml.names, name); ok {
-		return ml.hrs[i].rev()
+		return ml.hrs[i].Rev()
 	}
 	return 0
 }
@@ -328,7 +330,7 @@ func (ml *MultiLock) Rev(name string) int64 {
 // Key returns the key of name in the current hold, or "" (as Rev).
 func (ml *MultiLock) Key(name string) string {
 	if i, ok := slices.BinarySearch(ml.names, name); ok {
-		return ml.hrs[i].key()
+		return ml.hrs[i].Key()
 	}
 	return ""
 }
@@ -338,7 +340,7 @@ func (ml *MultiLock) Key(name string) string {
 func (ml *MultiLock) Header() *pb.ResponseHeader {
 	var latest *pb.ResponseHeader
 	for i := range ml.hrs {
-		h := ml.hrs[i].header()
+		h := ml.hrs[i].Header()
 		if h == nil {
 			return nil
 		}
@@ -359,14 +361,14 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 	}
 	mh := ml.current()
 	if mh == nil || context.Cause(mh.ctx) != nil {
-		return nil, notHeldBy(ml.hrs[0].slot.s, ErrNotHeld, strings.Join(ml.names, ", "))
+		return nil, queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
 	}
 	cmps := make([]clientv3.Cmp, len(mh.hs))
 	gets := make([]clientv3.Op, len(mh.hs))
 	for i, h := range mh.hs {
-		cmps[i], gets[i] = h.guard(h.prefix), clientv3.OpGet(h.key, clientv3.WithKeysOnly())
+		cmps[i], gets[i] = h.Guard(h.Prefix), clientv3.OpGet(h.Key, clientv3.WithKeysOnly())
 	}
-	resp, err := mh.hs[0].s.client.Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
+	resp, err := mh.hs[0].Session.Client().Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", strings.Join(ml.names, ", "), err)
 	}
@@ -374,12 +376,12 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 		return resp, nil
 	}
 	for i, h := range mh.hs {
-		if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != h.rev {
-			h.lost(resp.Header.Revision)
-			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+		if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != h.Rev {
+			h.Lost(resp.Header.Revision)
+			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
 		}
 	}
-	return nil, notHeldBy(ml.hrs[0].slot.s, ErrNotHeld, strings.Join(ml.names, ", "))
+	return nil, queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
 }
 
 // Done returns a channel closed when the hold ends on any name (released,
@@ -389,10 +391,10 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 func (ml *MultiLock) Done() <-chan struct{} {
 	mh := ml.current()
 	if mh == nil {
-		return closed
+		return queue.Closed
 	}
 	for _, h := range mh.hs {
-		h.done()
+		h.Done()
 	}
 	return mh.ctx.Done()
 }
@@ -427,7 +429,7 @@ func (ml *MultiLock) Check() error {
 		return err
 	}
 	for i := range ml.hrs {
-		if err := ml.hrs[i].check(); err != nil {
+		if err := ml.hrs[i].Check(); err != nil {
 			return err
 		}
 	}

@@ -1,5 +1,8 @@
 package etcdsync
 
+// The distributed lock (type Mutex): a key NAME/<lease-hex> under the
+// exclusive rule (internal/queue), and NewLocker's sync.Locker on it.
+
 import (
 	"context"
 	"fmt"
@@ -7,6 +10,8 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Mutex is a distributed lock on a name. Its key, NAME/<lease-hex>, is the
@@ -16,7 +21,7 @@ import (
 // Mutex values on one Session and name exclude each other too. All methods
 // are safe for concurrent use.
 type Mutex struct {
-	hr holder
+	hr queue.Holder
 }
 
 // NewMutex returns a Mutex on name for session s. It does not touch etcd. An
@@ -24,7 +29,7 @@ type Mutex struct {
 // every call that uses them, with an error wrapping ErrInvalidName or
 // ErrInvalidArgument.
 func NewMutex(s *Session, name string) *Mutex {
-	return &Mutex{hr: newHolder(s, name, "mutex")}
+	return &Mutex{hr: queue.NewHolder(s.core(), name, "mutex")}
 }
 
 // Lock blocks until the lock is held, ctx ends (the error wraps ctx.Err()) or
@@ -32,7 +37,7 @@ func NewMutex(s *Session, name string) *Mutex {
 // waiter whose own key vanishes returns ErrSessionExpired at once. On error no
 // key is left behind.
 func (m *Mutex) Lock(ctx context.Context) error {
-	_, err := m.hr.acquire(ctx, "", waitTurn)
+	_, err := m.hr.Acquire(ctx, "", queue.WaitTurn)
 	return err
 }
 
@@ -42,7 +47,7 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // the newest under it). When the name has only nested keys under it, it
 // falls back to one more RPC to enqueue. ctx bounds the call.
 func (m *Mutex) TryLock(ctx context.Context) error {
-	_, err := m.hr.acquire(ctx, "", tryTurn)
+	_, err := m.hr.Acquire(ctx, "", queue.TryTurn)
 	return err
 }
 
@@ -56,11 +61,11 @@ func (m *Mutex) TryLock(ctx context.Context) error {
 // without an RPC; a retry after a release that did commit returns it too, so
 // callers may treat it as success.
 func (m *Mutex) Unlock(ctx context.Context) error {
-	h, err := m.hr.held(ErrLockReleased)
+	h, err := m.hr.Held(ErrLockReleased)
 	if err != nil {
 		return err
 	}
-	return h.unhold(ctx)
+	return h.Unhold(ctx)
 }
 
 // Run takes the lock (as Lock, bounded by ctx), calls fn with a context that
@@ -73,7 +78,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 // (fn returned context.Cause(ctx)), it is returned as it is: the cause is
 // stated once, and errors.Is finds it.
 func (m *Mutex) Run(ctx context.Context, fn func(ctx context.Context) error) error {
-	return m.hr.run(ctx, 1, "", m.Lock, m.Unlock, fn)
+	return m.hr.Run(ctx, 1, "", m.Lock, m.Unlock, fn)
 }
 
 // TryRun is Run with TryLock: when the lock is held (also by this value) it
@@ -82,7 +87,7 @@ func (m *Mutex) Run(ctx context.Context, fn func(ctx context.Context) error) err
 // Given the context of a Run that holds this lock, it enters that hold, as
 // Run does.
 func (m *Mutex) TryRun(ctx context.Context, fn func(ctx context.Context) error) error {
-	return m.hr.run(ctx, 1, "", m.TryLock, m.Unlock, fn)
+	return m.hr.Run(ctx, 1, "", m.TryLock, m.Unlock, fn)
 }
 
 // Do runs ops in one transaction only while this hold is current (its key
@@ -90,43 +95,43 @@ func (m *Mutex) TryRun(ctx context.Context, fn func(ctx context.Context) error) 
 // response. It blocks for one RPC bounded by ctx. When the hold is gone it
 // returns an error wrapping ErrNotHeld and the Mutex no longer holds.
 func (m *Mutex) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	return m.hr.do(ctx, ops...)
+	return m.hr.Do(ctx, ops...)
 }
 
 // Key returns the held key, or "" when not held.
-func (m *Mutex) Key() string { return m.hr.key() }
+func (m *Mutex) Key() string { return m.hr.Key() }
 
 // Rev returns the fencing token of the current hold: the create revision of
 // the held key, strictly increasing from one holder of the name to the next.
 // Pass it to resources outside etcd so they can reject a stale holder. It is 0
 // when not held.
-func (m *Mutex) Rev() int64 { return m.hr.rev() }
+func (m *Mutex) Rev() int64 { return m.hr.Rev() }
 
 // IsOwner returns a comparison that holds while this hold is current, for the
 // caller's own transactions; with no hold it is a comparison that is always
 // false.
-func (m *Mutex) IsOwner() clientv3.Cmp { return m.hr.guard() }
+func (m *Mutex) IsOwner() clientv3.Cmp { return m.hr.Guard() }
 
 // Header returns the response header of the revision at which the current
 // hold began, or nil when not held.
-func (m *Mutex) Header() *pb.ResponseHeader { return m.hr.header() }
+func (m *Mutex) Header() *pb.ResponseHeader { return m.hr.Header() }
 
 // Check is a health answer for a service that runs only while it holds the
 // lock: nil while this value holds it and the hold is current (its session
 // alive, its key there), else why not (ErrNotHeld before any hold). The first
 // call for a hold starts its loss watch, as Done does. It does not block and
 // sends no request.
-func (m *Mutex) Check() error { return m.hr.check() }
+func (m *Mutex) Check() error { return m.hr.Check() }
 
 // Done returns a channel closed when the current hold ends: Unlock committed,
 // the session ended, or the key was deleted by anyone. The first call for a
 // hold starts one watch of its key. With no hold it returns a closed channel.
-func (m *Mutex) Done() <-chan struct{} { return m.hr.done() }
+func (m *Mutex) Done() <-chan struct{} { return m.hr.Done() }
 
 // Err returns nil while a hold is current, else why the last hold ended (an
 // error wrapping ErrLockReleased, ErrNotHeld, ErrSessionExpired or
 // ErrSessionClosed), or ErrNotHeld if there never was one.
-func (m *Mutex) Err() error { return m.hr.err() }
+func (m *Mutex) Err() error { return m.hr.Err() }
 
 // locker adapts a Mutex to sync.Locker.
 type locker struct{ m *Mutex }
@@ -146,9 +151,9 @@ func (l locker) Lock() {
 
 func (l locker) Unlock() {
 	ctx := context.Background()
-	if s := l.m.hr.slot.s; s != nil {
+	if s := l.m.hr.Slot.Session; s != nil {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.ttl)
+		ctx, cancel = context.WithTimeout(ctx, s.TTL())
 		defer cancel()
 	}
 	if err := l.m.Unlock(ctx); err != nil {

@@ -1,5 +1,8 @@
 package etcdsync
 
+// Following an election's leader without a session (type Observer): one
+// read of the direct children of NAME/, then one watch of the prefix.
+
 import (
 	"context"
 	"errors"
@@ -10,6 +13,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Observer follows the leader of an election on a name. It needs no Session
@@ -32,7 +37,7 @@ func NewObserver(cli *clientv3.Client, name string) *Observer {
 	o := &Observer{cli: cli, name: name, prefix: name + "/"}
 	if cli == nil {
 		o.bad = fmt.Errorf("%w: nil client", ErrInvalidArgument)
-	} else if err := checkName(name); err != nil {
+	} else if err := queue.CheckName(name); err != nil {
 		o.bad = err
 	}
 	return o
@@ -63,7 +68,7 @@ func (o *Observer) usable() error {
 	case o.bad != nil:
 		return o.bad
 	}
-	return closedClient(o.cli)
+	return queue.ClosedClient(o.cli)
 }
 
 // Err returns why an Observe channel closed before its context ended (an
@@ -190,7 +195,7 @@ func (o *Observer) observe(ctx context.Context, send func(*pb.ResponseHeader, Te
 			if err := o.usable(); err != nil {
 				return fmt.Errorf("etcdsync: observe %s: %w", o.name, err)
 			}
-			if sleep(ctx, retryPause) != nil {
+			if queue.Sleep(ctx, queue.RetryPause) != nil {
 				return nil
 			}
 			continue
@@ -205,7 +210,7 @@ func (o *Observer) observe(ctx context.Context, send func(*pb.ResponseHeader, Te
 		if at = o.follow(ctx, at, leader, once); at < 0 {
 			// The watch ended (ctx, a lost leader, a member restart):
 			// read again where it stopped.
-			if at = -at; sleep(ctx, retryPause) != nil {
+			if at = -at; queue.Sleep(ctx, queue.RetryPause) != nil {
 				return nil
 			}
 		}
@@ -238,7 +243,7 @@ func (o *Observer) follow(ctx context.Context, at int64, leader *mvccpb.KeyValue
 		for _, ev := range wr.Events {
 			key := string(ev.Kv.Key)
 			switch {
-			case !isChild(o.prefix, key):
+			case !queue.IsChild(o.prefix, key):
 			case leader == nil && ev.IsCreate(), leader != nil && key == string(leader.Key) && ev.Type == mvccpb.PUT:
 				leader = ev.Kv
 				// A copy, field by field: WatchResponse.Header is a
@@ -272,7 +277,7 @@ func (o *Observer) read(ctx context.Context, at int64) (*clientv3.GetResponse, e
 // revision), or nil.
 func leaderOf(prefix string, kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
 	for _, kv := range kvs {
-		if isChild(prefix, string(kv.Key)) {
+		if queue.IsChild(prefix, string(kv.Key)) {
 			return kv
 		}
 	}

@@ -1,11 +1,16 @@
 package etcdsync
 
+// The options of NewSession (type SessionOption): each With… states its
+// default; their checks and defaults are queue.Options.Resolve.
+
 import (
 	"context"
 	"fmt"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // DefaultTTL is the session TTL used when WithTTL is not given.
@@ -17,16 +22,8 @@ type SessionOption interface {
 	apply(*sessionOptions)
 }
 
-type sessionOptions struct {
-	ttl     time.Duration // 0 means DefaultTTL
-	ttlSet  bool
-	leaseID clientv3.LeaseID
-	delay   time.Duration   // WithLockDelay
-	slack   time.Duration   // WithSlack
-	slackOn bool            // WithSlack given; else the default (defaultSlack)
-	ctx     context.Context // nil means the client's context
-	rep     reports         // WithLogger, WithMetrics (metrics.go); nil: none
-}
+// sessionOptions are the settings the options make (queue.Options).
+type sessionOptions = queue.Options
 
 type optionFunc func(*sessionOptions)
 
@@ -37,7 +34,7 @@ func (f optionFunc) apply(o *sessionOptions) { f(o) }
 // seconds; a TTL below one second makes NewSession return an error wrapping
 // ErrInvalidArgument. It cannot be combined with WithLease.
 func WithTTL(ttl time.Duration) SessionOption {
-	return optionFunc(func(o *sessionOptions) { o.ttl, o.ttlSet = ttl, true })
+	return optionFunc(func(o *sessionOptions) { o.TTL, o.TTLSet = ttl, true })
 }
 
 // WithLease makes the session adopt an existing lease instead of granting a
@@ -49,14 +46,14 @@ func WithTTL(ttl time.Duration) SessionOption {
 // still uses breaks mutual exclusion between the two: it is for restarts only.
 // By default a new lease is granted.
 func WithLease(id clientv3.LeaseID) SessionOption {
-	return optionFunc(func(o *sessionOptions) { o.leaseID = id })
+	return optionFunc(func(o *sessionOptions) { o.LeaseID = id })
 }
 
 // WithContext sets the context that bounds NewSession and the session's
 // life: cancelling it ends the session (as in etcd). The default is the
 // client's context, and NewSession is then bounded by the TTL.
 func WithContext(ctx context.Context) SessionOption {
-	return optionFunc(func(o *sessionOptions) { o.ctx = ctx })
+	return optionFunc(func(o *sessionOptions) { o.Ctx = ctx })
 }
 
 // WithLockDelay keeps a name from the next holder for d after this
@@ -79,7 +76,7 @@ func WithContext(ctx context.Context) SessionOption {
 // adopted lease must have been granted with the same delay: d is taken out
 // of its TTL, as the slack is.
 func WithLockDelay(d time.Duration) SessionOption {
-	return optionFunc(func(o *sessionOptions) { o.delay = d })
+	return optionFunc(func(o *sessionOptions) { o.Delay = d })
 }
 
 // WithSlack sets how long the lease outlives the session's local deadline
@@ -106,50 +103,17 @@ func WithLockDelay(d time.Duration) SessionOption {
 // by both, so the lock delay runs from the latest moment a late holder is
 // told.
 func WithSlack(d time.Duration) SessionOption {
-	return optionFunc(func(o *sessionOptions) { o.slack, o.slackOn = d, true })
-}
-
-// defaultSlack is WithSlack's default for a lease of ttl (beyond any lock
-// delay): the larger of 2s and ttl/10, in whole seconds.
-func defaultSlack(ttl time.Duration) time.Duration {
-	return roundUp(max(2*time.Second, ttl/10))
+	return optionFunc(func(o *sessionOptions) { o.Slack, o.SlackOn = d, true })
 }
 
 // resolve applies opts over the defaults and checks them.
 func resolve(client *clientv3.Client, opts []SessionOption) (sessionOptions, error) {
-	o := sessionOptions{ttl: DefaultTTL}
+	o := sessionOptions{TTL: DefaultTTL}
 	for _, opt := range opts {
 		if opt == nil {
 			return o, fmt.Errorf("%w: nil SessionOption", ErrInvalidArgument)
 		}
 		opt.apply(&o)
 	}
-	if o.ttlSet && o.leaseID != clientv3.NoLease {
-		return o, fmt.Errorf("%w: WithTTL and WithLease together (an adopted lease keeps its own TTL)", ErrInvalidArgument)
-	}
-	if o.ttl < time.Second {
-		return o, fmt.Errorf("%w: TTL %v is below one second", ErrInvalidArgument, o.ttl)
-	}
-	if o.delay < 0 {
-		return o, fmt.Errorf("%w: lock delay %v is negative", ErrInvalidArgument, o.delay)
-	}
-	if o.slack < 0 {
-		return o, fmt.Errorf("%w: slack %v is negative", ErrInvalidArgument, o.slack)
-	}
-	o.ttl, o.delay, o.slack = roundUp(o.ttl), roundUp(o.delay), roundUp(o.slack)
-	if !o.slackOn && o.leaseID == clientv3.NoLease {
-		o.slack = defaultSlack(o.ttl)
-	}
-	if o.ctx == nil {
-		o.ctx = client.Ctx()
-	}
-	return o, nil
-}
-
-// roundUp rounds d up to whole seconds, as etcd counts leases in seconds.
-func roundUp(d time.Duration) time.Duration {
-	if rest := d % time.Second; rest > 0 {
-		return d - rest + time.Second
-	}
-	return d
+	return o, o.Resolve(client)
 }

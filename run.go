@@ -1,71 +1,13 @@
 package etcdsync
 
-// What Run's context carries (type ctxHold): the holds of the Runs it is
-// inside, innermost first, so that a Run inside fn (given fn's context)
-// enters the hold that is already there (holder.run, holder.reenter), and
-// HoldFrom finds them; and how Run states a hold's cause once.
+// HoldFrom: the hold a Run's context carries (internal/queue/run.go keeps
+// the Runs' contexts).
 
 import (
 	"context"
-	"errors"
-	"sync/atomic"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
-
-// afterRun releases the Run's hold after its fn, if it is still held and fn
-// did not release it (its share, for a read hold) itself, bounded by the
-// TTL; it returns why the hold ended otherwise (nil when it was released),
-// and the release's error.
-func (e *ctxHold) afterRun(ctx context.Context, release func(context.Context) error) (cause, released error) {
-	h := e.h
-	if h.live() && !e.left.Load() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.s.ttl)
-		defer cancel()
-		released = release(rctx)
-	}
-	cause = h.err()
-	if errors.Is(cause, ErrLockReleased) { // released: by us, or by fn itself
-		return nil, released
-	}
-	if cause != nil && errors.Is(released, ErrLockReleased) {
-		released = nil // the release found the hold gone: the cause says why
-	}
-	return cause, released
-}
-
-// stated is fn's error err joined with cause (why the hold ended under fn,
-// or what its release failed at) unless err already wraps it, as when fn
-// returned context.Cause of its context: each is stated once, and errors.Is
-// finds it either way. With nothing to add, err comes back as it is.
-func stated(err, cause error) error {
-	if cause == nil || errors.Is(err, cause) {
-		return err
-	}
-	return errors.Join(err, cause)
-}
-
-// running is a Run under a hold, as a Handover sees it: how to stop its
-// work, and a channel closed once the Run has released the hold (or found
-// it gone).
-type running struct {
-	stop context.CancelCauseFunc
-	over chan struct{}
-}
-
-// ctxHold is a hold that a Run's context carries, innermost first.
-type ctxHold struct {
-	h     *hold
-	n     int64       // permits (1 but for a Semaphore)
-	tag   string      // an Election's value, a Semaphore's capacity
-	left  atomic.Bool // fn released the Run's share of a read hold itself
-	outer *ctxHold
-}
-
-type ctxHoldKey struct{}
-
-func holdIn(ctx context.Context) *ctxHold {
-	e, _ := ctx.Value(ctxHoldKey{}).(*ctxHold)
-	return e
-}
 
 // HoldFrom returns the innermost hold that ctx carries (the context a Run
 // hands to its fn, or one derived from it): its key and fencing token (the
@@ -73,9 +15,9 @@ func holdIn(ctx context.Context) *ctxHold {
 // ok is false when ctx carries none. It does not touch etcd; the hold may
 // have ended since (then fn's context has ended too).
 func HoldFrom(ctx context.Context) (key string, rev int64, ok bool) {
-	e := holdIn(ctx)
+	e := queue.HoldIn(ctx)
 	if e == nil {
 		return "", 0, false
 	}
-	return e.h.key, e.h.rev, true
+	return e.H.Key, e.H.Rev, true
 }

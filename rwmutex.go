@@ -1,13 +1,17 @@
 package etcdsync
 
+// The read/write lock (type RWMutex): a reader's key NAME/read/<lease-hex>
+// and a writer's NAME/write/<lease-hex>, under queue.ReadRule and
+// queue.WriteRule.
+
 import (
 	"context"
-	"strings"
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // RWMutex is a distributed read/write lock on a name: many readers or one
@@ -26,49 +30,22 @@ import (
 // NAME": a Mutex or Election on NAME/read or NAME/write writes keys that
 // look like this RWMutex's readers or writers, and counts as one.
 type RWMutex struct {
-	w, r holder
+	w, r queue.Holder
 
 	mu   sync.Mutex
-	last *holder // the holder of the last hold taken
+	last *queue.Holder // the holder of the last hold taken
 }
 
 // NewRWMutex returns an RWMutex on name for session s. It does not touch
 // etcd. An invalid name or a nil session is reported by every call that uses
 // them.
 func NewRWMutex(s *Session, name string) *RWMutex {
-	rw := &RWMutex{w: newHolder(s, name, "rwmutex"), r: newHolder(s, name, "rwmutex")}
-	if rw.w.bad == nil {
-		rw.w.slot = rw.w.slot.with(&writeRule)
-		rw.r.slot = rw.r.slot.with(&readRule)
+	rw := &RWMutex{w: queue.NewHolder(s.core(), name, "rwmutex"), r: queue.NewHolder(s.core(), name, "rwmutex")}
+	if rw.w.Bad == nil {
+		rw.w.Slot = rw.w.Slot.With(&queue.WriteRule)
+		rw.r.Slot = rw.r.Slot.With(&queue.ReadRule)
 	}
 	return rw
-}
-
-// readRule: a reader waits for the writers created before it, and its key
-// is shared by the session's read holds; TryRLock writes at once when no
-// writer key exists. A reader watches only the nearest writer, so that a
-// writer's release reaches only the readers it lets in (those behind the
-// next writer read once when their turn comes).
-var readRule = rule{dir: "read/", blocks: inDirs("write/"), free: "write/", shared: true, exact: true}
-
-// writeRule: a writer waits for every reader and writer created before it.
-var writeRule = rule{dir: "write/", blocks: inDirs("read/", "write/")}
-
-// inDirs returns a blocks rule: the key is a direct child NAME/<dir><id> of
-// one of dirs, id in hex or decimal (etcd's recipes name keys by time).
-func inDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
-	return func(prefix string, kv *mvccpb.KeyValue) bool {
-		rest, ok := strings.CutPrefix(string(kv.Key), prefix)
-		if !ok {
-			return false
-		}
-		for _, d := range dirs {
-			if isChild(d, rest) {
-				return true
-			}
-		}
-		return false
-	}
 }
 
 // RLock blocks until a read hold is taken, ctx ends (the error wraps
@@ -77,7 +54,7 @@ func inDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
 // that hold after one read that shows its key still there. A waiter whose own
 // key vanishes returns ErrSessionExpired at once. On error no key of this call
 // is left behind.
-func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, waitTurn) }
+func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, queue.WaitTurn) }
 
 // TryRLock takes a read hold if no writer holds or waits, else returns an
 // error wrapping ErrLocked. When a writer holds or waits it costs one RPC
@@ -85,7 +62,7 @@ func (rw *RWMutex) RLock(ctx context.Context) error { return rw.acquire(&rw.r, c
 // another read acquire or the last read release of this session on the name
 // is in flight, and after such a release failed, until its hold ends or a
 // retry releases it. ctx bounds the call.
-func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, tryTurn) }
+func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.acquire(&rw.r, ctx, queue.TryTurn) }
 
 // RUnlock ends one read hold of this value. The session's last read hold on
 // the name deletes the read key (at the revision it was created), in one RPC
@@ -93,23 +70,23 @@ func (rw *RWMutex) TryRLock(ctx context.Context) error { return rw.acquire(&rw.r
 // error the hold stays and RUnlock can be retried (until the hold ends, which
 // it does if the delete did commit, other RLocks of the session wait); with
 // no read hold it returns an error wrapping ErrLockReleased.
-func (rw *RWMutex) RUnlock(ctx context.Context) error { return rw.r.release(ctx) }
+func (rw *RWMutex) RUnlock(ctx context.Context) error { return rw.r.Release(ctx) }
 
 // Lock blocks until the write hold is taken: every reader and writer
 // created before it has gone. ctx and the session bound it as RLock's.
-func (rw *RWMutex) Lock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, waitTurn) }
+func (rw *RWMutex) Lock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, queue.WaitTurn) }
 
 // TryLock takes the write hold if nobody holds or waits, else returns an
 // error wrapping ErrLocked, in one RPC that writes nothing when held.
-func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, tryTurn) }
+func (rw *RWMutex) TryLock(ctx context.Context) error { return rw.acquire(&rw.w, ctx, queue.TryTurn) }
 
 // Unlock releases the write hold as Mutex.Unlock does.
-func (rw *RWMutex) Unlock(ctx context.Context) error { return rw.w.release(ctx) }
+func (rw *RWMutex) Unlock(ctx context.Context) error { return rw.w.Release(ctx) }
 
 // Run takes the write lock, calls fn while it is held and unlocks, as
 // Mutex.Run does.
 func (rw *RWMutex) Run(ctx context.Context, fn func(ctx context.Context) error) error {
-	return rw.w.run(ctx, 1, "", rw.Lock, rw.Unlock, fn)
+	return rw.w.Run(ctx, 1, "", rw.Lock, rw.Unlock, fn)
 }
 
 // RRun takes a read hold, calls fn while it is held and ends the hold, as
@@ -117,24 +94,24 @@ func (rw *RWMutex) Run(ctx context.Context, fn func(ctx context.Context) error) 
 // ends its read hold itself passes its context to RUnlock, so that RRun
 // knows and does not end another share.
 func (rw *RWMutex) RRun(ctx context.Context, fn func(ctx context.Context) error) error {
-	return rw.r.run(ctx, 1, "", rw.RLock, rw.RUnlock, fn)
+	return rw.r.Run(ctx, 1, "", rw.RLock, rw.RUnlock, fn)
 }
 
 // TryRun is Run with TryLock: when the write hold cannot be taken at once it
 // returns an error wrapping ErrLocked without running fn.
 func (rw *RWMutex) TryRun(ctx context.Context, fn func(ctx context.Context) error) error {
-	return rw.w.run(ctx, 1, "", rw.TryLock, rw.Unlock, fn)
+	return rw.w.Run(ctx, 1, "", rw.TryLock, rw.Unlock, fn)
 }
 
 // TryRRun is RRun with TryRLock: when a read hold cannot be taken at once
 // (a writer holds or waits) it returns an error wrapping ErrLocked without
 // running fn.
 func (rw *RWMutex) TryRRun(ctx context.Context, fn func(ctx context.Context) error) error {
-	return rw.r.run(ctx, 1, "", rw.TryRLock, rw.RUnlock, fn)
+	return rw.r.Run(ctx, 1, "", rw.TryRLock, rw.RUnlock, fn)
 }
 
-func (rw *RWMutex) acquire(hr *holder, ctx context.Context, md mode) error {
-	if _, err := hr.acquire(ctx, "", md); err != nil {
+func (rw *RWMutex) acquire(hr *queue.Holder, ctx context.Context, md queue.Mode) error {
+	if _, err := hr.Acquire(ctx, "", md); err != nil {
 		return err
 	}
 	rw.mu.Lock()
@@ -145,11 +122,11 @@ func (rw *RWMutex) acquire(hr *holder, ctx context.Context, md mode) error {
 
 // cur is the holder of the current hold (the write hold first), else of
 // the last hold taken.
-func (rw *RWMutex) cur() *holder {
+func (rw *RWMutex) cur() *queue.Holder {
 	switch {
-	case rw.w.current() != nil:
+	case rw.w.Current() != nil:
 		return &rw.w
-	case rw.r.current() != nil:
+	case rw.r.Current() != nil:
 		return &rw.r
 	}
 	rw.mu.Lock()
@@ -163,32 +140,32 @@ func (rw *RWMutex) cur() *holder {
 // Do runs ops in one transaction only while the current hold (write, else
 // read) is there, as Mutex.Do does.
 func (rw *RWMutex) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	return rw.cur().do(ctx, ops...)
+	return rw.cur().Do(ctx, ops...)
 }
 
 // Key returns the key of the current hold (write, else read), or "".
-func (rw *RWMutex) Key() string { return rw.cur().key() }
+func (rw *RWMutex) Key() string { return rw.cur().Key() }
 
 // Rev returns the current hold's fencing token (its key's create revision),
 // or 0. Successive write holds on a name have increasing Revs.
-func (rw *RWMutex) Rev() int64 { return rw.cur().rev() }
+func (rw *RWMutex) Rev() int64 { return rw.cur().Rev() }
 
 // IsOwner returns a comparison that holds while the current hold is there;
 // with no hold it is always false.
-func (rw *RWMutex) IsOwner() clientv3.Cmp { return rw.cur().guard() }
+func (rw *RWMutex) IsOwner() clientv3.Cmp { return rw.cur().Guard() }
 
 // Header returns the header of the revision at which the current hold
 // began, or nil.
-func (rw *RWMutex) Header() *pb.ResponseHeader { return rw.cur().header() }
+func (rw *RWMutex) Header() *pb.ResponseHeader { return rw.cur().Header() }
 
 // Check is nil while this value holds (the write hold, else a read hold)
 // and the hold is current, else why not, as Mutex.Check.
-func (rw *RWMutex) Check() error { return rw.cur().check() }
+func (rw *RWMutex) Check() error { return rw.cur().Check() }
 
 // Done returns a channel closed when the current hold ends (see Mutex.Done);
 // with no hold, a closed channel.
-func (rw *RWMutex) Done() <-chan struct{} { return rw.cur().done() }
+func (rw *RWMutex) Done() <-chan struct{} { return rw.cur().Done() }
 
 // Err returns nil while a hold is current, else why the last one ended (as
 // Mutex.Err).
-func (rw *RWMutex) Err() error { return rw.cur().err() }
+func (rw *RWMutex) Err() error { return rw.cur().Err() }

@@ -1,14 +1,17 @@
 package etcdsync
 
+// The weighted semaphore (type Semaphore): a hold is one key NAME/<lease-hex>
+// whose value is "<permits>/<capacity>", under queue.Permits.
+
 import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
 )
 
 // Semaphore is a distributed weighted semaphore on a name: at most capacity
@@ -20,7 +23,7 @@ import (
 // Semaphore values on one Session and name exclude each other, as Mutexes
 // do (they would share the key). All methods are safe for concurrent use.
 type Semaphore struct {
-	hr       holder
+	hr       queue.Holder
 	capacity int64
 }
 
@@ -29,9 +32,9 @@ type Semaphore struct {
 // below 1 is reported by every call, with an error wrapping ErrInvalidName or
 // ErrInvalidArgument.
 func NewSemaphore(s *Session, name string, capacity int64) *Semaphore {
-	sm := &Semaphore{hr: newHolder(s, name, "semaphore"), capacity: capacity}
-	if sm.hr.bad == nil && capacity < 1 {
-		sm.hr.bad = fmt.Errorf("%w: semaphore %s: capacity %d, want at least 1", ErrInvalidArgument, name, capacity)
+	sm := &Semaphore{hr: queue.NewHolder(s.core(), name, "semaphore"), capacity: capacity}
+	if sm.hr.Bad == nil && capacity < 1 {
+		sm.hr.Bad = fmt.Errorf("%w: semaphore %s: capacity %d, want at least 1", ErrInvalidArgument, name, capacity)
 	}
 	return sm
 }
@@ -44,101 +47,74 @@ func NewSemaphore(s *Session, name string, capacity int64) *Semaphore {
 // ahead with another capacity, is an error wrapping ErrInvalidArgument. On
 // error no key of this call is left behind. A value holds at most one hold:
 // Acquire on a holding value waits for Release.
-func (sm *Semaphore) Acquire(ctx context.Context, n int64) error { return sm.acquire(ctx, n, waitTurn) }
+func (sm *Semaphore) Acquire(ctx context.Context, n int64) error {
+	return sm.acquire(ctx, n, queue.WaitTurn)
+}
 
 // TryAcquire takes n permits if they are free and nobody waits ahead, else
 // returns an error wrapping ErrLocked. When nothing is held it costs one RPC;
 // when permits are taken but enough are free, two; when not enough are free
 // it costs one RPC and writes nothing.
 func (sm *Semaphore) TryAcquire(ctx context.Context, n int64) error {
-	return sm.acquire(ctx, n, tryTurn)
+	return sm.acquire(ctx, n, queue.TryTurn)
 }
 
-func (sm *Semaphore) acquire(ctx context.Context, n int64, md mode) error {
-	if sm.hr.bad != nil {
-		return sm.hr.bad
+func (sm *Semaphore) acquire(ctx context.Context, n int64, md queue.Mode) error {
+	if sm.hr.Bad != nil {
+		return sm.hr.Bad
 	}
 	if n < 1 || n > sm.capacity {
-		return fmt.Errorf("%w: acquire %d permits of semaphore %s, capacity %d", ErrInvalidArgument, n, sm.hr.slot.name(), sm.capacity)
+		return fmt.Errorf("%w: acquire %d permits of semaphore %s, capacity %d", ErrInvalidArgument, n, sm.hr.Slot.Name(), sm.capacity)
 	}
-	sl := sm.hr.slot
-	sl.rule = permits(sm.capacity, n)
-	_, err := sm.hr.acquireAs(ctx, &sl, fmt.Sprintf("%d/%d", n, sm.capacity), md)
+	sl := sm.hr.Slot
+	sl.Rule = queue.Permits(sm.capacity, n)
+	_, err := sm.hr.AcquireAs(ctx, &sl, fmt.Sprintf("%d/%d", n, sm.capacity), md)
 	return err
-}
-
-// permits is the rule of a request for n of capacity permits: every direct
-// child of the prefix created before ours blocks with its permits, and
-// capacity-n of them may remain.
-func permits(capacity, n int64) *rule {
-	return &rule{
-		blocks: exclusive.blocks,
-		room:   capacity - n,
-		weigh: func(kv *mvccpb.KeyValue) (int64, error) {
-			weight, cp, ok := semaphoreValue(kv.Value)
-			switch {
-			case !ok:
-				return 0, fmt.Errorf("%w: key %s has value %q, not a semaphore's <permits>/<capacity>", ErrInvalidArgument, kv.Key, kv.Value)
-			case cp != capacity:
-				return 0, fmt.Errorf("%w: key %s holds or waits for %d of %d permits, and this semaphore's capacity is %d", ErrInvalidArgument, kv.Key, weight, cp, capacity)
-			}
-			return weight, nil
-		},
-	}
-}
-
-// semaphoreValue parses a semaphore key's value, "<permits>/<capacity>",
-// with 1 <= permits <= capacity.
-func semaphoreValue(v []byte) (permits, capacity int64, ok bool) {
-	w, c, cut := strings.Cut(string(v), "/")
-	permits, err1 := strconv.ParseInt(w, 10, 64)
-	capacity, err2 := strconv.ParseInt(c, 10, 64)
-	return permits, capacity, cut && err1 == nil && err2 == nil && permits >= 1 && permits <= capacity
 }
 
 // Run acquires n permits, calls fn while they are held and releases them,
 // as Mutex.Run does.
 func (sm *Semaphore) Run(ctx context.Context, n int64, fn func(ctx context.Context) error) error {
-	return sm.hr.run(ctx, n, strconv.FormatInt(sm.capacity, 10), func(ctx context.Context) error { return sm.Acquire(ctx, n) }, sm.Release, fn)
+	return sm.hr.Run(ctx, n, strconv.FormatInt(sm.capacity, 10), func(ctx context.Context) error { return sm.Acquire(ctx, n) }, sm.Release, fn)
 }
 
 // TryRun is Run with TryAcquire: when n permits are not free at once it
 // returns an error wrapping ErrLocked without running fn.
 func (sm *Semaphore) TryRun(ctx context.Context, n int64, fn func(ctx context.Context) error) error {
-	return sm.hr.run(ctx, n, strconv.FormatInt(sm.capacity, 10), func(ctx context.Context) error { return sm.TryAcquire(ctx, n) }, sm.Release, fn)
+	return sm.hr.Run(ctx, n, strconv.FormatInt(sm.capacity, 10), func(ctx context.Context) error { return sm.TryAcquire(ctx, n) }, sm.Release, fn)
 }
 
 // Release releases this value's hold (all its permits): it deletes the key
 // at the revision it was created, in one RPC bounded by ctx and by the hold,
 // as Mutex.Unlock does.
-func (sm *Semaphore) Release(ctx context.Context) error { return sm.hr.release(ctx) }
+func (sm *Semaphore) Release(ctx context.Context) error { return sm.hr.Release(ctx) }
 
 // Do runs ops in one transaction only while this hold is there, as Mutex.Do.
 func (sm *Semaphore) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
-	return sm.hr.do(ctx, ops...)
+	return sm.hr.Do(ctx, ops...)
 }
 
 // Key returns the held key, or "" when not held.
-func (sm *Semaphore) Key() string { return sm.hr.key() }
+func (sm *Semaphore) Key() string { return sm.hr.Key() }
 
 // Rev returns the hold's fencing token (its key's create revision), or 0;
 // successive holds on a name have increasing Revs.
-func (sm *Semaphore) Rev() int64 { return sm.hr.rev() }
+func (sm *Semaphore) Rev() int64 { return sm.hr.Rev() }
 
 // IsOwner returns a comparison that holds while this hold is there; with no
 // hold it is always false.
-func (sm *Semaphore) IsOwner() clientv3.Cmp { return sm.hr.guard() }
+func (sm *Semaphore) IsOwner() clientv3.Cmp { return sm.hr.Guard() }
 
 // Header returns the header of the revision at which the hold began, or nil.
-func (sm *Semaphore) Header() *pb.ResponseHeader { return sm.hr.header() }
+func (sm *Semaphore) Header() *pb.ResponseHeader { return sm.hr.Header() }
 
 // Check is nil while this value holds permits and the hold is current, else
 // why not, as Mutex.Check.
-func (sm *Semaphore) Check() error { return sm.hr.check() }
+func (sm *Semaphore) Check() error { return sm.hr.Check() }
 
 // Done returns a channel closed when the hold ends (see Mutex.Done); with no
 // hold, a closed channel.
-func (sm *Semaphore) Done() <-chan struct{} { return sm.hr.done() }
+func (sm *Semaphore) Done() <-chan struct{} { return sm.hr.Done() }
 
 // Err returns nil while held, else why the last hold ended (as Mutex.Err).
-func (sm *Semaphore) Err() error { return sm.hr.err() }
+func (sm *Semaphore) Err() error { return sm.hr.Err() }

@@ -316,7 +316,7 @@ func TestTryOnAHeldNameBehindNestedKeysWritesNothing(t *testing.T) {
 	}
 }
 
-// listLimitForTests is the library's listLimit (slot.go).
+// listLimitForTests is the library's listLimit (internal/queue/slot.go).
 const listLimitForTests = 4
 
 // Waiters with keys of nested names and non-hex children between them at

@@ -1,4 +1,4 @@
-package etcdsync
+package queue
 
 // The blocking rules, weights, the nearest keys a waiter watches and name
 // validation, without a server: each case is a queue of keys as etcd lists
@@ -38,14 +38,14 @@ func TestRulesWhichKeysBlock(t *testing.T) {
 	kvs := queue("1a", "x/2b", "read/3c", "write/4d", "5e", "read/6f", "write/7a", "8b")
 	for _, c := range []struct {
 		name string
-		r    *rule
+		r    *Rule
 		rev  int64 // our key's create revision
 		want []string
 	}{
-		{"a mutex waits for every direct child before it, not nested or other keys", &exclusive, 9, []string{"1a", "5e", "8b"}},
-		{"a mutex's first key has nothing ahead", &exclusive, 1, nil},
-		{"a reader waits for the writers before it only", &readRule, 7, []string{"write/4d"}},
-		{"a writer waits for every reader and writer before it", &writeRule, 7, []string{"read/3c", "write/4d", "read/6f"}},
+		{"a mutex waits for every direct child before it, not nested or other keys", &Exclusive, 9, []string{"1a", "5e", "8b"}},
+		{"a mutex's first key has nothing ahead", &Exclusive, 1, nil},
+		{"a reader waits for the writers before it only", &ReadRule, 7, []string{"write/4d"}},
+		{"a writer waits for every reader and writer before it", &WriteRule, 7, []string{"read/3c", "write/4d", "read/6f"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := c.r.blocking("n/", kvs, c.rev)
@@ -72,17 +72,17 @@ func TestRulesSemaphoreWeights(t *testing.T) {
 		{1, 4, false}, // FIFO: 6 ahead (the waiter's 3 count), room 3
 		{2, 2, true},  // 2 ahead, room 2
 	} {
-		got, err := permits(4, c.n).holds("n/", kvs, c.rev)
+		got, err := Permits(4, c.n).Holds("n/", kvs, c.rev)
 		if err != nil || got != c.want {
 			t.Errorf("%d permits at rev %d: holds = %v, %v; want %v", c.n, c.rev, got, err, c.want)
 		}
 	}
 	bad := queue("1a=2/4", "2b=oops")
-	if _, err := permits(4, 1).blocking("n/", bad, 3); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := Permits(4, 1).blocking("n/", bad, 3); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("a key that is not a semaphore's: %v, want ErrInvalidArgument", err)
 	}
 	other := queue("1a=2/5")
-	if _, err := permits(4, 1).blocking("n/", other, 2); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := Permits(4, 1).blocking("n/", other, 2); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("a key of another capacity: %v, want ErrInvalidArgument", err)
 	}
 }
@@ -99,19 +99,19 @@ func TestRulesWeightsSaturate(t *testing.T) {
 func TestRulesNearestKeysWatched(t *testing.T) {
 	for _, c := range []struct {
 		name  string
-		r     *rule
+		r     *Rule
 		ahead []string
 		want  []string
 	}{
-		{"a mutex watches its predecessor and the one before it", &exclusive, []string{"1a", "2b", "3c", "4d"}, []string{"3c", "4d"}},
-		{"with one key ahead, that key", &exclusive, []string{"1a"}, []string{"1a"}},
-		{"a reader (exact) watches only the nearest writer", &readRule, []string{"write/1a", "write/2b"}, []string{"write/2b"}},
-		{"a semaphore watches the nearest keys whose weight fills the room, and the one behind", permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}},
-		{"a semaphore with room for the nearest two", permits(4, 2), []string{"1a=2/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=2/4", "2b=2/4", "3c=1/4", "4d=1/4"}},
-		{"a large request watches few", permits(4, 4), []string{"1a=1/4", "2b=1/4", "3c=1/4"}, []string{"2b=1/4", "3c=1/4"}},
+		{"a mutex watches its predecessor and the one before it", &Exclusive, []string{"1a", "2b", "3c", "4d"}, []string{"3c", "4d"}},
+		{"with one key ahead, that key", &Exclusive, []string{"1a"}, []string{"1a"}},
+		{"a reader (exact) watches only the nearest writer", &ReadRule, []string{"write/1a", "write/2b"}, []string{"write/2b"}},
+		{"a semaphore watches the nearest keys whose weight fills the room, and the one behind", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}},
+		{"a semaphore with room for the nearest two", Permits(4, 2), []string{"1a=2/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=2/4", "2b=2/4", "3c=1/4", "4d=1/4"}},
+		{"a large request watches few", Permits(4, 4), []string{"1a=1/4", "2b=1/4", "3c=1/4"}, []string{"2b=1/4", "3c=1/4"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tn := &turn{slot: &slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
+			tn := &turn{Slot: &Slot{Prefix: "n/", Rule: c.r}, ahead: queue(c.ahead...)}
 			if got, want := keyNames(tn.nearest()), keyNames(queue(c.want...)); !slices.Equal(got, want) {
 				t.Fatalf("nearest = %v, want %v", got, want)
 			}
@@ -129,18 +129,18 @@ func TestRulesWaiterKeepsOnlyNearest(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name    string
-		r       *rule
+		r       *Rule
 		ahead   []string
 		kept    []string
 		far     int64
 		blocked bool
 	}{
-		{"a mutex behind 1000 keeps 2", &exclusive, long, long[998:], 998, true},
-		{"a semaphore keeps what fills the room and one behind", permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, []string{"2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, 1, true},
-		{"room left over the far keys", permits(4, 1), []string{"1a=1/4", "2b=1/4"}, []string{"1a=1/4", "2b=1/4"}, 0, false},
+		{"a mutex behind 1000 keeps 2", &Exclusive, long, long[998:], 998, true},
+		{"a semaphore keeps what fills the room and one behind", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, []string{"2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, 1, true},
+		{"room left over the far keys", Permits(4, 1), []string{"1a=1/4", "2b=1/4"}, []string{"1a=1/4", "2b=1/4"}, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tn := &turn{slot: &slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
+			tn := &turn{Slot: &Slot{Prefix: "n/", Rule: c.r}, ahead: queue(c.ahead...)}
 			tn.keepNearest()
 			if got, want := keyNames(tn.ahead), keyNames(queue(c.kept...)); !slices.Equal(got, want) {
 				t.Fatalf("kept %v, want %v", got, want)
@@ -158,17 +158,17 @@ func TestRulesWaiterKeepsOnlyNearest(t *testing.T) {
 
 func TestNamesChecked(t *testing.T) {
 	for name, ok := range map[string]bool{"jobs/nightly": true, "/a/b": true, "x": true, "": false, "a\x00b": false} {
-		if err := checkName(name); (err == nil) != ok || err != nil && !errors.Is(err, ErrInvalidName) {
+		if err := CheckName(name); (err == nil) != ok || err != nil && !errors.Is(err, ErrInvalidName) {
 			t.Errorf("checkName(%q) = %v", name, err)
 		}
 	}
 	for key, ok := range map[string]bool{"n/1a": true, "n/0": true, "n/": false, "n/x": false, "n/1a/2b": false, "m/1a": false, "n/1A": false} {
-		if got := isChild("n/", key); got != ok {
+		if got := IsChild("n/", key); got != ok {
 			t.Errorf("isChild(n/, %q) = %v", key, got)
 		}
 	}
 	for v, ok := range map[string]bool{"1/4": true, "4/4": true, "0/4": false, "5/4": false, "x/4": false, "1": false, "": false} {
-		if _, _, got := semaphoreValue([]byte(v)); got != ok {
+		if _, _, got := SemaphoreValue([]byte(v)); got != ok {
 			t.Errorf("semaphoreValue(%q) ok = %v", v, got)
 		}
 	}

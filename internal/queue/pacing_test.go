@@ -1,4 +1,4 @@
-package etcdsync
+package queue
 
 // Keepalive pacing without a server: the session's loop runs on a Lease that
 // answers as a test says, under testing/synctest's clock, so every instant
@@ -10,7 +10,6 @@ package etcdsync
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -82,12 +81,31 @@ func (l *paceLease) sent() []time.Time {
 	return append([]time.Time{}, l.sends...)
 }
 
+// option sets Options as an option of etcdsync.NewSession does.
+type option func(*Options)
+
+func withSlack(d time.Duration) option     { return func(o *Options) { o.Slack, o.SlackOn = d, true } }
+func withLockDelay(d time.Duration) option { return func(o *Options) { o.Delay = d } }
+
+// startTTL starts a session on cli as etcdsync.NewSession does given
+// WithTTL(ttl) and opts.
+func startTTL(cli *clientv3.Client, ttl time.Duration, opts ...option) (*Session, error) {
+	o := Options{TTL: ttl, TTLSet: true}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := o.Resolve(cli); err != nil {
+		return nil, err
+	}
+	return Start(cli, o)
+}
+
 // paceSession starts a session of ttl on l, inside the synctest bubble.
-func paceSession(t *testing.T, l *paceLease, ttl time.Duration, opts ...SessionOption) *Session {
+func paceSession(t *testing.T, l *paceLease, ttl time.Duration, opts ...option) *Session {
 	t.Helper()
 	cli := clientv3.NewCtxClient(context.Background())
 	cli.Lease = l
-	s, err := NewSession(cli, append([]SessionOption{WithTTL(ttl)}, opts...)...)
+	s, err := startTTL(cli, ttl, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,15 +177,15 @@ func TestPacingSlackIsGrantedBeyondTheDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		ttl     time.Duration
-		opts    []SessionOption
+		opts    []option
 		granted int64
 	}{
 		{"default", 3 * time.Second, nil, 5},
 		{"a tenth of a long TTL", 60 * time.Second, nil, 66},
 		{"a tenth rounded up", 25 * time.Second, nil, 28},
-		{"off", 3 * time.Second, []SessionOption{WithSlack(0)}, 3},
-		{"rounded up", 3 * time.Second, []SessionOption{WithSlack(1500 * time.Millisecond)}, 5},
-		{"with a lock delay", 3 * time.Second, []SessionOption{WithLockDelay(2 * time.Second)}, 7},
+		{"off", 3 * time.Second, []option{withSlack(0)}, 3},
+		{"rounded up", 3 * time.Second, []option{withSlack(1500 * time.Millisecond)}, 5},
+		{"with a lock delay", 3 * time.Second, []option{withLockDelay(2 * time.Second)}, 7},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -187,62 +205,6 @@ func TestPacingSlackIsGrantedBeyondTheDeadline(t *testing.T) {
 			})
 		})
 	}
-}
-
-// slowHandler is a slog handler that sleeps for pause (the bubble's clock)
-// on each record with message slowOn, holding up the keepalive loop that
-// logs it, and keeps the records of the session's lateness.
-type slowHandler struct {
-	slowOn string
-	pause  time.Duration
-	mu     sync.Mutex
-	late   []time.Duration
-}
-
-func (h *slowHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *slowHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *slowHandler) WithGroup(string) slog.Handler            { return h }
-func (h *slowHandler) Handle(_ context.Context, r slog.Record) error {
-	if r.Message == h.slowOn {
-		time.Sleep(h.pause)
-	}
-	if r.Message == "etcdsync: session ran late" && r.Level == slog.LevelWarn {
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "late" {
-				h.mu.Lock()
-				h.late = append(h.late, a.Value.Duration())
-				h.mu.Unlock()
-			}
-			return true
-		})
-	}
-	return nil
-}
-
-// A keepalive loop held up past a beat's due time says how late it ran: a
-// warning once that is past half the slack (the first beat fails at TTL/3,
-// and the loop is held up 1.8 s logging it, so the next beat, due at 2TTL/3,
-// goes 0.8 s late; the slack of 1 s warns past 0.5 s). The session lives.
-func TestPacingLateLoopWarnsPastHalfTheSlack(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		l := &paceLease{fail: func(n int) error {
-			if n == 1 {
-				return errors.New("unavailable")
-			}
-			return nil
-		}}
-		h := &slowHandler{slowOn: "etcdsync: keepalive stream failed, retrying", pause: 1800 * time.Millisecond}
-		s := paceSession(t, l, 3*time.Second, WithSlack(time.Second), WithLogger(slog.New(h)))
-		time.Sleep(3 * time.Second)
-		if err := s.Err(); err != nil {
-			t.Fatalf("the session ended: %v", err)
-		}
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		if len(h.late) != 1 || h.late[0] != 800*time.Millisecond {
-			t.Fatalf("lateness warned: %v, want one of 800ms", h.late)
-		}
-	})
 }
 
 func TestPacingNoAcknowledgementEndsAtTheDeadline(t *testing.T) {
@@ -279,8 +241,8 @@ func TestPacingFailedBeatTriedAgainAfterRetryPause(t *testing.T) {
 			t.Fatalf("beats: %d, want at least 3", len(sends))
 		}
 		for i, g := range gaps(sends[:3]) {
-			if g != retryPause {
-				t.Errorf("gap %d after a failed beat: %v, want retryPause (%v)", i, g, retryPause)
+			if g != RetryPause {
+				t.Errorf("gap %d after a failed beat: %v, want retryPause (%v)", i, g, RetryPause)
 			}
 		}
 	})
@@ -353,7 +315,7 @@ func TestPacingRandomRepliesNeverOutliveTheLease(t *testing.T) {
 				}
 				cli := clientv3.NewCtxClient(context.Background())
 				cli.Lease = l
-				s, err := NewSession(cli, WithTTL(ttl), WithSlack(0))
+				s, err := startTTL(cli, ttl, withSlack(0))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -457,7 +419,7 @@ func TestPacingLoadedServerKeepsTheSessions(t *testing.T) {
 		for i := range 10 {
 			cli := clientv3.NewCtxClient(context.Background())
 			cli.Lease = loadedLease{srv: srv}
-			s, err := NewSession(cli, WithTTL(3*time.Second), WithSlack(0))
+			s, err := startTTL(cli, 3*time.Second, withSlack(0))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package etcdsync
+package queue
 
 // What the library learns about the servers behind a client (type caps):
 // whether its serializable reads come back behind the revision a waiter

@@ -1,4 +1,4 @@
-package etcdsync
+package queue
 
 import (
 	"testing"

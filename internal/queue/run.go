@@ -1,0 +1,68 @@
+package queue
+
+// What Run's context carries (type CtxHold): the holds of the Runs it is
+// inside, innermost first, so that a Run inside fn (given fn's context)
+// enters the hold that is already there (Holder.Run, Holder.Reenter), and
+// HoldFrom finds them; and how Run states a hold's cause once.
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+)
+
+// afterRun releases the Run's hold after its fn, if it is still held and fn
+// did not release it (its share, for a read hold) itself, bounded by the
+// TTL; it returns why the hold ended otherwise (nil when it was released),
+// and the release's error.
+func (e *CtxHold) afterRun(ctx context.Context, release func(context.Context) error) (cause, released error) {
+	h := e.H
+	if h.Live() && !e.left.Load() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.Session.ttl)
+		defer cancel()
+		released = release(rctx)
+	}
+	cause = h.Err()
+	if errors.Is(cause, ErrLockReleased) { // released: by us, or by fn itself
+		return nil, released
+	}
+	if cause != nil && errors.Is(released, ErrLockReleased) {
+		released = nil // the release found the hold gone: the cause says why
+	}
+	return cause, released
+}
+
+// Stated is fn's error err joined with cause (why the hold ended under fn,
+// or what its release failed at) unless err already wraps it, as when fn
+// returned context.Cause of its context: each is stated once, and errors.Is
+// finds it either way. With nothing to add, err comes back as it is.
+func Stated(err, cause error) error {
+	if cause == nil || errors.Is(err, cause) {
+		return err
+	}
+	return errors.Join(err, cause)
+}
+
+// running is a Run under a hold, as a Handover sees it: how to stop its
+// work, and a channel closed once the Run has released the hold (or found
+// it gone).
+type running struct {
+	stop context.CancelCauseFunc
+	over chan struct{}
+}
+
+// CtxHold is a hold that a Run's context carries, innermost first.
+type CtxHold struct {
+	H     *Hold
+	N     int64       // permits (1 but for a Semaphore)
+	tag   string      // an Election's value, a Semaphore's capacity
+	left  atomic.Bool // fn released the Run's share of a read hold itself
+	Outer *CtxHold
+}
+
+type CtxHoldKey struct{}
+
+func HoldIn(ctx context.Context) *CtxHold {
+	e, _ := ctx.Value(CtxHoldKey{}).(*CtxHold)
+	return e
+}
