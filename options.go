@@ -115,5 +115,6 @@ func resolve(client *clientv3.Client, opts []SessionOption) (sessionOptions, err
 		}
 		opt.apply(&o)
 	}
-	return o, o.Resolve(client)
+	err := o.Resolve(client) // before o is read: a return's operands may be read in any order
+	return o, err
 }
