@@ -2,8 +2,9 @@
 // shares, in one place for a reviewer (docs/protocol.md walks through it,
 // step by step): names to keys, the enqueue transaction, the wait on the
 // nearest keys, the turn on one watch, the held key and its loss watch, the
-// fenced release, the sweeper of stray keys, the probe of what the servers
-// answer, and the session's lease, keepalive and local deadline.
+// fenced release, the sweeper of stray keys, what is learned of a client's
+// servers (a serializable read that came back behind), and the session's
+// lease, keepalive and local deadline.
 //
 //   - slot.go: a contender's place (Slot), the blocking rules (Rule) and the
 //     acquire step (Acquire), with its cleanup.
