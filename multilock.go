@@ -109,18 +109,21 @@ func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
 	ml := &MultiLock{hrs: make([]queue.Holder, len(parts))}
 	for i, p := range parts {
 		ml.names = append(ml.names, p.Name)
-		ml.hrs[i] = queue.NewHolder(s.core(), p.Name, "multilock")
+		rule := &queue.Exclusive
+		switch p.Side {
+		case ReadSide:
+			rule = &multiReadRule
+		case WriteSide:
+			rule = &queue.WriteRule
+		}
+		ml.hrs[i] = queue.NewHolder(s.core(), p.Name, "multilock", rule)
 		switch {
 		case ml.bad != nil:
-		case ml.hrs[i].Bad != nil:
-			ml.bad = ml.hrs[i].Bad
+		case ml.hrs[i].Bad() != nil:
+			ml.bad = ml.hrs[i].Bad()
 		case i > 0 && parts[i-1].Name == p.Name:
 			ml.bad = fmt.Errorf("%w: a MultiLock takes one side of %s, not two", ErrInvalidArgument, p.Name)
-		case p.Side == ReadSide:
-			ml.hrs[i].Slot = ml.hrs[i].Slot.With(&multiReadRule)
-		case p.Side == WriteSide:
-			ml.hrs[i].Slot = ml.hrs[i].Slot.With(&queue.WriteRule)
-		case p.Side != MutexSide:
+		case p.Side != MutexSide && p.Side != ReadSide && p.Side != WriteSide:
 			ml.bad = fmt.Errorf("%w: side %d of %s", ErrInvalidArgument, p.Side, p.Name)
 		}
 	}
@@ -152,11 +155,7 @@ func (ml *MultiLock) lock(ctx context.Context, md queue.Mode) error {
 	if ml.bad != nil {
 		return ml.bad
 	}
-	sls := make([]*queue.Slot, len(ml.hrs))
-	for i := range ml.hrs {
-		sls[i] = &ml.hrs[i].Slot
-	}
-	hs, _, err := queue.Acquire(ctx, sls, "", md)
+	hs, err := queue.AcquireAll(ctx, ml.hrs, "", md)
 	if err != nil {
 		return err
 	}
@@ -220,7 +219,7 @@ func (ml *MultiLock) Unlock(ctx context.Context) error {
 	}
 	mh := ml.current()
 	if mh == nil {
-		return queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrLockReleased, strings.Join(ml.names, ", "))
+		return queue.NotHeldBy(ml.hrs[0].Session(), ErrLockReleased, strings.Join(ml.names, ", "))
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("etcdsync: release %s: %w", strings.Join(ml.names, ", "), err)
@@ -361,7 +360,7 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 	}
 	mh := ml.current()
 	if mh == nil || context.Cause(mh.ctx) != nil {
-		return nil, queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
+		return nil, queue.NotHeldBy(ml.hrs[0].Session(), ErrNotHeld, strings.Join(ml.names, ", "))
 	}
 	cmps := make([]clientv3.Cmp, len(mh.hs))
 	gets := make([]clientv3.Op, len(mh.hs))
@@ -381,7 +380,7 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
 		}
 	}
-	return nil, queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
+	return nil, queue.NotHeldBy(ml.hrs[0].Session(), ErrNotHeld, strings.Join(ml.names, ", "))
 }
 
 // Done returns a channel closed when the hold ends on any name (released,

@@ -494,36 +494,91 @@ func (h *Hold) StopRuns(cause error) []chan struct{} {
 // slot, and its current hold, if any. A primitive is "which keys, which
 // guard" on top of it.
 type Holder struct {
-	Slot Slot
-	Bad  error // why the name or session is unusable, or nil
+	slot Slot
+	bad  error // why the name or session is unusable, or nil
 
 	mu   sync.Mutex
-	H    *Hold
+	h    *Hold
 	n    int   // this value's shares of h (more than 1 only for read holds)
-	Last error // why the previous hold ended
+	last error // why the previous hold ended
 }
 
-func NewHolder(s *Session, name, kind string) Holder {
+// NewHolder returns the holder of a value of kind (mutex, election, ...) on
+// name for session s, its key placed and blocked under rule r. It does not
+// touch etcd. An invalid name or a nil session is kept as Bad.
+func NewHolder(s *Session, name, kind string, r *Rule) Holder {
 	sl, err := NewSlot(s, name, kind)
 	if err != nil {
 		// The prefix still names a key, so that the always-false guard
 		// is a comparison etcd accepts.
 		sl.Prefix = name + "/"
+	} else {
+		sl = sl.With(r)
 	}
-	return Holder{Slot: sl, Bad: err}
+	return Holder{slot: sl, bad: err}
+}
+
+// Refuse makes err the reason every call of the value fails (Bad), unless it
+// has one already: a constructor's check of its own arguments.
+func (hr *Holder) Refuse(err error) {
+	if hr.bad == nil {
+		hr.bad = err
+	}
+}
+
+// Bad is why the name, the session or the constructor's arguments are
+// unusable, or nil.
+func (hr *Holder) Bad() error { return hr.bad }
+
+// Name is the primitive's name.
+func (hr *Holder) Name() string { return hr.slot.Name() }
+
+// Prefix is the name's prefix NAME/.
+func (hr *Holder) Prefix() string { return hr.slot.Prefix }
+
+// Session is the holder's session (nil when the value was given none).
+func (hr *Holder) Session() *Session { return hr.slot.Session }
+
+// Resume makes the hold this session's key at rev already is (a restarted
+// process's, WithLease) the value's hold, as ResumeElection does; it does
+// not touch etcd. When key is not the holder's key, or rev not a revision,
+// or the key is in use by another value of the session, the value does not
+// hold and Err says why. A Bad holder is left as it is.
+func (hr *Holder) Resume(key string, rev int64) {
+	if hr.bad != nil {
+		return
+	}
+	if key != hr.slot.Key || rev <= 0 {
+		hr.last = fmt.Errorf("%w: leader key %q at revision %d is not this session's key %q", ErrInvalidArgument, key, rev, hr.slot.Key)
+		return
+	}
+	h, err := hr.slot.Resume(rev)
+	if err != nil {
+		hr.last = err
+		return
+	}
+	hr.h = h
 }
 
 // Acquire acquires a hold (see Slot.acquire) and makes it current. It returns
 // the value the key already had when it existed.
 func (hr *Holder) Acquire(ctx context.Context, val string, md Mode) ([]byte, error) {
-	return hr.AcquireAs(ctx, &hr.Slot, val, md)
+	return hr.acquire(ctx, &hr.slot, val, md)
 }
 
-// AcquireAs is acquire through sl: the holder's slot under the rule of this one
-// acquire (a Semaphore's weight).
-func (hr *Holder) AcquireAs(ctx context.Context, sl *Slot, val string, md Mode) ([]byte, error) {
-	if hr.Bad != nil {
-		return nil, hr.Bad
+// AcquireUnder is Acquire under rule r for this one acquire instead of the
+// holder's (a Semaphore's request for some permits).
+func (hr *Holder) AcquireUnder(ctx context.Context, r *Rule, val string, md Mode) ([]byte, error) {
+	sl := hr.slot
+	sl.Rule = r
+	return hr.acquire(ctx, &sl, val, md)
+}
+
+// acquire is Acquire through sl: the holder's slot, or a copy of it under
+// the rule of one acquire.
+func (hr *Holder) acquire(ctx context.Context, sl *Slot, val string, md Mode) ([]byte, error) {
+	if hr.bad != nil {
+		return nil, hr.bad
 	}
 	h, value, err := sl.acquire(ctx, val, md)
 	if err != nil {
@@ -533,12 +588,25 @@ func (hr *Holder) AcquireAs(ctx context.Context, sl *Slot, val string, md Mode) 
 	return value, nil
 }
 
+// AcquireAll acquires a hold on each of hrs's keys at once, all or none (see
+// acquireSlots: one transaction writes them all; a MultiLock), and returns
+// them in the order of hrs without making them current: the caller does
+// (AddShare). No holder may be Bad.
+func AcquireAll(ctx context.Context, hrs []Holder, val string, md Mode) ([]*Hold, error) {
+	sls := make([]*Slot, len(hrs))
+	for i := range hrs {
+		sls[i] = &hrs[i].slot
+	}
+	hs, _, err := acquireSlots(ctx, sls, val, md)
+	return hs, err
+}
+
 // AddShare makes h the value's hold and counts one more share of it.
 func (hr *Holder) AddShare(h *Hold) {
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
-	if hr.H != h {
-		hr.H, hr.n = h, 0
+	if hr.h != h {
+		hr.h, hr.n = h, 0
 	}
 	hr.n++
 }
@@ -561,9 +629,9 @@ func (hr *Holder) Release(ctx context.Context) error {
 		return fmt.Errorf("etcdsync: release %s: %w", h.Key, err)
 	}
 	hr.mu.Lock()
-	if hr.H != h { // another goroutine released this value's last share meanwhile
+	if hr.h != h { // another goroutine released this value's last share meanwhile
 		hr.mu.Unlock()
-		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, hr.Slot.Name())
+		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, hr.slot.Name())
 	}
 	for e := HoldIn(ctx); e != nil; e = e.Outer {
 		if e.H == h && e.left.CompareAndSwap(false, true) { // fn ends its RRun's share: RRun will not
@@ -571,7 +639,7 @@ func (hr *Holder) Release(ctx context.Context) error {
 		}
 	}
 	if hr.n--; hr.n == 0 {
-		hr.H, hr.Last = nil, fmt.Errorf("%w: %s released by this value", ErrLockReleased, h.Key)
+		hr.h, hr.last = nil, fmt.Errorf("%w: %s released by this value", ErrLockReleased, h.Key)
 	}
 	hr.mu.Unlock()
 	if !h.leave() {
@@ -602,23 +670,23 @@ func (hr *Holder) Abandon() error {
 func (hr *Holder) Current() *Hold {
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
-	if hr.H != nil && !hr.H.Live() {
-		hr.H.finish(nil) // frees the key's reservation when the session ended
-		hr.Last, hr.H, hr.n = hr.H.Err(), nil, 0
+	if hr.h != nil && !hr.h.Live() {
+		hr.h.finish(nil) // frees the key's reservation when the session ended
+		hr.last, hr.h, hr.n = hr.h.Err(), nil, 0
 	}
-	return hr.H
+	return hr.h
 }
 
 // Held returns the live hold, or an error wrapping notHeld (and
 // ErrInvalidArgument when the client was closed).
 func (hr *Holder) Held(notHeld error) (*Hold, error) {
-	if hr.Bad != nil {
-		return nil, hr.Bad
+	if hr.bad != nil {
+		return nil, hr.bad
 	}
 	if h := hr.Current(); h != nil {
 		return h, nil
 	}
-	return nil, NotHeldBy(hr.Slot.Session, notHeld, hr.Slot.Name())
+	return nil, NotHeldBy(hr.slot.Session, notHeld, hr.slot.Name())
 }
 
 func (hr *Holder) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
@@ -650,7 +718,7 @@ func (hr *Holder) Header() *pb.ResponseHeader {
 	return nil
 }
 
-func (hr *Holder) Guard() clientv3.Cmp { return hr.Current().Guard(hr.Slot.Prefix) }
+func (hr *Holder) Guard() clientv3.Cmp { return hr.Current().Guard(hr.slot.Prefix) }
 
 func (hr *Holder) Done() <-chan struct{} {
 	if h := hr.Current(); h != nil {
@@ -664,8 +732,8 @@ func (hr *Holder) Done() <-chan struct{} {
 // call for a hold starts its loss watch (as Done does), so a key deleted
 // behind the holder's back shows within a watch round trip.
 func (hr *Holder) Check() error {
-	if hr.Bad != nil {
-		return hr.Bad
+	if hr.bad != nil {
+		return hr.bad
 	}
 	h := hr.Current()
 	if h == nil {
@@ -684,10 +752,10 @@ func (hr *Holder) Err() error {
 	}
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
-	if hr.Last == nil {
+	if hr.last == nil {
 		return ErrNotHeld
 	}
-	return hr.Last
+	return hr.last
 }
 
 var Closed = func() chan struct{} {
@@ -757,7 +825,7 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 // primitive on the same key) is an error wrapping ErrInvalidArgument, not a
 // deadlock. With neither, it returns nil.
 func (hr *Holder) Reenter(ctx context.Context, n int64, tag string) (*CtxHold, error) {
-	sl := &hr.Slot
+	sl := &hr.slot
 	for e := HoldIn(ctx); e != nil; e = e.Outer {
 		h := e.H
 		sameKey, sameName := h.Key == sl.Key, h.Prefix == sl.Prefix && h.Kind == sl.Kind

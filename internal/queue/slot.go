@@ -173,7 +173,7 @@ func (sl *Slot) deleteAt(ctx context.Context, rev int64) error {
 // session lives. Under a shared rule, a live hold of the key in the session
 // is joined (counted) without touching etcd.
 func (sl *Slot) acquire(ctx context.Context, val string, m Mode) (*Hold, []byte, error) {
-	hs, value, err := Acquire(ctx, []*Slot{sl}, val, m)
+	hs, value, err := acquireSlots(ctx, []*Slot{sl}, val, m)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -378,13 +378,13 @@ const (
 // it committed, so that the cleanup knows what to delete.
 const CreateGrace = time.Second
 
-// Acquire is Slot.acquire for the keys of several slots of one session at
+// acquireSlots is Slot.acquire for the keys of several slots of one session at
 // once (a MultiLock), all or none: one transaction writes them all, at one
 // create revision, so that two callers of overlapping sets wait for each
 // other in one order, whatever order they name them in; the turn of each
 // is then waited for in turn. Only the first may be under a shared rule,
 // when it is the only one. The value returned is the first key's.
-func Acquire(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byte, error) {
+func acquireSlots(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byte, error) {
 	rep := sls[0].Session.rep
 	if rep == nil {
 		return enter(ctx, sls, val, m)
