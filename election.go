@@ -167,7 +167,7 @@ func (e *Election) Handover(ctx context.Context) error {
 	if h == nil {
 		return nil
 	}
-	for _, over := range h.StopRuns(fmt.Errorf("%w: %s is handed over", ErrLockReleased, h.Key)) {
+	for _, over := range h.StopRuns(fmt.Errorf("%w: %s is handed over", ErrLockReleased, h.Key())) {
 		select {
 		case <-over:
 		case <-ctx.Done():

@@ -38,7 +38,7 @@ type Group struct {
 
 // member is the rule of a group's member: no key blocks it, so its key holds
 // as soon as it is written.
-var member = queue.Rule{}
+var member = queue.Unqueued("")
 
 // NewGroup returns a Group on name for session s. It does not touch etcd. An
 // invalid name or a nil session is reported by every call, with an error

@@ -136,7 +136,7 @@ func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
 // multiReadRule is an RWMutex's read rule for a MultiLock: its hold is not
 // shared with the session's other read holds of the name (see
 // NewMultiLockOf).
-var multiReadRule = func() queue.Rule { r := queue.ReadRule; r.Shared = false; return r }()
+var multiReadRule = queue.ReadRule.Unshared()
 
 // Lock blocks until every name is held, ctx ends (the error wraps ctx.Err())
 // or the session ends (ErrSessionExpired; ErrSessionClosed once it was
@@ -168,7 +168,7 @@ func (ml *MultiLock) lock(ctx context.Context, md queue.Mode) error {
 			defer mh.relays.Done()
 			if cause := h.Err(); !errors.Is(cause, ErrLockReleased) { // lost: the others go too
 				mh.end(cause)
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(h.Session.Ctx()), h.Session.TTL())
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(h.Session().Ctx()), h.Session().TTL())
 				defer cancel()
 				if err := mh.release(ctx); err != nil {
 					mh.mu.Lock()
@@ -292,17 +292,13 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 		return ml.Err()
 	}
 	ml.Done() // watch the keys: a delete behind our back ends fn's context
-	e := queue.HoldIn(ctx)
-	for _, h := range mh.hs {
-		e = &queue.CtxHold{H: h, N: 1, Outer: e}
-	}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, queue.CtxHoldKey{}, e))
+	fctx, cancel := context.WithCancelCause(queue.WithHolds(ctx, mh.hs))
 	defer cancel(nil)
 	stop := context.AfterFunc(mh.ctx, func() { cancel(context.Cause(mh.ctx)) })
 	defer stop()
 	defer func() {
 		p := recover()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].Session.TTL())
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].Session().TTL())
 		defer rcancel()
 		released := ml.Unlock(rctx)
 		if cause := context.Cause(mh.ctx); cause != nil && !errors.Is(cause, ErrLockReleased) {
@@ -365,9 +361,9 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 	cmps := make([]clientv3.Cmp, len(mh.hs))
 	gets := make([]clientv3.Op, len(mh.hs))
 	for i, h := range mh.hs {
-		cmps[i], gets[i] = h.Guard(h.Prefix), clientv3.OpGet(h.Key, clientv3.WithKeysOnly())
+		cmps[i], gets[i] = h.Guard(h.Prefix()), clientv3.OpGet(h.Key(), clientv3.WithKeysOnly())
 	}
-	resp, err := mh.hs[0].Session.Client().Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
+	resp, err := mh.hs[0].Session().Client().Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", strings.Join(ml.names, ", "), err)
 	}
@@ -375,9 +371,9 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 		return resp, nil
 	}
 	for i, h := range mh.hs {
-		if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != h.Rev {
+		if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != h.Rev() {
 			h.Lost(resp.Header.Revision)
-			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
+			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key(), h.Rev())
 		}
 	}
 	return nil, queue.NotHeldBy(ml.hrs[0].Session(), ErrNotHeld, strings.Join(ml.names, ", "))

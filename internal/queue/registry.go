@@ -33,11 +33,11 @@ type Registry struct {
 	swept map[string][]int64 // keys swept (see sweep) -> revisions of creates by this session's acquires not yet seen by the sweeper
 }
 
-// ClaimKey reserves key for one primitive of this session: the key name is
+// claimKey reserves key for one primitive of this session: the key name is
 // fixed by interop (NAME/<lease>), so two holders on one session would share
 // a key. With wait it blocks until the key is free or ctx ends; without, it
 // returns ErrLocked at once. A reservation is freed by releaseKey, once.
-func (r *Registry) ClaimKey(ctx context.Context, key string, wait bool) error {
+func (r *Registry) claimKey(ctx context.Context, key string, wait bool) error {
 	_, err := r.claim(ctx, key, wait, nil, nil)
 	return err
 }
@@ -49,7 +49,7 @@ func (r *Registry) ClaimKey(ctx context.Context, key string, wait bool) error {
 // release of the key in flight is waited for; without, it is an error
 // wrapping ErrLocked.
 func (r *Registry) shareKey(ctx context.Context, key string, wait bool) (*Hold, error) {
-	joinable := func(h *Hold) bool { return h.Rule.Shared && h.Live() && !h.closing } // not a Mutex on NAME/read
+	joinable := func(h *Hold) bool { return h.rule.shared && h.Live() && !h.closing } // not a Mutex on NAME/read
 	for {
 		var seen *Hold
 		if _, err := r.claim(ctx, key, wait, nil, func(h *Hold) bool {
@@ -89,7 +89,7 @@ func (r *Registry) checkBounded(ctx context.Context, h *Hold) error {
 	case r.s.ctx.Err() != nil:
 		return r.s.EndedErr()
 	default:
-		return fmt.Errorf("etcdsync: join the session's hold of %s: %w", h.Key, err)
+		return fmt.Errorf("etcdsync: join the session's hold of %s: %w", h.key, err)
 	}
 	return nil
 }
@@ -150,8 +150,8 @@ func (r *Registry) wakeLocked(key string) {
 	}
 }
 
-// ReleaseKey frees a reservation made by claimKey.
-func (r *Registry) ReleaseKey(key string) {
+// releaseKey frees a reservation made by claimKey.
+func (r *Registry) releaseKey(key string) {
 	r.mu.Lock()
 	freed := r.keys[key].freed
 	delete(r.keys, key)
@@ -161,13 +161,13 @@ func (r *Registry) ReleaseKey(key string) {
 	}
 }
 
-// Sweep keeps a create of key whose outcome this session could not learn
+// sweep keeps a create of key whose outcome this session could not learn
 // from leaving a key behind, however late the server applies it (a request
 // that a member cut off from its peers forwarded to the leader can be applied
 // when the partition heals). Until the session ends, it deletes every key at
 // key with this session's lease, created after the session began, that no
 // primitive of the session holds or waits with. It does not block.
-func (r *Registry) Sweep(key string) {
+func (r *Registry) sweep(key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.swept[key]; !ok && r.s.goWatch(func() { r.sweepKey(key) }) {
@@ -254,7 +254,7 @@ func (r *Registry) unstray(kv *mvccpb.KeyValue) {
 	if claimed, _ := r.claim(r.s.ctx, key, true, func() bool { return r.oursLocked(kv) }, nil); !claimed {
 		return
 	}
-	defer r.ReleaseKey(key)
+	defer r.releaseKey(key)
 	for r.s.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(r.s.ctx, cleanupTimeout)
 		err := DeleteAtRev(ctx, r.s.client, key, kv.CreateRevision)

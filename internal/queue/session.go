@@ -58,7 +58,7 @@ type Session struct {
 	deadline time.Time      // local deadline, see above
 	moved    chan struct{}  // closed when deadline next moves or the session ends (DeadlineMoved); nil until asked for
 	watchers sync.WaitGroup // hold watchers and sweepers started by this session
-	Reg      Registry       // the keys its primitives use (registry.go)
+	reg      Registry       // the keys its primitives use (registry.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -89,7 +89,7 @@ func Start(client *clientv3.Client, o Options) (*Session, error) {
 		loop:   make(chan struct{}),
 		check:  make(chan struct{}, 1),
 	}
-	s.Reg = Registry{s: s, keys: make(map[string]keyUse), swept: make(map[string][]int64)}
+	s.reg = Registry{s: s, keys: make(map[string]keyUse), swept: make(map[string][]int64)}
 	s.rep, s.slack, s.delay = o.Rep, o.Slack, o.Delay
 	first, err := s.start(o)
 	if err != nil {
@@ -376,13 +376,13 @@ func (s *Session) end(cause error) {
 // when it happens).
 func (s *Session) finishHolds() {
 	var holds []*Hold
-	s.Reg.mu.Lock()
-	for _, use := range s.Reg.keys {
+	s.reg.mu.Lock()
+	for _, use := range s.reg.keys {
 		if use.hold != nil {
 			holds = append(holds, use.hold)
 		}
 	}
-	s.Reg.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, h := range holds {
 		h.finish(nil)
 	}
