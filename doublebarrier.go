@@ -295,7 +295,7 @@ func (db *DoubleBarrier) fill(ctx context.Context, rev int64, counted []*mvccpb.
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		}
-		if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
+		if err := queue.Pause(ctx); err != nil {
 			return 0, err
 		}
 	}
@@ -318,7 +318,7 @@ func (db *DoubleBarrier) await(ctx context.Context, rev, from int64) (int64, err
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		}
-		if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
+		if err := queue.Pause(ctx); err != nil {
 			return 0, err
 		}
 		resp, err := db.sl.Session().Client().Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(db.ready)).Commit()

@@ -294,7 +294,7 @@ func (gw *groupWatch) keep(ctx context.Context) {
 			return
 		}
 		read = gw.follow(ctx)
-		if gw.cli.Ctx().Err() != nil || !read && queue.Sleep(ctx, queue.RetryPause) != nil {
+		if gw.cli.Ctx().Err() != nil || !read && queue.Pause(ctx) != nil {
 			return
 		}
 	}
@@ -313,7 +313,7 @@ func (gw *groupWatch) read(ctx context.Context) bool {
 			gw.publish(!first)
 			return true
 		}
-		if gw.cli.Ctx().Err() != nil || queue.Sleep(ctx, queue.RetryPause) != nil {
+		if gw.cli.Ctx().Err() != nil || queue.Pause(ctx) != nil {
 			return false
 		}
 	}

@@ -36,7 +36,7 @@ func (l *leaving) run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil:
-			if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
+			if err := queue.Pause(ctx); err != nil {
 				return err
 			}
 		}

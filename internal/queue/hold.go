@@ -295,7 +295,7 @@ func WatchGone(ctx context.Context, cli *clientv3.Client, key string, rev, from 
 			from = max(from, wr.Header.Revision+1)
 		}
 		cancel()
-		if err := Sleep(ctx, RetryPause); err != nil {
+		if err := Pause(ctx); err != nil {
 			return 0, err
 		}
 		resp, err := cli.Get(ctx, key)
@@ -555,7 +555,7 @@ func (hr *Holder) Resume(key string, rev int64) {
 		hr.last = fmt.Errorf("%w: leader key %q at revision %d is not this session's key %q", ErrInvalidArgument, key, rev, hr.slot.key)
 		return
 	}
-	h, err := hr.slot.Resume(rev)
+	h, err := hr.slot.resume(rev)
 	if err != nil {
 		hr.last = err
 		return
@@ -798,7 +798,7 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 	}
 	h.Done() // watch the key: a delete behind our back ends fn's context
 	hctx := h.Context()
-	e := &CtxHold{h: h, n: n, tag: tag, outer: holdIn(ctx)}
+	e := &ctxHold{h: h, n: n, tag: tag, outer: holdIn(ctx)}
 	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, e))
 	defer cancel(nil)
 	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
@@ -827,7 +827,7 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 // inside a read, more permits, another value or capacity, another kind of
 // primitive on the same key) is an error wrapping ErrInvalidArgument, not a
 // deadlock. With neither, it returns nil.
-func (hr *Holder) Reenter(ctx context.Context, n int64, tag string) (*CtxHold, error) {
+func (hr *Holder) Reenter(ctx context.Context, n int64, tag string) (*ctxHold, error) {
 	sl := &hr.slot
 	for e := holdIn(ctx); e != nil; e = e.outer {
 		h := e.h

@@ -11,7 +11,7 @@ package queue
 // Mutex or an Election, ReadRule and WriteRule for an RWMutex, Permits for
 // a Semaphore, none for a Group's member): the machinery is shared.
 //
-// The acquire step every primitive shares (Slot.acquire, Acquire): reserve
+// The acquire step every primitive shares (Slot.acquire, acquireSlots): reserve
 // the keys in the session (registry.go), write them if absent and list the
 // queues in one transaction, wait for the turn (both turn.go) unless it is a
 // try, and on any failure withdraw the key this call may have written,
@@ -75,7 +75,7 @@ func (sl *Slot) Kind() string { return sl.kind }
 func (sl *Slot) Session() *Session { return sl.session }
 
 // Reserve reserves the slot's key in its session for one value (see
-// Registry.claimKey); when another value of the session uses it, it
+// registry.claimKey); when another value of the session uses it, it
 // returns an error wrapping ErrLocked at once. It does not touch etcd.
 // Unreserve frees the reservation, once.
 func (sl *Slot) Reserve(ctx context.Context) error {
@@ -86,7 +86,7 @@ func (sl *Slot) Reserve(ctx context.Context) error {
 func (sl *Slot) Unreserve() { sl.session.reg.releaseKey(sl.key) }
 
 // Sweep has the session delete the slot's key should a create of it whose
-// outcome the caller could not learn be applied late (see Registry.sweep).
+// outcome the caller could not learn be applied late (see registry.sweep).
 // It does not block.
 func (sl *Slot) Sweep() { sl.session.reg.sweep(sl.key) }
 
@@ -225,7 +225,7 @@ func (sl *Slot) why(ctx context.Context, err error) error {
 // this session when it holds the key at rev (the two values then share one
 // hold), else a new one when no value of the session uses the key. A hold at
 // rev that is gone shows at the first guarded call or through Done.
-func (sl *Slot) Resume(rev int64) (*Hold, error) {
+func (sl *Slot) resume(rev int64) (*Hold, error) {
 	sl.session.reg.mu.Lock()
 	h := sl.session.reg.keys[sl.key].hold
 	sl.session.reg.mu.Unlock()

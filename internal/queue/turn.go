@@ -299,7 +299,7 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 		default:
 			// The stream broke (member restart, lost leader, compaction):
 			// re-read where we stand and watch again.
-			if err := Sleep(ctx, RetryPause); err != nil {
+			if err := Pause(ctx); err != nil {
 				return nil, err
 			}
 			if err := t.settle(ctx, t.hdr.Revision); err != nil && final(err) {
@@ -439,7 +439,12 @@ func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 	return nil
 }
 
-func Sleep(ctx context.Context, d time.Duration) error {
+// Pause waits retryPause, the pause before a failed request or a broken
+// watch is retried, or until ctx ends (returning ctx.Err()).
+func Pause(ctx context.Context) error { return sleep(ctx, retryPause) }
+
+// sleep waits d, or until ctx ends (returning ctx.Err()).
+func sleep(ctx context.Context, d time.Duration) error {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
