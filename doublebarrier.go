@@ -66,14 +66,14 @@ var party = queue.Unqueued("waiters/")
 // wrapping ErrInvalidName or ErrInvalidArgument.
 func NewDoubleBarrier(s *Session, name string, count int) *DoubleBarrier {
 	db := &DoubleBarrier{waiters: name + "/waiters/", ready: name + "/ready", count: count}
-	sl, err := queue.NewSlot(s.core(), name, "doublebarrier")
+	sl, err := queue.NewSlot(s.core(), name, "doublebarrier", &party)
 	switch {
 	case err != nil:
 		db.bad = err
 	case count < 1:
 		db.bad = fmt.Errorf("%w: double barrier %s: count %d, want at least 1", ErrInvalidArgument, name, count)
 	default:
-		db.sl = sl.With(&party)
+		db.sl = sl
 	}
 	return db
 }

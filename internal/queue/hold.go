@@ -498,7 +498,7 @@ func (h *Hold) StopRuns(cause error) []chan struct{} {
 // guard" on top of it.
 type Holder struct {
 	slot Slot
-	bad  error // why the name or session is unusable, or nil
+	bad  error // why the name, the session or the constructor's arguments are unusable (Refuse), or nil
 
 	mu   sync.Mutex
 	h    *Hold
@@ -510,13 +510,11 @@ type Holder struct {
 // name for session s, its key placed and blocked under rule r. It does not
 // touch etcd. An invalid name or a nil session is kept as Bad.
 func NewHolder(s *Session, name, kind string, r *Rule) Holder {
-	sl, err := NewSlot(s, name, kind)
+	sl, err := NewSlot(s, name, kind, r)
 	if err != nil {
 		// The prefix still names a key, so that the always-false guard
 		// is a comparison etcd accepts.
 		sl.prefix = name + "/"
-	} else {
-		sl = sl.With(r)
 	}
 	return Holder{slot: sl, bad: err}
 }

@@ -90,19 +90,21 @@ func (sl *Slot) Unreserve() { sl.session.reg.releaseKey(sl.key) }
 // It does not block.
 func (sl *Slot) Sweep() { sl.session.reg.sweep(sl.key) }
 
-func NewSlot(s *Session, name, kind string) (Slot, error) {
+// NewSlot returns the place of a value of kind on name for session s, its
+// key placed and blocked under rule r. It does not touch etcd.
+func NewSlot(s *Session, name, kind string, r *Rule) (Slot, error) {
 	if s == nil {
 		return Slot{}, fmt.Errorf("%w: nil session", ErrInvalidArgument)
 	}
 	if err := CheckName(name); err != nil {
 		return Slot{}, err
 	}
-	return Slot{session: s, prefix: name + "/", kind: kind}.With(&Exclusive), nil
+	return Slot{session: s, prefix: name + "/", kind: kind}.with(r), nil
 }
 
-// With returns the slot under rule r, its key in r's directory. The prefix
+// with returns the slot under rule r, its key in r's directory. The prefix
 // is the start of the key's string, so a slot holds one string, not two.
-func (sl Slot) With(r *Rule) Slot {
+func (sl Slot) with(r *Rule) Slot {
 	n := len(sl.prefix)
 	sl.rule, sl.key = r, sl.prefix+r.dir+strconv.FormatInt(int64(sl.session.Lease()), 16)
 	sl.prefix = sl.key[:n]
