@@ -58,7 +58,7 @@ type DoubleBarrier struct {
 
 // party places a double barrier party's key under NAME/waiters/; parties
 // do not queue, so it has no blocking rule.
-var party = queue.Rule{Dir: "waiters/"}
+var party = queue.Unqueued("waiters/")
 
 // NewDoubleBarrier returns the double barrier on name for count parties,
 // with session s as one party. It does not touch etcd. An invalid name, a
@@ -66,14 +66,14 @@ var party = queue.Rule{Dir: "waiters/"}
 // wrapping ErrInvalidName or ErrInvalidArgument.
 func NewDoubleBarrier(s *Session, name string, count int) *DoubleBarrier {
 	db := &DoubleBarrier{waiters: name + "/waiters/", ready: name + "/ready", count: count}
-	sl, err := queue.NewSlot(s.core(), name, "doublebarrier")
+	sl, err := queue.NewSlot(s.core(), name, "doublebarrier", &party)
 	switch {
 	case err != nil:
 		db.bad = err
 	case count < 1:
 		db.bad = fmt.Errorf("%w: double barrier %s: count %d, want at least 1", ErrInvalidArgument, name, count)
 	default:
-		db.sl = sl.With(&party)
+		db.sl = sl
 	}
 	return db
 }
@@ -126,7 +126,7 @@ func (db *DoubleBarrier) Leave(ctx context.Context) error {
 		return err
 	}
 	err = db.leave(ctx, rev, round)
-	db.sl.Session.Reg.ReleaseKey(db.sl.Key)
+	db.sl.Unreserve()
 	db.end(0, 0)
 	return err
 }
@@ -162,7 +162,7 @@ func (db *DoubleBarrier) end(rev, round int64) {
 // session's, when one of them ended the call; err itself when it names the
 // barrier already (a sentinel's); else err with what failed.
 func (db *DoubleBarrier) why(op string, ctx context.Context, err error) error {
-	s := db.sl.Session
+	s := db.sl.Session()
 	switch {
 	case ctx.Err() != nil:
 		err = ctx.Err()
@@ -176,21 +176,21 @@ func (db *DoubleBarrier) why(op string, ctx context.Context, err error) error {
 
 // gone is the error of a party whose key vanished by revision rev.
 func (db *DoubleBarrier) gone(rev int64) error {
-	return fmt.Errorf("%w (double barrier party %s, by revision %d)", queue.ErrOwnKeyGone, db.sl.Key, rev)
+	return fmt.Errorf("%w (double barrier party %s, by revision %d)", queue.ErrOwnKeyGone, db.sl.Key(), rev)
 }
 
 // enter reserves the party's key in the session and joins the round; on
 // error it removes the key it may have written and frees the reservation.
 func (db *DoubleBarrier) enter(ctx context.Context) (rev, round int64, err error) {
 	sl := &db.sl
-	s := sl.Session
+	s := sl.Session()
 	if err := ctx.Err(); err != nil { // nothing is sent
 		return 0, 0, db.why("enter", ctx, err)
 	}
 	if s.Err() != nil {
 		return 0, 0, s.EndedErr()
 	}
-	if err := s.Reg.ClaimKey(ctx, sl.Key, false); err != nil {
+	if err := sl.Reserve(ctx); err != nil {
 		return 0, 0, fmt.Errorf("%w: double barrier %s: this session is a party already, through another value (a Session is one party)", ErrInvalidArgument, sl.Name())
 	}
 	wctx, cancel := s.Bound(ctx)
@@ -203,11 +203,11 @@ func (db *DoubleBarrier) enter(ctx context.Context) (rev, round int64, err error
 	switch {
 	case s.Err() != nil: // the key goes with the lease
 	case wrote && rev == 0: // the create's outcome is unknown
-		s.Reg.Sweep(sl.Key)
+		sl.Sweep()
 	case wrote:
 		err = errors.Join(err, sl.Withdraw(rev))
 	}
-	s.Reg.ReleaseKey(sl.Key)
+	sl.Unreserve()
 	return 0, 0, err
 }
 
@@ -225,18 +225,18 @@ func (db *DoubleBarrier) join(ctx context.Context) (rev, round int64, wrote bool
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(db.count)))
 	cctx, cancel := graced(ctx)
 	defer cancel()
-	resp, err := sl.Session.Client().Txn(cctx).
-		If(clientv3.Compare(clientv3.CreateRevision(sl.Key), "=", 0)).
-		Then(clientv3.OpPut(sl.Key, "", clientv3.WithLease(sl.Session.Lease())), clientv3.OpGet(db.ready), list).
-		Else(clientv3.OpGet(sl.Key), clientv3.OpGet(db.ready), list).
+	resp, err := sl.Session().Client().Txn(cctx).
+		If(clientv3.Compare(clientv3.CreateRevision(sl.Key()), "=", 0)).
+		Then(clientv3.OpPut(sl.Key(), "", clientv3.WithLease(sl.Session().Lease())), clientv3.OpGet(db.ready), list).
+		Else(clientv3.OpGet(sl.Key()), clientv3.OpGet(db.ready), list).
 		Commit()
 	if err != nil {
 		return 0, 0, queue.Unsure(err), err
 	}
 	rev = resp.Header.Revision
 	if own := resp.Responses[0].GetResponseRange().GetKvs(); len(own) > 0 {
-		if clientv3.LeaseID(own[0].Lease) != sl.Session.Lease() {
-			return 0, 0, false, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.Key, own[0].Lease, int64(sl.Session.Lease()))
+		if clientv3.LeaseID(own[0].Lease) != sl.Session().Lease() {
+			return 0, 0, false, fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, sl.Key(), own[0].Lease, int64(sl.Session().Lease()))
 		}
 		rev = own[0].CreateRevision
 	}
@@ -254,7 +254,7 @@ func (db *DoubleBarrier) join(ctx context.Context) (rev, round int64, wrote bool
 		// crashed: it is ignored, and the next put replaces it.)
 		return rev, 0, true, fmt.Errorf("%w: double barrier %s: a round is under way (it filled at revision %d; its parties have not all left)", ErrLocked, sl.Name(), ready[0].ModRevision)
 	}
-	switch i := slices.IndexFunc(kvs, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == sl.Key }); {
+	switch i := slices.IndexFunc(kvs, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == sl.Key() }); {
 	case i < 0:
 		return rev, 0, true, fmt.Errorf("%w: double barrier %s is full: %d parties entered before this one", ErrLocked, sl.Name(), db.count)
 	case i == db.count-1:
@@ -272,13 +272,13 @@ func (db *DoubleBarrier) join(ctx context.Context) (rev, round int64, wrote bool
 // the put of the party that fills it (await). RPC errors are retried until
 // ctx ends.
 func (db *DoubleBarrier) fill(ctx context.Context, rev int64, counted []*mvccpb.KeyValue) (int64, error) {
-	key := db.sl.Key
+	key := db.sl.Key()
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", rev), clientv3.Compare(clientv3.ModRevision(db.ready), "<", rev)}
 	for _, kv := range counted {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision))
 	}
 	for {
-		resp, err := db.sl.Session.Client().Txn(ctx).
+		resp, err := db.sl.Session().Client().Txn(ctx).
 			If(cmps...).
 			Then(clientv3.OpPut(db.ready, "")).
 			Else(clientv3.OpGet(key), clientv3.OpGet(db.ready)).
@@ -295,7 +295,7 @@ func (db *DoubleBarrier) fill(ctx context.Context, rev int64, counted []*mvccpb.
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		}
-		if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
+		if err := queue.Pause(ctx); err != nil {
 			return 0, err
 		}
 	}
@@ -307,9 +307,9 @@ func (db *DoubleBarrier) fill(ctx context.Context, rev int64, counted []*mvccpb.
 // ErrSessionExpired). A failed watch is followed by one read of the two
 // keys, then a watch from that read. It returns ctx's error when ctx ends.
 func (db *DoubleBarrier) await(ctx context.Context, rev, from int64) (int64, error) {
-	key := db.sl.Key
+	key := db.sl.Key()
 	for {
-		ev, err := watchFor(ctx, db.sl.Session.Client(), from, db.ready, mvccpb.PUT, key)
+		ev, err := watchFor(ctx, db.sl.Session().Client(), from, db.ready, mvccpb.PUT, key)
 		switch {
 		case err == nil && string(ev.Kv.Key) == key:
 			return 0, db.gone(ev.Kv.ModRevision)
@@ -318,10 +318,10 @@ func (db *DoubleBarrier) await(ctx context.Context, rev, from int64) (int64, err
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		}
-		if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
+		if err := queue.Pause(ctx); err != nil {
 			return 0, err
 		}
-		resp, err := db.sl.Session.Client().Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(db.ready)).Commit()
+		resp, err := db.sl.Session().Client().Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(db.ready)).Commit()
 		if err != nil {
 			continue
 		}
@@ -390,7 +390,7 @@ func watchFor(ctx context.Context, cli *clientv3.Client, from int64, key string,
 // round that filled at round. On error it removes the key, if it is still
 // there and the session lives.
 func (db *DoubleBarrier) leave(ctx context.Context, rev, round int64) error {
-	s := db.sl.Session
+	s := db.sl.Session()
 	if s.Err() != nil {
 		return s.EndedErr()
 	}
@@ -412,12 +412,12 @@ func (db *DoubleBarrier) leave(ctx context.Context, rev, round int64) error {
 // too if it is still the round's put. It reports false when the key was
 // gone already.
 func (db *DoubleBarrier) depart(ctx context.Context, rev, round int64, last bool) (ok bool, at int64, err error) {
-	ops := []clientv3.Op{clientv3.OpDelete(db.sl.Key)}
+	ops := []clientv3.Op{clientv3.OpDelete(db.sl.Key())}
 	if last {
 		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(db.ready), "=", round)},
 			[]clientv3.Op{clientv3.OpDelete(db.ready)}, nil))
 	}
-	resp, err := db.sl.Session.Client().Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(db.sl.Key), "=", rev)).Then(ops...).Commit()
+	resp, err := db.sl.Session().Client().Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(db.sl.Key()), "=", rev)).Then(ops...).Commit()
 	if err != nil {
 		return false, 0, err
 	}
@@ -429,7 +429,7 @@ func (db *DoubleBarrier) depart(ctx context.Context, rev, round int64, last bool
 // Slot.Withdraw, which the session's sweeper backs).
 func (db *DoubleBarrier) withdraw(rev, round int64, last bool) error {
 	if last {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(db.sl.Session.Ctx()), queue.CreateGrace)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(db.sl.Session().Ctx()), queue.CreateGrace)
 		_, _, err := db.depart(ctx, rev, round, true)
 		cancel()
 		if err == nil {

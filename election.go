@@ -31,7 +31,7 @@ type Election struct {
 // etcd. An invalid name or a nil session is reported by every call that uses
 // them (Observe's channel closes at once).
 func NewElection(s *Session, name string) *Election {
-	return &Election{hr: queue.NewHolder(s.core(), name, "election"), campaigning: make(chan struct{}, 1)}
+	return &Election{hr: queue.NewHolder(s.core(), name, "election", &queue.Exclusive), campaigning: make(chan struct{}, 1)}
 }
 
 // ResumeElection returns an Election on name that leads with leaderKey at
@@ -46,19 +46,7 @@ func NewElection(s *Session, name string) *Election {
 // not lead and Err says why; Campaign still works.
 func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Election {
 	e := NewElection(s, name)
-	if e.hr.Bad != nil {
-		return e
-	}
-	if leaderKey != e.hr.Slot.Key || leaderRev <= 0 {
-		e.hr.Last = fmt.Errorf("%w: leader key %q at revision %d is not this session's key %q", ErrInvalidArgument, leaderKey, leaderRev, e.hr.Slot.Key)
-		return e
-	}
-	h, err := e.hr.Slot.Resume(leaderRev)
-	if err != nil {
-		e.hr.Last = err
-		return e
-	}
-	e.hr.H = h
+	e.hr.Resume(leaderKey, leaderRev)
 	return e
 }
 
@@ -74,17 +62,17 @@ func ResumeElection(s *Session, name, leaderKey string, leaderRev int64) *Electi
 // leads. Uncontended, it costs one RPC. To withdraw a waiting candidacy,
 // cancel ctx.
 func (e *Election) Campaign(ctx context.Context, val string) error {
-	if e.hr.Bad != nil {
-		return e.hr.Bad
+	if e.hr.Bad() != nil {
+		return e.hr.Bad()
 	}
 	if err := ctx.Err(); err != nil { // nothing is sent
-		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.Slot.Name(), err)
+		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.Name(), err)
 	}
 	select {
 	case e.campaigning <- struct{}{}:
 		defer func() { <-e.campaigning }()
 	case <-ctx.Done():
-		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.Slot.Name(), ctx.Err())
+		return fmt.Errorf("etcdsync: campaign on %s: %w", e.hr.Name(), ctx.Err())
 	}
 	if e.hr.Current() != nil {
 		err := e.Proclaim(ctx, val)
@@ -109,7 +97,7 @@ func (e *Election) elect(ctx context.Context, val string, md queue.Mode) error {
 			if h := e.hr.Current(); h != nil && h.Inherited() {
 				// A restarted process's leadership (WithLease) is not
 				// this call's to end: it goes on with its old value.
-				return fmt.Errorf("etcdsync: campaign on %s resumed the leadership, but proclaiming the new value failed: %w", e.hr.Slot.Name(), err)
+				return fmt.Errorf("etcdsync: campaign on %s resumed the leadership, but proclaiming the new value failed: %w", e.hr.Name(), err)
 			}
 			return errors.Join(err, e.hr.Abandon())
 		}
@@ -129,8 +117,8 @@ func (e *Election) elect(ctx context.Context, val string, md queue.Mode) error {
 // of this session and name with the same val enters the term at once; with
 // another val it is an error wrapping ErrInvalidArgument.
 func (e *Election) Run(ctx context.Context, val string, fn func(ctx context.Context) error) error {
-	if e.hr.Bad != nil {
-		return e.hr.Bad
+	if e.hr.Bad() != nil {
+		return e.hr.Bad()
 	}
 	return e.hr.Run(ctx, 1, val, func(ctx context.Context) error { return e.elect(ctx, val, queue.WaitTurn) }, e.Resign, fn)
 }
@@ -141,8 +129,8 @@ func (e *Election) Run(ctx context.Context, val string, fn func(ctx context.Cont
 // only nested keys under it (NAME/x/…), it falls back to one more RPC. ctx
 // bounds the call; on error no key of this call is left behind.
 func (e *Election) TryCampaign(ctx context.Context, val string) error {
-	if e.hr.Bad != nil {
-		return e.hr.Bad
+	if e.hr.Bad() != nil {
+		return e.hr.Bad()
 	}
 	return e.elect(ctx, val, queue.TryTurn)
 }
@@ -150,8 +138,8 @@ func (e *Election) TryCampaign(ctx context.Context, val string) error {
 // TryRun is Run with TryCampaign: when someone leads or waits it returns an
 // error wrapping ErrLocked at once, without running fn.
 func (e *Election) TryRun(ctx context.Context, val string, fn func(ctx context.Context) error) error {
-	if e.hr.Bad != nil {
-		return e.hr.Bad
+	if e.hr.Bad() != nil {
+		return e.hr.Bad()
 	}
 	return e.hr.Run(ctx, 1, val, func(ctx context.Context) error { return e.TryCampaign(ctx, val) }, e.Resign, fn)
 }
@@ -172,18 +160,18 @@ func (e *Election) TryRun(ctx context.Context, val string, fn func(ctx context.C
 // retried. Called from inside a Run's fn, it waits for that fn: pass a ctx
 // that ends.
 func (e *Election) Handover(ctx context.Context) error {
-	if e.hr.Bad != nil {
-		return e.hr.Bad
+	if e.hr.Bad() != nil {
+		return e.hr.Bad()
 	}
 	h := e.hr.Current()
 	if h == nil {
 		return nil
 	}
-	for _, over := range h.StopRuns(fmt.Errorf("%w: %s is handed over", ErrLockReleased, h.Key)) {
+	for _, over := range h.StopRuns(fmt.Errorf("%w: %s is handed over", ErrLockReleased, h.Key())) {
 		select {
 		case <-over:
 		case <-ctx.Done():
-			return fmt.Errorf("etcdsync: hand over %s: %w", e.hr.Slot.Name(), ctx.Err())
+			return fmt.Errorf("etcdsync: hand over %s: %w", e.hr.Name(), ctx.Err())
 		}
 	}
 	return resign(ctx, h)
@@ -220,8 +208,8 @@ func (e *Election) Proclaim(ctx context.Context, val string) error {
 // returns at once. It returns nil when not leading (as etcd does); on an RPC
 // error the leadership stays and Resign can be retried.
 func (e *Election) Resign(ctx context.Context) error {
-	if e.hr.Bad != nil {
-		return e.hr.Bad
+	if e.hr.Bad() != nil {
+		return e.hr.Bad()
 	}
 	return resign(ctx, e.hr.Current())
 }
@@ -242,21 +230,21 @@ func resign(ctx context.Context, h *queue.Hold) error {
 // Only direct children NAME/<hex> are candidates. It needs no lease (see
 // Observer).
 func (e *Election) Leader(ctx context.Context) (*clientv3.GetResponse, error) {
-	if e.hr.Bad != nil {
-		return nil, e.hr.Bad
+	if e.hr.Bad() != nil {
+		return nil, e.hr.Bad()
 	}
-	return NewObserver(e.hr.Slot.Session.Client(), e.hr.Slot.Name()).Leader(ctx)
+	return NewObserver(e.hr.Session().Client(), e.hr.Name()).Leader(ctx)
 }
 
 // Observe follows the leader as Observer.Observe does; it needs no lease, so
 // it outlives the session. With an invalid name the channel closes at once.
 func (e *Election) Observe(ctx context.Context) <-chan *clientv3.GetResponse {
-	if e.hr.Bad != nil {
+	if e.hr.Bad() != nil {
 		ch := make(chan *clientv3.GetResponse)
 		close(ch)
 		return ch
 	}
-	return NewObserver(e.hr.Slot.Session.Client(), e.hr.Slot.Name()).Observe(ctx)
+	return NewObserver(e.hr.Session().Client(), e.hr.Name()).Observe(ctx)
 }
 
 // Do runs ops in one transaction only while this value leads (its key still

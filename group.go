@@ -38,17 +38,14 @@ type Group struct {
 
 // member is the rule of a group's member: no key blocks it, so its key holds
 // as soon as it is written.
-var member = queue.Rule{}
+var member = queue.Unqueued("")
 
 // NewGroup returns a Group on name for session s. It does not touch etcd. An
 // invalid name or a nil session is reported by every call, with an error
 // wrapping ErrInvalidName or ErrInvalidArgument (Watch's channel then
 // closes at once).
 func NewGroup(s *Session, name string) *Group {
-	g := &Group{hr: queue.NewHolder(s.core(), name, "group"), joining: make(chan struct{}, 1)}
-	if g.hr.Bad == nil {
-		g.hr.Slot = g.hr.Slot.With(&member)
-	}
+	g := &Group{hr: queue.NewHolder(s.core(), name, "group", &member), joining: make(chan struct{}, 1)}
 	return g
 }
 
@@ -78,7 +75,7 @@ func (g *Group) Join(ctx context.Context, val string) error {
 	}
 	old, err := g.hr.Acquire(ctx, val, queue.JoinTurn)
 	if errors.Is(err, ErrLocked) {
-		return fmt.Errorf("etcdsync: join %s: another value of this session uses its key: %w", g.hr.Slot.Name(), err)
+		return fmt.Errorf("etcdsync: join %s: another value of this session uses its key: %w", g.hr.Name(), err)
 	}
 	if err != nil || old == nil || string(old) == val {
 		return err
@@ -90,7 +87,7 @@ func (g *Group) Join(ctx context.Context, val string) error {
 		_, err = h.Put(ctx, val)
 	}
 	if err != nil {
-		return fmt.Errorf("etcdsync: join %s resumed the membership, but setting its value failed: %w", g.hr.Slot.Name(), err)
+		return fmt.Errorf("etcdsync: join %s resumed the membership, but setting its value failed: %w", g.hr.Name(), err)
 	}
 	return nil
 }
@@ -110,14 +107,14 @@ func (g *Group) Leave(ctx context.Context) error {
 
 // lock waits, bounded by ctx, until no other Join or Leave runs on g.
 func (g *Group) lock(ctx context.Context, what string) error {
-	if g.hr.Bad != nil {
-		return g.hr.Bad
+	if g.hr.Bad() != nil {
+		return g.hr.Bad()
 	}
 	select {
 	case g.joining <- struct{}{}:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("etcdsync: %s %s: %w", what, g.hr.Slot.Name(), ctx.Err())
+		return fmt.Errorf("etcdsync: %s %s: %w", what, g.hr.Name(), ctx.Err())
 	}
 }
 
@@ -127,10 +124,10 @@ func (g *Group) unlock() { <-g.joining }
 // in join order: one linearizable read, bounded by ctx (see GroupMembers).
 // It needs no membership, and works after the session ended.
 func (g *Group) Members(ctx context.Context) ([]Entry, int64, error) {
-	if g.hr.Bad != nil {
-		return nil, 0, g.hr.Bad
+	if g.hr.Bad() != nil {
+		return nil, 0, g.hr.Bad()
 	}
-	return GroupMembers(ctx, g.hr.Slot.Session.Client(), g.hr.Slot.Name())
+	return GroupMembers(ctx, g.hr.Session().Client(), g.hr.Name())
 }
 
 // Watch returns a channel of the group's views, kept by one watch (see
@@ -138,12 +135,12 @@ func (g *Group) Members(ctx context.Context) ([]Entry, int64, error) {
 // session, until ctx ends or the client closes. With an invalid name or a
 // nil session the channel closes at once.
 func (g *Group) Watch(ctx context.Context) <-chan GroupView {
-	if g.hr.Bad != nil {
+	if g.hr.Bad() != nil {
 		ch := make(chan GroupView)
 		close(ch)
 		return ch
 	}
-	return watchGroup(ctx, g.hr.Slot.Session.Client(), g.hr.Slot.Prefix)
+	return watchGroup(ctx, g.hr.Session().Client(), g.hr.Prefix())
 }
 
 // Key returns this member's key, or "" when not a member.
@@ -297,7 +294,7 @@ func (gw *groupWatch) keep(ctx context.Context) {
 			return
 		}
 		read = gw.follow(ctx)
-		if gw.cli.Ctx().Err() != nil || !read && queue.Sleep(ctx, queue.RetryPause) != nil {
+		if gw.cli.Ctx().Err() != nil || !read && queue.Pause(ctx) != nil {
 			return
 		}
 	}
@@ -316,7 +313,7 @@ func (gw *groupWatch) read(ctx context.Context) bool {
 			gw.publish(!first)
 			return true
 		}
-		if gw.cli.Ctx().Err() != nil || queue.Sleep(ctx, queue.RetryPause) != nil {
+		if gw.cli.Ctx().Err() != nil || queue.Pause(ctx) != nil {
 			return false
 		}
 	}

@@ -80,7 +80,7 @@ func Holders(ctx context.Context, cli *clientv3.Client, name string) ([]Entry, e
 		}
 	}
 	rwKind := func(kv *mvccpb.KeyValue) (string, *queue.Rule) {
-		if queue.InDirs(queue.ReadRule.Dir)(prefix, kv) {
+		if queue.ReadRule.In(prefix, kv) {
 			return "read", &queue.ReadRule
 		}
 		return "write", &queue.WriteRule

@@ -36,7 +36,7 @@ func (l *leaving) run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil:
-			if err := queue.Sleep(ctx, queue.RetryPause); err != nil {
+			if err := queue.Pause(ctx); err != nil {
 				return err
 			}
 		}
@@ -51,7 +51,7 @@ func (l *leaving) run(ctx context.Context) error {
 // that makes it read again after a pause, if any.
 func (l *leaving) step(ctx context.Context) (bool, error) {
 	db := l.db
-	cli := db.sl.Session.Client()
+	cli := db.sl.Session().Client()
 	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(db.waiters, clientv3.WithPrefix(), clientv3.WithKeysOnly()), clientv3.OpGet(db.ready)).Commit()
 	if err != nil {
 		return false, err
@@ -64,7 +64,7 @@ func (l *leaving) step(ctx context.Context) (bool, error) {
 		if kv.CreateRevision >= l.round {
 			continue
 		}
-		in = in || string(kv.Key) == db.sl.Key
+		in = in || string(kv.Key) == db.sl.Key()
 		if oldest == nil || kv.ModRevision < oldest.ModRevision {
 			oldest = kv
 		}
@@ -81,14 +81,14 @@ func (l *leaving) step(ctx context.Context) (bool, error) {
 	if oldest == nil { // all have left
 		return l.close(ctx, resp.Responses[1].GetResponseRange().GetKvs())
 	}
-	first := !l.left && string(oldest.Key) == db.sl.Key
+	first := !l.left && string(oldest.Key) == db.sl.Key()
 	l.alone = first && oldest == newest
 	var target, own string
 	switch {
 	case l.alone:
 		return l.depart(ctx, true)
 	case first:
-		target, own = string(newest.Key), db.sl.Key
+		target, own = string(newest.Key), db.sl.Key()
 	default:
 		if !l.left {
 			if done, err := l.depart(ctx, false); done || err != nil {
@@ -98,7 +98,7 @@ func (l *leaving) step(ctx context.Context) (bool, error) {
 		target = string(oldest.Key)
 	}
 	ev, err := watchFor(ctx, cli, resp.Header.Revision+1, target, mvccpb.DELETE, own)
-	if err == nil && string(ev.Kv.Key) == db.sl.Key {
+	if err == nil && string(ev.Kv.Key) == db.sl.Key() {
 		return true, db.gone(ev.Kv.ModRevision)
 	}
 	return false, err
@@ -126,7 +126,7 @@ func (l *leaving) close(ctx context.Context, ready []*mvccpb.KeyValue) (bool, er
 	if len(ready) == 0 || ready[0].ModRevision != l.round {
 		return true, nil
 	}
-	_, err := l.db.sl.Session.Client().Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(l.db.ready), "=", l.round)).
+	_, err := l.db.sl.Session().Client().Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(l.db.ready), "=", l.round)).
 		Then(clientv3.OpDelete(l.db.ready)).Commit()
 	return err == nil, err
 }

@@ -258,10 +258,10 @@ func (r *report) ActedLate(s *queue.Session, late time.Duration) {
 func (r *report) AcquireFailed(sl *queue.Slot, err error) {
 	reason := acquireReason(err)
 	if r.m != nil {
-		r.m.acquireErrors.WithLabelValues(sl.Kind, reason).Inc()
+		r.m.acquireErrors.WithLabelValues(sl.Kind(), reason).Inc()
 	}
 	if r.logs(slog.LevelDebug) {
-		r.log.Debug("etcdsync: acquire failed", "kind", sl.Kind, "name", sl.Name(), "reason", reason, "error", err)
+		r.log.Debug("etcdsync: acquire failed", "kind", sl.Kind(), "name", sl.Name(), "reason", reason, "error", err)
 	}
 }
 
@@ -272,10 +272,10 @@ func (r *report) HoldBegan(h *queue.Hold, wait time.Duration) {
 	}
 	r.mu.Unlock()
 	if r.m != nil {
-		r.m.acquireWait.WithLabelValues(h.Kind).Observe(wait.Seconds())
+		r.m.acquireWait.WithLabelValues(h.Kind()).Observe(wait.Seconds())
 	}
 	if r.logs(slog.LevelDebug) {
-		r.log.Debug("etcdsync: hold acquired", "kind", h.Kind, "name", h.Name(), "key", h.Key, "rev", h.Rev, "lease", leaseHex(h.Session.Lease()), "wait", wait)
+		r.log.Debug("etcdsync: hold acquired", "kind", h.Kind(), "name", h.Name(), "key", h.Key(), "rev", h.Rev(), "lease", leaseHex(h.Session().Lease()), "wait", wait)
 	}
 }
 
@@ -292,16 +292,16 @@ func (r *report) HoldEnded(h *queue.Hold, cause error) {
 	held := time.Since(began)
 	released := errors.Is(cause, ErrLockReleased)
 	if r.m != nil {
-		r.m.holdSeconds.WithLabelValues(h.Kind).Observe(held.Seconds())
+		r.m.holdSeconds.WithLabelValues(h.Kind()).Observe(held.Seconds())
 		if !released {
-			r.m.holdsLost.WithLabelValues(h.Kind, lossCause(cause)).Inc()
+			r.m.holdsLost.WithLabelValues(h.Kind(), lossCause(cause)).Inc()
 		}
 	}
 	switch {
 	case released && r.logs(slog.LevelDebug):
-		r.log.Debug("etcdsync: hold released", "kind", h.Kind, "name", h.Name(), "key", h.Key, "rev", h.Rev, "lease", leaseHex(h.Session.Lease()), "held", held)
+		r.log.Debug("etcdsync: hold released", "kind", h.Kind(), "name", h.Name(), "key", h.Key(), "rev", h.Rev(), "lease", leaseHex(h.Session().Lease()), "held", held)
 	case !released && r.logs(slog.LevelWarn):
-		r.log.Warn("etcdsync: hold lost", "kind", h.Kind, "name", h.Name(), "key", h.Key, "rev", h.Rev, "lease", leaseHex(h.Session.Lease()), "held", held, "cause", cause)
+		r.log.Warn("etcdsync: hold lost", "kind", h.Kind(), "name", h.Name(), "key", h.Key(), "rev", h.Rev(), "lease", leaseHex(h.Session().Lease()), "held", held, "cause", cause)
 	}
 }
 

@@ -109,18 +109,21 @@ func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
 	ml := &MultiLock{hrs: make([]queue.Holder, len(parts))}
 	for i, p := range parts {
 		ml.names = append(ml.names, p.Name)
-		ml.hrs[i] = queue.NewHolder(s.core(), p.Name, "multilock")
+		rule := &queue.Exclusive
+		switch p.Side {
+		case ReadSide:
+			rule = &multiReadRule
+		case WriteSide:
+			rule = &queue.WriteRule
+		}
+		ml.hrs[i] = queue.NewHolder(s.core(), p.Name, "multilock", rule)
 		switch {
 		case ml.bad != nil:
-		case ml.hrs[i].Bad != nil:
-			ml.bad = ml.hrs[i].Bad
+		case ml.hrs[i].Bad() != nil:
+			ml.bad = ml.hrs[i].Bad()
 		case i > 0 && parts[i-1].Name == p.Name:
 			ml.bad = fmt.Errorf("%w: a MultiLock takes one side of %s, not two", ErrInvalidArgument, p.Name)
-		case p.Side == ReadSide:
-			ml.hrs[i].Slot = ml.hrs[i].Slot.With(&multiReadRule)
-		case p.Side == WriteSide:
-			ml.hrs[i].Slot = ml.hrs[i].Slot.With(&queue.WriteRule)
-		case p.Side != MutexSide:
+		case p.Side != MutexSide && p.Side != ReadSide && p.Side != WriteSide:
 			ml.bad = fmt.Errorf("%w: side %d of %s", ErrInvalidArgument, p.Side, p.Name)
 		}
 	}
@@ -133,7 +136,7 @@ func NewMultiLockOf(s *Session, parts ...Part) *MultiLock {
 // multiReadRule is an RWMutex's read rule for a MultiLock: its hold is not
 // shared with the session's other read holds of the name (see
 // NewMultiLockOf).
-var multiReadRule = func() queue.Rule { r := queue.ReadRule; r.Shared = false; return r }()
+var multiReadRule = queue.ReadRule.Unshared()
 
 // Lock blocks until every name is held, ctx ends (the error wraps ctx.Err())
 // or the session ends (ErrSessionExpired; ErrSessionClosed once it was
@@ -152,11 +155,7 @@ func (ml *MultiLock) lock(ctx context.Context, md queue.Mode) error {
 	if ml.bad != nil {
 		return ml.bad
 	}
-	sls := make([]*queue.Slot, len(ml.hrs))
-	for i := range ml.hrs {
-		sls[i] = &ml.hrs[i].Slot
-	}
-	hs, _, err := queue.Acquire(ctx, sls, "", md)
+	hs, err := queue.AcquireAll(ctx, ml.hrs, "", md)
 	if err != nil {
 		return err
 	}
@@ -169,7 +168,7 @@ func (ml *MultiLock) lock(ctx context.Context, md queue.Mode) error {
 			defer mh.relays.Done()
 			if cause := h.Err(); !errors.Is(cause, ErrLockReleased) { // lost: the others go too
 				mh.end(cause)
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(h.Session.Ctx()), h.Session.TTL())
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(h.Session().Ctx()), h.Session().TTL())
 				defer cancel()
 				if err := mh.release(ctx); err != nil {
 					mh.mu.Lock()
@@ -220,7 +219,7 @@ func (ml *MultiLock) Unlock(ctx context.Context) error {
 	}
 	mh := ml.current()
 	if mh == nil {
-		return queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrLockReleased, strings.Join(ml.names, ", "))
+		return queue.NotHeldBy(ml.hrs[0].Session(), ErrLockReleased, strings.Join(ml.names, ", "))
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("etcdsync: release %s: %w", strings.Join(ml.names, ", "), err)
@@ -293,17 +292,13 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 		return ml.Err()
 	}
 	ml.Done() // watch the keys: a delete behind our back ends fn's context
-	e := queue.HoldIn(ctx)
-	for _, h := range mh.hs {
-		e = &queue.CtxHold{H: h, N: 1, Outer: e}
-	}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, queue.CtxHoldKey{}, e))
+	fctx, cancel := context.WithCancelCause(queue.WithHolds(ctx, mh.hs))
 	defer cancel(nil)
 	stop := context.AfterFunc(mh.ctx, func() { cancel(context.Cause(mh.ctx)) })
 	defer stop()
 	defer func() {
 		p := recover()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].Session.TTL())
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].Session().TTL())
 		defer rcancel()
 		released := ml.Unlock(rctx)
 		if cause := context.Cause(mh.ctx); cause != nil && !errors.Is(cause, ErrLockReleased) {
@@ -361,14 +356,14 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 	}
 	mh := ml.current()
 	if mh == nil || context.Cause(mh.ctx) != nil {
-		return nil, queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
+		return nil, queue.NotHeldBy(ml.hrs[0].Session(), ErrNotHeld, strings.Join(ml.names, ", "))
 	}
 	cmps := make([]clientv3.Cmp, len(mh.hs))
 	gets := make([]clientv3.Op, len(mh.hs))
 	for i, h := range mh.hs {
-		cmps[i], gets[i] = h.Guard(h.Prefix), clientv3.OpGet(h.Key, clientv3.WithKeysOnly())
+		cmps[i], gets[i] = h.Guard(h.Prefix()), clientv3.OpGet(h.Key(), clientv3.WithKeysOnly())
 	}
-	resp, err := mh.hs[0].Session.Client().Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
+	resp, err := mh.hs[0].Session().Client().Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", strings.Join(ml.names, ", "), err)
 	}
@@ -376,12 +371,12 @@ func (ml *MultiLock) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnR
 		return resp, nil
 	}
 	for i, h := range mh.hs {
-		if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != h.Rev {
+		if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != h.Rev() {
 			h.Lost(resp.Header.Revision)
-			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
+			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key(), h.Rev())
 		}
 	}
-	return nil, queue.NotHeldBy(ml.hrs[0].Slot.Session, ErrNotHeld, strings.Join(ml.names, ", "))
+	return nil, queue.NotHeldBy(ml.hrs[0].Session(), ErrNotHeld, strings.Join(ml.names, ", "))
 }
 
 // Done returns a channel closed when the hold ends on any name (released,

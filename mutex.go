@@ -29,7 +29,7 @@ type Mutex struct {
 // every call that uses them, with an error wrapping ErrInvalidName or
 // ErrInvalidArgument.
 func NewMutex(s *Session, name string) *Mutex {
-	return &Mutex{hr: queue.NewHolder(s.core(), name, "mutex")}
+	return &Mutex{hr: queue.NewHolder(s.core(), name, "mutex", &queue.Exclusive)}
 }
 
 // Lock blocks until the lock is held, ctx ends (the error wraps ctx.Err()) or
@@ -151,7 +151,7 @@ func (l locker) Lock() {
 
 func (l locker) Unlock() {
 	ctx := context.Background()
-	if s := l.m.hr.Slot.Session; s != nil {
+	if s := l.m.hr.Session(); s != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.TTL())
 		defer cancel()

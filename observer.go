@@ -195,7 +195,7 @@ func (o *Observer) observe(ctx context.Context, send func(*pb.ResponseHeader, Te
 			if err := o.usable(); err != nil {
 				return fmt.Errorf("etcdsync: observe %s: %w", o.name, err)
 			}
-			if queue.Sleep(ctx, queue.RetryPause) != nil {
+			if queue.Pause(ctx) != nil {
 				return nil
 			}
 			continue
@@ -210,7 +210,7 @@ func (o *Observer) observe(ctx context.Context, send func(*pb.ResponseHeader, Te
 		if at = o.follow(ctx, at, leader, once); at < 0 {
 			// The watch ended (ctx, a lost leader, a member restart):
 			// read again where it stopped.
-			if at = -at; queue.Sleep(ctx, queue.RetryPause) != nil {
+			if at = -at; queue.Pause(ctx) != nil {
 				return nil
 			}
 		}

@@ -15,9 +15,5 @@ import (
 // ok is false when ctx carries none. It does not touch etcd; the hold may
 // have ended since (then fn's context has ended too).
 func HoldFrom(ctx context.Context) (key string, rev int64, ok bool) {
-	e := queue.HoldIn(ctx)
-	if e == nil {
-		return "", 0, false
-	}
-	return e.H.Key, e.H.Rev, true
+	return queue.HoldFrom(ctx)
 }

@@ -40,12 +40,7 @@ type RWMutex struct {
 // etcd. An invalid name or a nil session is reported by every call that uses
 // them.
 func NewRWMutex(s *Session, name string) *RWMutex {
-	rw := &RWMutex{w: queue.NewHolder(s.core(), name, "rwmutex"), r: queue.NewHolder(s.core(), name, "rwmutex")}
-	if rw.w.Bad == nil {
-		rw.w.Slot = rw.w.Slot.With(&queue.WriteRule)
-		rw.r.Slot = rw.r.Slot.With(&queue.ReadRule)
-	}
-	return rw
+	return &RWMutex{w: queue.NewHolder(s.core(), name, "rwmutex", &queue.WriteRule), r: queue.NewHolder(s.core(), name, "rwmutex", &queue.ReadRule)}
 }
 
 // RLock blocks until a read hold is taken, ctx ends (the error wraps

@@ -32,9 +32,9 @@ type Semaphore struct {
 // below 1 is reported by every call, with an error wrapping ErrInvalidName or
 // ErrInvalidArgument.
 func NewSemaphore(s *Session, name string, capacity int64) *Semaphore {
-	sm := &Semaphore{hr: queue.NewHolder(s.core(), name, "semaphore"), capacity: capacity}
-	if sm.hr.Bad == nil && capacity < 1 {
-		sm.hr.Bad = fmt.Errorf("%w: semaphore %s: capacity %d, want at least 1", ErrInvalidArgument, name, capacity)
+	sm := &Semaphore{hr: queue.NewHolder(s.core(), name, "semaphore", &queue.Exclusive), capacity: capacity}
+	if capacity < 1 {
+		sm.hr.Refuse(fmt.Errorf("%w: semaphore %s: capacity %d, want at least 1", ErrInvalidArgument, name, capacity))
 	}
 	return sm
 }
@@ -60,15 +60,13 @@ func (sm *Semaphore) TryAcquire(ctx context.Context, n int64) error {
 }
 
 func (sm *Semaphore) acquire(ctx context.Context, n int64, md queue.Mode) error {
-	if sm.hr.Bad != nil {
-		return sm.hr.Bad
+	if sm.hr.Bad() != nil {
+		return sm.hr.Bad()
 	}
 	if n < 1 || n > sm.capacity {
-		return fmt.Errorf("%w: acquire %d permits of semaphore %s, capacity %d", ErrInvalidArgument, n, sm.hr.Slot.Name(), sm.capacity)
+		return fmt.Errorf("%w: acquire %d permits of semaphore %s, capacity %d", ErrInvalidArgument, n, sm.hr.Name(), sm.capacity)
 	}
-	sl := sm.hr.Slot
-	sl.Rule = queue.Permits(sm.capacity, n)
-	_, err := sm.hr.AcquireAs(ctx, &sl, fmt.Sprintf("%d/%d", n, sm.capacity), md)
+	_, err := sm.hr.AcquireUnder(ctx, queue.Permits(sm.capacity, n), fmt.Sprintf("%d/%d", n, sm.capacity), md)
 	return err
 }
 

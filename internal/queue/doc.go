@@ -7,15 +7,15 @@
 // lease, keepalive and local deadline.
 //
 //   - slot.go: a contender's place (Slot), the blocking rules (Rule) and the
-//     acquire step (Acquire), with its cleanup.
+//     acquire step (acquireSlots), with its cleanup.
 //   - turn.go: the enqueue transaction, a key's turn (turn) and the wait's
 //     watches (stream).
 //   - hold.go: the held key (Hold: guard, Do, loss watch, fenced release) and
 //     a primitive value's state between calls (Holder).
-//   - registry.go: the session's key claims and its sweepers (Registry).
+//   - registry.go: the session's key claims and its sweepers (registry).
 //   - session.go: the lease, its keepalive and local deadline (Session), and
 //     what it reports (Reports); options.go: its settings (Options).
-//   - run.go: what a Run's context carries (CtxHold); caps.go: what is
+//   - run.go: what a Run's context carries (ctxHold); caps.go: what is
 //     learned of a client's servers; errors.go: the sentinels.
 //
 // Arrows run one way: the package etcdsync imports this one, never the

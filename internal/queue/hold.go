@@ -31,7 +31,7 @@ import (
 // goroutine, no watch and no context.
 type Hold struct {
 	*Slot     // the holder's
-	Rev       int64
+	rev       int64
 	start     startHeader  // of the revision at which the hold began
 	releasing atomic.Int32 // Unlocks in flight: a delete seen meanwhile may be theirs
 	shares    int32        // values of the session that share the hold (s.reg.mu; 1 but for read holds)
@@ -80,23 +80,23 @@ func (h *Hold) extra() *holdExtra {
 // newHold makes the hold of a key this session reserved (claimKey); the hold
 // frees the reservation when it finishes.
 func newHold(sl *Slot, rev int64, hdr *pb.ResponseHeader) *Hold {
-	h := &Hold{Slot: sl, Rev: rev, shares: 1, start: startHeader{cluster: hdr.ClusterId, member: hdr.MemberId, rev: hdr.Revision, term: hdr.RaftTerm}}
-	sl.Session.Reg.mu.Lock()
-	use := sl.Session.Reg.keys[sl.Key]
+	h := &Hold{Slot: sl, rev: rev, shares: 1, start: startHeader{cluster: hdr.ClusterId, member: hdr.MemberId, rev: hdr.Revision, term: hdr.RaftTerm}}
+	sl.session.reg.mu.Lock()
+	use := sl.session.reg.keys[sl.key]
 	use.hold = h
-	sl.Session.Reg.keys[sl.Key] = use
-	if sl.Rule.Shared {
-		sl.Session.Reg.wakeLocked(sl.Key) // those waiting to share it join
+	sl.session.reg.keys[sl.key] = use
+	if sl.rule.shared {
+		sl.session.reg.wakeLocked(sl.key) // those waiting to share it join
 	}
-	sl.Session.Reg.mu.Unlock()
+	sl.session.reg.mu.Unlock()
 	return h
 }
 
 // leave drops one share of h and reports whether it was the last, which
 // then releases the key (unhold) while nobody joins.
 func (h *Hold) leave() bool {
-	h.Session.Reg.mu.Lock()
-	defer h.Session.Reg.mu.Unlock()
+	h.session.reg.mu.Lock()
+	defer h.session.reg.mu.Unlock()
 	h.shares--
 	h.closing = h.shares == 0
 	return h.closing
@@ -107,9 +107,9 @@ func (h *Hold) leave() bool {
 // joins the hold any more (it stays closing), and its watch, started here,
 // ends it if the key goes.
 func (h *Hold) kept() {
-	h.Session.Reg.mu.Lock()
+	h.session.reg.mu.Lock()
 	h.shares++
-	h.Session.Reg.mu.Unlock()
+	h.session.reg.mu.Unlock()
 	h.Done()
 }
 
@@ -117,13 +117,13 @@ func (h *Hold) kept() {
 // when the key is gone or replaced it ends h and returns an error wrapping
 // ErrNotHeld.
 func (h *Hold) check(ctx context.Context) (int64, error) {
-	resp, err := h.Session.client.Get(ctx, h.Key)
+	resp, err := h.session.client.Get(ctx, h.key)
 	if err != nil {
 		return 0, err
 	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.Rev {
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != h.rev {
 		h.Lost(resp.Header.Revision)
-		return 0, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
+		return 0, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
 	}
 	return resp.Header.Revision, nil
 }
@@ -136,10 +136,10 @@ func (h *Hold) Context() context.Context {
 	switch {
 	case x.ctx != nil:
 	case h.over.Load(): // with its own cause, whether or not the session ended since
-		x.ctx, x.end = context.WithCancelCause(context.WithoutCancel(h.Session.ctx))
+		x.ctx, x.end = context.WithCancelCause(context.WithoutCancel(h.session.ctx))
 		x.end(h.cause)
 	default:
-		x.ctx, x.end = context.WithCancelCause(h.Session.ctx)
+		x.ctx, x.end = context.WithCancelCause(h.session.ctx)
 	}
 	return x.ctx
 }
@@ -174,18 +174,21 @@ func (h *Hold) header() *pb.ResponseHeader {
 
 // Inherited reports whether h's key was created before the session began: a
 // hold of a restarted process that this session adopted (WithLease).
-func (h *Hold) Inherited() bool { return h.Rev <= h.Session.startRev }
+func (h *Hold) Inherited() bool { return h.rev <= h.session.startRev }
+
+// Rev is the hold's fencing token: its key's create revision.
+func (h *Hold) Rev() int64 { return h.rev }
 
 // Live reports whether h is a hold that has not ended.
-func (h *Hold) Live() bool { return h != nil && !h.over.Load() && h.Session.ctx.Err() == nil }
+func (h *Hold) Live() bool { return h != nil && !h.over.Load() && h.session.ctx.Err() == nil }
 
 // finish ends the hold with cause (the session's, if it has ended) and frees
 // the key's reservation, once.
 func (h *Hold) finish(cause error) {
 	h.once.Do(func() {
 		h.mu.Lock()
-		if h.Session.ctx.Err() != nil || cause == nil {
-			cause = context.Cause(h.Session.ctx)
+		if h.session.ctx.Err() != nil || cause == nil {
+			cause = context.Cause(h.session.ctx)
 		}
 		if cause == nil { // not reached: nil is passed only once the hold or session ended
 			cause = ErrNotHeld
@@ -197,13 +200,13 @@ func (h *Hold) finish(cause error) {
 			end = h.x.end
 		}
 		h.mu.Unlock()
-		if rep := h.Session.rep; rep != nil {
+		if rep := h.session.rep; rep != nil {
 			rep.HoldEnded(h, cause) // before Done closes
 		}
 		if end != nil {
 			end(cause)
 		}
-		h.Session.Reg.ReleaseKey(h.Key)
+		h.session.reg.releaseKey(h.key)
 	})
 }
 
@@ -232,7 +235,7 @@ func (h *Hold) Done() <-chan struct{} {
 			return
 		}
 		watched := make(chan struct{})
-		if h.Session.goWatch(func() { defer close(watched); h.watchKey(ctx) }) {
+		if h.session.goWatch(func() { defer close(watched); h.watchKey(ctx) }) {
 			x.watched = watched
 		}
 	})
@@ -246,8 +249,8 @@ func (h *Hold) Err() error {
 		defer h.mu.Unlock()
 		return h.cause
 	}
-	if h.Session.ctx.Err() != nil {
-		return context.Cause(h.Session.ctx)
+	if h.session.ctx.Err() != nil {
+		return context.Cause(h.session.ctx)
 	}
 	return nil
 }
@@ -258,13 +261,13 @@ func (h *Hold) Lost(rev int64) {
 		h.finish(ErrLockReleased)
 		return
 	}
-	h.finish(fmt.Errorf("%w: key %s gone by revision %d (lease expired or revoked, or deleted by someone)", ErrNotHeld, h.Key, rev))
-	h.Session.checkLease()
+	h.finish(fmt.Errorf("%w: key %s gone by revision %d (lease expired or revoked, or deleted by someone)", ErrNotHeld, h.key, rev))
+	h.session.checkLease()
 }
 
 // watchKey ends the hold when its key is deleted; hctx is the hold's context.
 func (h *Hold) watchKey(hctx context.Context) {
-	if rev, err := WatchGone(hctx, h.Session.client, h.Key, h.Rev, h.start.rev+1); err == nil {
+	if rev, err := WatchGone(hctx, h.session.client, h.key, h.rev, h.start.rev+1); err == nil {
 		h.Lost(rev)
 	}
 }
@@ -292,7 +295,7 @@ func WatchGone(ctx context.Context, cli *clientv3.Client, key string, rev, from 
 			from = max(from, wr.Header.Revision+1)
 		}
 		cancel()
-		if err := Sleep(ctx, RetryPause); err != nil {
+		if err := Pause(ctx); err != nil {
 			return 0, err
 		}
 		resp, err := cli.Get(ctx, key)
@@ -314,7 +317,7 @@ func (h *Hold) Guard(prefix string) clientv3.Cmp {
 	if !h.Live() {
 		return clientv3.Compare(clientv3.CreateRevision(prefix), "<", 0)
 	}
-	return clientv3.Compare(clientv3.CreateRevision(h.Key), "=", h.Rev)
+	return clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)
 }
 
 // do runs ops in one transaction only while h is current. When the hold is
@@ -325,13 +328,13 @@ func (h *Hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnRespons
 	}
 	// The Else range keeps the transaction linearizable: one of compares and
 	// serializable reads alone is served by any member, which may lag.
-	resp, err := h.Session.client.Txn(ctx).If(h.Guard(h.Prefix)).Then(ops...).Else(clientv3.OpGet(h.Key, clientv3.WithCountOnly())).Commit()
+	resp, err := h.session.client.Txn(ctx).If(h.Guard(h.prefix)).Then(ops...).Else(clientv3.OpGet(h.key, clientv3.WithCountOnly())).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", h.Key, err)
+		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", h.key, err)
 	}
 	if !resp.Succeeded {
 		h.Lost(resp.Header.Revision)
-		return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
+		return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
 	}
 	return resp, nil
 }
@@ -347,32 +350,32 @@ func (h *Hold) Put(ctx context.Context, val string) (*pb.ResponseHeader, error) 
 	x.writing.Lock()
 	defer x.writing.Unlock()
 	if x.wrote == 0 {
-		x.wrote = h.Rev
+		x.wrote = h.rev
 	}
 	for range putTries {
 		if !h.Live() {
 			return nil, fmt.Errorf("%w: no current hold", ErrNotHeld)
 		}
-		resp, err := h.Session.client.Txn(ctx).
-			If(h.Guard(h.Prefix), clientv3.Compare(clientv3.ModRevision(h.Key), "=", x.wrote)).
-			Then(clientv3.OpPut(h.Key, val, clientv3.WithLease(h.Session.Lease()))).
-			Else(clientv3.OpGet(h.Key)).
+		resp, err := h.session.client.Txn(ctx).
+			If(h.Guard(h.prefix), clientv3.Compare(clientv3.ModRevision(h.key), "=", x.wrote)).
+			Then(clientv3.OpPut(h.key, val, clientv3.WithLease(h.session.Lease()))).
+			Else(clientv3.OpGet(h.key)).
 			Commit()
 		if err != nil {
-			return nil, fmt.Errorf("etcdsync: set the value of %s: %w", h.Key, err)
+			return nil, fmt.Errorf("etcdsync: set the value of %s: %w", h.key, err)
 		}
 		if resp.Succeeded {
 			x.wrote = resp.Header.Revision
 			return resp.Header, nil
 		}
 		kvs := resp.Responses[0].GetResponseRange().GetKvs()
-		if len(kvs) == 0 || kvs[0].CreateRevision != h.Rev {
+		if len(kvs) == 0 || kvs[0].CreateRevision != h.rev {
 			h.Lost(resp.Header.Revision)
-			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.Key, h.Rev)
+			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
 		}
 		x.wrote = kvs[0].ModRevision
 	}
-	return nil, fmt.Errorf("etcdsync: set the value of %s: it changed under each of %d tries", h.Key, putTries)
+	return nil, fmt.Errorf("etcdsync: set the value of %s: it changed under each of %d tries", h.key, putTries)
 }
 
 // putTries bounds how often put writes over a value it did not expect.
@@ -398,7 +401,7 @@ func Unhold(ctx context.Context, hs []*Hold) []error {
 		case !h.Live():
 			errs[i] = fmt.Errorf("%w: not held", ErrLockReleased)
 		case ctx.Err() != nil: // nothing is sent: the hold stays as it was
-			errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.Key, ctx.Err())
+			errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.key, ctx.Err())
 		default:
 			live = append(live, i)
 		}
@@ -408,17 +411,17 @@ func Unhold(ctx context.Context, hs []*Hold) []error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	txn := hs[live[0]].Session.client.Txn(ctx)
+	txn := hs[live[0]].session.client.Txn(ctx)
 	if len(hs) == 1 {
 		h := hs[0]
 		stop := context.AfterFunc(h.Context(), cancel)
 		defer stop()
-		txn = txn.If(h.Guard(h.Prefix)).Then(clientv3.OpDelete(h.Key))
+		txn = txn.If(h.Guard(h.prefix)).Then(clientv3.OpDelete(h.key))
 	} else {
 		ops := make([]clientv3.Op, len(live))
 		for j, i := range live {
 			h := hs[i]
-			ops[j] = clientv3.OpTxn([]clientv3.Cmp{h.Guard(h.Prefix)}, []clientv3.Op{clientv3.OpDelete(h.Key)}, nil)
+			ops[j] = clientv3.OpTxn([]clientv3.Cmp{h.Guard(h.prefix)}, []clientv3.Op{clientv3.OpDelete(h.key)}, nil)
 		}
 		txn = txn.Then(ops...)
 	}
@@ -436,9 +439,9 @@ func Unhold(ctx context.Context, hs []*Hold) []error {
 			h.releasing.Add(-1)
 			switch {
 			case h.Live():
-				errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.Key, err)
+				errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.key, err)
 			case !errors.Is(h.Err(), ErrLockReleased):
-				errs[i] = fmt.Errorf("%w: %s: the hold ended while releasing: %w", ErrLockReleased, h.Key, h.Err())
+				errs[i] = fmt.Errorf("%w: %s: the hold ended while releasing: %w", ErrLockReleased, h.key, h.Err())
 			}
 		case len(hs) == 1 && resp.Succeeded, len(hs) > 1 && resp.Responses[j].GetResponseTxn().Succeeded:
 			h.stop(ErrLockReleased)
@@ -446,7 +449,7 @@ func Unhold(ctx context.Context, hs []*Hold) []error {
 			h.releasing.Add(-1)
 			h.Lost(resp.Header.Revision)
 			h.stop(nil)
-			errs[i] = fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.Key, h.Rev)
+			errs[i] = fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
 		}
 	}
 	return errs
@@ -494,36 +497,89 @@ func (h *Hold) StopRuns(cause error) []chan struct{} {
 // slot, and its current hold, if any. A primitive is "which keys, which
 // guard" on top of it.
 type Holder struct {
-	Slot Slot
-	Bad  error // why the name or session is unusable, or nil
+	slot Slot
+	bad  error // why the name, the session or the constructor's arguments are unusable (Refuse), or nil
 
 	mu   sync.Mutex
-	H    *Hold
+	h    *Hold
 	n    int   // this value's shares of h (more than 1 only for read holds)
-	Last error // why the previous hold ended
+	last error // why the previous hold ended
 }
 
-func NewHolder(s *Session, name, kind string) Holder {
-	sl, err := NewSlot(s, name, kind)
+// NewHolder returns the holder of a value of kind (mutex, election, ...) on
+// name for session s, its key placed and blocked under rule r. It does not
+// touch etcd. An invalid name or a nil session is kept as Bad.
+func NewHolder(s *Session, name, kind string, r *Rule) Holder {
+	sl, err := NewSlot(s, name, kind, r)
 	if err != nil {
 		// The prefix still names a key, so that the always-false guard
 		// is a comparison etcd accepts.
-		sl.Prefix = name + "/"
+		sl.prefix = name + "/"
 	}
-	return Holder{Slot: sl, Bad: err}
+	return Holder{slot: sl, bad: err}
+}
+
+// Refuse makes err the reason every call of the value fails (Bad), unless it
+// has one already: a constructor's check of its own arguments.
+func (hr *Holder) Refuse(err error) {
+	if hr.bad == nil {
+		hr.bad = err
+	}
+}
+
+// Bad is why the name, the session or the constructor's arguments are
+// unusable, or nil.
+func (hr *Holder) Bad() error { return hr.bad }
+
+// Name is the primitive's name.
+func (hr *Holder) Name() string { return hr.slot.Name() }
+
+// Prefix is the name's prefix NAME/.
+func (hr *Holder) Prefix() string { return hr.slot.Prefix() }
+
+// Session is the holder's session (nil when the value was given none).
+func (hr *Holder) Session() *Session { return hr.slot.Session() }
+
+// Resume makes the hold this session's key at rev already is (a restarted
+// process's, WithLease) the value's hold, as ResumeElection does; it does
+// not touch etcd. When key is not the holder's key, or rev not a revision,
+// or the key is in use by another value of the session, the value does not
+// hold and Err says why. A Bad holder is left as it is.
+func (hr *Holder) Resume(key string, rev int64) {
+	if hr.bad != nil {
+		return
+	}
+	if key != hr.slot.key || rev <= 0 {
+		hr.last = fmt.Errorf("%w: leader key %q at revision %d is not this session's key %q", ErrInvalidArgument, key, rev, hr.slot.key)
+		return
+	}
+	h, err := hr.slot.resume(rev)
+	if err != nil {
+		hr.last = err
+		return
+	}
+	hr.h = h
 }
 
 // Acquire acquires a hold (see Slot.acquire) and makes it current. It returns
 // the value the key already had when it existed.
 func (hr *Holder) Acquire(ctx context.Context, val string, md Mode) ([]byte, error) {
-	return hr.AcquireAs(ctx, &hr.Slot, val, md)
+	return hr.acquire(ctx, &hr.slot, val, md)
 }
 
-// AcquireAs is acquire through sl: the holder's slot under the rule of this one
-// acquire (a Semaphore's weight).
-func (hr *Holder) AcquireAs(ctx context.Context, sl *Slot, val string, md Mode) ([]byte, error) {
-	if hr.Bad != nil {
-		return nil, hr.Bad
+// AcquireUnder is Acquire under rule r for this one acquire instead of the
+// holder's (a Semaphore's request for some permits).
+func (hr *Holder) AcquireUnder(ctx context.Context, r *Rule, val string, md Mode) ([]byte, error) {
+	sl := hr.slot
+	sl.rule = r
+	return hr.acquire(ctx, &sl, val, md)
+}
+
+// acquire is Acquire through sl: the holder's slot, or a copy of it under
+// the rule of one acquire.
+func (hr *Holder) acquire(ctx context.Context, sl *Slot, val string, md Mode) ([]byte, error) {
+	if hr.bad != nil {
+		return nil, hr.bad
 	}
 	h, value, err := sl.acquire(ctx, val, md)
 	if err != nil {
@@ -533,12 +589,25 @@ func (hr *Holder) AcquireAs(ctx context.Context, sl *Slot, val string, md Mode) 
 	return value, nil
 }
 
+// AcquireAll acquires a hold on each of hrs's keys at once, all or none (see
+// acquireSlots: one transaction writes them all; a MultiLock), and returns
+// them in the order of hrs without making them current: the caller does
+// (AddShare). No holder may be Bad.
+func AcquireAll(ctx context.Context, hrs []Holder, val string, md Mode) ([]*Hold, error) {
+	sls := make([]*Slot, len(hrs))
+	for i := range hrs {
+		sls[i] = &hrs[i].slot
+	}
+	hs, _, err := acquireSlots(ctx, sls, val, md)
+	return hs, err
+}
+
 // AddShare makes h the value's hold and counts one more share of it.
 func (hr *Holder) AddShare(h *Hold) {
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
-	if hr.H != h {
-		hr.H, hr.n = h, 0
+	if hr.h != h {
+		hr.h, hr.n = h, 0
 	}
 	hr.n++
 }
@@ -554,24 +623,24 @@ func (hr *Holder) Release(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !h.Rule.Shared {
+	if !h.rule.shared {
 		return h.Unhold(ctx)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("etcdsync: release %s: %w", h.Key, err)
+		return fmt.Errorf("etcdsync: release %s: %w", h.key, err)
 	}
 	hr.mu.Lock()
-	if hr.H != h { // another goroutine released this value's last share meanwhile
+	if hr.h != h { // another goroutine released this value's last share meanwhile
 		hr.mu.Unlock()
-		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, hr.Slot.Name())
+		return fmt.Errorf("%w: %s is not held by this value", ErrLockReleased, hr.slot.Name())
 	}
-	for e := HoldIn(ctx); e != nil; e = e.Outer {
-		if e.H == h && e.left.CompareAndSwap(false, true) { // fn ends its RRun's share: RRun will not
+	for e := holdIn(ctx); e != nil; e = e.outer {
+		if e.h == h && e.left.CompareAndSwap(false, true) { // fn ends its RRun's share: RRun will not
 			break
 		}
 	}
 	if hr.n--; hr.n == 0 {
-		hr.H, hr.Last = nil, fmt.Errorf("%w: %s released by this value", ErrLockReleased, h.Key)
+		hr.h, hr.last = nil, fmt.Errorf("%w: %s released by this value", ErrLockReleased, h.key)
 	}
 	hr.mu.Unlock()
 	if !h.leave() {
@@ -592,7 +661,7 @@ func (hr *Holder) Abandon() error {
 	if h == nil {
 		return nil
 	}
-	err := h.Slot.Withdraw(h.Rev)
+	err := h.Slot.Withdraw(h.rev)
 	h.stop(fmt.Errorf("%w: abandoned after a failed campaign", ErrNotHeld))
 	hr.Current()
 	return err
@@ -602,23 +671,23 @@ func (hr *Holder) Abandon() error {
 func (hr *Holder) Current() *Hold {
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
-	if hr.H != nil && !hr.H.Live() {
-		hr.H.finish(nil) // frees the key's reservation when the session ended
-		hr.Last, hr.H, hr.n = hr.H.Err(), nil, 0
+	if hr.h != nil && !hr.h.Live() {
+		hr.h.finish(nil) // frees the key's reservation when the session ended
+		hr.last, hr.h, hr.n = hr.h.Err(), nil, 0
 	}
-	return hr.H
+	return hr.h
 }
 
 // Held returns the live hold, or an error wrapping notHeld (and
 // ErrInvalidArgument when the client was closed).
 func (hr *Holder) Held(notHeld error) (*Hold, error) {
-	if hr.Bad != nil {
-		return nil, hr.Bad
+	if hr.bad != nil {
+		return nil, hr.bad
 	}
 	if h := hr.Current(); h != nil {
 		return h, nil
 	}
-	return nil, NotHeldBy(hr.Slot.Session, notHeld, hr.Slot.Name())
+	return nil, NotHeldBy(hr.slot.session, notHeld, hr.slot.Name())
 }
 
 func (hr *Holder) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
@@ -631,14 +700,14 @@ func (hr *Holder) Do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResp
 
 func (hr *Holder) Key() string {
 	if h := hr.Current(); h != nil {
-		return h.Key
+		return h.key
 	}
 	return ""
 }
 
 func (hr *Holder) Rev() int64 {
 	if h := hr.Current(); h != nil {
-		return h.Rev
+		return h.rev
 	}
 	return 0
 }
@@ -650,7 +719,7 @@ func (hr *Holder) Header() *pb.ResponseHeader {
 	return nil
 }
 
-func (hr *Holder) Guard() clientv3.Cmp { return hr.Current().Guard(hr.Slot.Prefix) }
+func (hr *Holder) Guard() clientv3.Cmp { return hr.Current().Guard(hr.slot.prefix) }
 
 func (hr *Holder) Done() <-chan struct{} {
 	if h := hr.Current(); h != nil {
@@ -664,15 +733,15 @@ func (hr *Holder) Done() <-chan struct{} {
 // call for a hold starts its loss watch (as Done does), so a key deleted
 // behind the holder's back shows within a watch round trip.
 func (hr *Holder) Check() error {
-	if hr.Bad != nil {
-		return hr.Bad
+	if hr.bad != nil {
+		return hr.bad
 	}
 	h := hr.Current()
 	if h == nil {
 		return hr.Err()
 	}
 	h.Done()
-	if err := h.Session.Check(); err != nil {
+	if err := h.session.Check(); err != nil {
 		return err
 	}
 	return h.Err()
@@ -684,10 +753,10 @@ func (hr *Holder) Err() error {
 	}
 	hr.mu.Lock()
 	defer hr.mu.Unlock()
-	if hr.Last == nil {
+	if hr.last == nil {
 		return ErrNotHeld
 	}
-	return hr.Last
+	return hr.last
 }
 
 var Closed = func() chan struct{} {
@@ -713,7 +782,7 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 			return err
 		}
 		err = fn(ctx)
-		if cause := e.H.Err(); !errors.Is(cause, ErrLockReleased) {
+		if cause := e.h.Err(); !errors.Is(cause, ErrLockReleased) {
 			err = Stated(err, cause)
 		}
 		return err
@@ -727,8 +796,8 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 	}
 	h.Done() // watch the key: a delete behind our back ends fn's context
 	hctx := h.Context()
-	e := &CtxHold{H: h, N: n, tag: tag, Outer: HoldIn(ctx)}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, CtxHoldKey{}, e))
+	e := &ctxHold{h: h, n: n, tag: tag, outer: holdIn(ctx)}
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, e))
 	defer cancel(nil)
 	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
 	defer stop()
@@ -743,7 +812,7 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 		}
 	}()
 	if handedOver { // between the acquire and now: fn must not run beside the successor
-		return fmt.Errorf("%w: %s was handed over before fn ran", ErrLockReleased, h.Key)
+		return fmt.Errorf("%w: %s was handed over before fn ran", ErrLockReleased, h.key)
 	}
 	return fn(fctx)
 }
@@ -756,22 +825,22 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 // inside a read, more permits, another value or capacity, another kind of
 // primitive on the same key) is an error wrapping ErrInvalidArgument, not a
 // deadlock. With neither, it returns nil.
-func (hr *Holder) Reenter(ctx context.Context, n int64, tag string) (*CtxHold, error) {
-	sl := &hr.Slot
-	for e := HoldIn(ctx); e != nil; e = e.Outer {
-		h := e.H
-		sameKey, sameName := h.Key == sl.Key, h.Prefix == sl.Prefix && h.Kind == sl.Kind
+func (hr *Holder) Reenter(ctx context.Context, n int64, tag string) (*ctxHold, error) {
+	sl := &hr.slot
+	for e := holdIn(ctx); e != nil; e = e.outer {
+		h := e.h
+		sameKey, sameName := h.key == sl.key, h.prefix == sl.prefix && h.kind == sl.kind
 		switch {
-		case h.Session != sl.Session || !h.Live() || !sameKey && !sameName:
+		case h.session != sl.session || !h.Live() || !sameKey && !sameName:
 			continue // another lock (an RWMutex and a Mutex on one name use other keys)
 		case !sameName: // a Mutex, an Election, a Semaphore on one name; a Mutex on NAME/write
-			return nil, fmt.Errorf("%w: %s is held by a %s Run of this context", ErrInvalidArgument, h.Key, h.Kind)
+			return nil, fmt.Errorf("%w: %s is held by a %s Run of this context", ErrInvalidArgument, h.key, h.kind)
 		case e.tag != tag:
 			return nil, fmt.Errorf("%w: a Run of %s with %q inside one with %q", ErrInvalidArgument, sl.Name(), tag, e.tag)
-		case h.Rule.Dir == sl.Rule.Dir && n <= e.N, sl.Rule.Shared: // same hold, or a read in a write
+		case h.rule.dir == sl.rule.dir && n <= e.n, sl.rule.shared: // same hold, or a read in a write
 			return e, nil
-		case n > e.N:
-			return nil, fmt.Errorf("%w: a Run for %d permits of %s inside one holding %d", ErrInvalidArgument, n, sl.Name(), e.N)
+		case n > e.n:
+			return nil, fmt.Errorf("%w: a Run for %d permits of %s inside one holding %d", ErrInvalidArgument, n, sl.Name(), e.n)
 		default:
 			return nil, fmt.Errorf("%w: a write Run inside a read Run of %s could never be granted", ErrInvalidArgument, sl.Name())
 		}

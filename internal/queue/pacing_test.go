@@ -241,8 +241,8 @@ func TestPacingFailedBeatTriedAgainAfterRetryPause(t *testing.T) {
 			t.Fatalf("beats: %d, want at least 3", len(sends))
 		}
 		for i, g := range gaps(sends[:3]) {
-			if g != RetryPause {
-				t.Errorf("gap %d after a failed beat: %v, want retryPause (%v)", i, g, RetryPause)
+			if g != retryPause {
+				t.Errorf("gap %d after a failed beat: %v, want retryPause (%v)", i, g, retryPause)
 			}
 		}
 	})

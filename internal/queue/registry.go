@@ -1,6 +1,6 @@
 package queue
 
-// A session's registry of the keys its primitives use (type Registry).
+// A session's registry of the keys its primitives use (type registry).
 //
 // Key claims: a session's primitives share one key per name (NAME/<lease>,
 // fixed by interop), so a session reserves a key for one hold at a time
@@ -22,22 +22,22 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Registry is a session's record of the keys its primitives use: the claim
+// registry is a session's record of the keys its primitives use: the claim
 // on each key, its hold once it holds, and the keys its sweepers watch. Its
 // mu also guards the holds' shares (Hold.shares, Hold.closing). It is taken
 // before the session's own mu, never after.
-type Registry struct {
+type registry struct {
 	s     *Session
 	mu    sync.Mutex
 	keys  map[string]keyUse  // key in use by a primitive of this session
 	swept map[string][]int64 // keys swept (see sweep) -> revisions of creates by this session's acquires not yet seen by the sweeper
 }
 
-// ClaimKey reserves key for one primitive of this session: the key name is
+// claimKey reserves key for one primitive of this session: the key name is
 // fixed by interop (NAME/<lease>), so two holders on one session would share
 // a key. With wait it blocks until the key is free or ctx ends; without, it
 // returns ErrLocked at once. A reservation is freed by releaseKey, once.
-func (r *Registry) ClaimKey(ctx context.Context, key string, wait bool) error {
+func (r *registry) claimKey(ctx context.Context, key string, wait bool) error {
 	_, err := r.claim(ctx, key, wait, nil, nil)
 	return err
 }
@@ -48,8 +48,8 @@ func (r *Registry) ClaimKey(ctx context.Context, key string, wait bool) error {
 // it; else it reserves the key and returns nil. With wait, an acquire or a
 // release of the key in flight is waited for; without, it is an error
 // wrapping ErrLocked.
-func (r *Registry) shareKey(ctx context.Context, key string, wait bool) (*Hold, error) {
-	joinable := func(h *Hold) bool { return h.Rule.Shared && h.Live() && !h.closing } // not a Mutex on NAME/read
+func (r *registry) shareKey(ctx context.Context, key string, wait bool) (*Hold, error) {
+	joinable := func(h *Hold) bool { return h.rule.shared && h.Live() && !h.closing } // not a Mutex on NAME/read
 	for {
 		var seen *Hold
 		if _, err := r.claim(ctx, key, wait, nil, func(h *Hold) bool {
@@ -80,7 +80,7 @@ func (r *Registry) shareKey(ctx context.Context, key string, wait bool) (*Hold, 
 }
 
 // checkBounded is h.check bounded by ctx and by the session's end.
-func (r *Registry) checkBounded(ctx context.Context, h *Hold) error {
+func (r *registry) checkBounded(ctx context.Context, h *Hold) error {
 	ctx, cancel := r.s.Bound(ctx)
 	defer cancel()
 	_, err := h.check(ctx)
@@ -89,7 +89,7 @@ func (r *Registry) checkBounded(ctx context.Context, h *Hold) error {
 	case r.s.ctx.Err() != nil:
 		return r.s.EndedErr()
 	default:
-		return fmt.Errorf("etcdsync: join the session's hold of %s: %w", h.Key, err)
+		return fmt.Errorf("etcdsync: join the session's hold of %s: %w", h.key, err)
 	}
 	return nil
 }
@@ -98,7 +98,7 @@ func (r *Registry) checkBounded(ctx context.Context, h *Hold) error {
 // returns false when skip (called with r.mu held) says so, and that while
 // the key is held it claims nothing and returns false when join (called
 // with r.mu held) takes a share of the hold.
-func (r *Registry) claim(ctx context.Context, key string, wait bool, skip func() bool, join func(*Hold) bool) (bool, error) {
+func (r *registry) claim(ctx context.Context, key string, wait bool, skip func() bool, join func(*Hold) bool) (bool, error) {
 	for {
 		r.mu.Lock()
 		use, taken := r.keys[key]
@@ -142,7 +142,7 @@ type keyUse struct {
 
 // wakeLocked lets the callers waiting for key (claim) look again: its hold
 // began, or can be joined again. r.mu is held.
-func (r *Registry) wakeLocked(key string) {
+func (r *registry) wakeLocked(key string) {
 	if use := r.keys[key]; use.freed != nil {
 		close(use.freed)
 		use.freed = nil
@@ -150,8 +150,8 @@ func (r *Registry) wakeLocked(key string) {
 	}
 }
 
-// ReleaseKey frees a reservation made by claimKey.
-func (r *Registry) ReleaseKey(key string) {
+// releaseKey frees a reservation made by claimKey.
+func (r *registry) releaseKey(key string) {
 	r.mu.Lock()
 	freed := r.keys[key].freed
 	delete(r.keys, key)
@@ -161,13 +161,13 @@ func (r *Registry) ReleaseKey(key string) {
 	}
 }
 
-// Sweep keeps a create of key whose outcome this session could not learn
+// sweep keeps a create of key whose outcome this session could not learn
 // from leaving a key behind, however late the server applies it (a request
 // that a member cut off from its peers forwarded to the leader can be applied
 // when the partition heals). Until the session ends, it deletes every key at
 // key with this session's lease, created after the session began, that no
 // primitive of the session holds or waits with. It does not block.
-func (r *Registry) Sweep(key string) {
+func (r *registry) sweep(key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.swept[key]; !ok && r.s.goWatch(func() { r.sweepKey(key) }) {
@@ -178,7 +178,7 @@ func (r *Registry) Sweep(key string) {
 // created records that an acquire of this session created key at rev, so
 // that a sweeper of the key leaves that create to the acquire (which holds
 // it, or withdraws it).
-func (r *Registry) created(key string, rev int64) {
+func (r *registry) created(key string, rev int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if revs, ok := r.swept[key]; ok {
@@ -188,7 +188,7 @@ func (r *Registry) created(key string, rev int64) {
 
 // disown forgets that an acquire of this session created key at rev (its
 // withdraw failed): a sweeper of the key removes it.
-func (r *Registry) disown(key string, rev int64) {
+func (r *registry) disown(key string, rev int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if revs, ok := r.swept[key]; ok {
@@ -198,7 +198,7 @@ func (r *Registry) disown(key string, rev int64) {
 
 // oursLocked reports whether an acquire of this session created kv (see
 // created), and forgets that create and any before it. r.mu is held.
-func (r *Registry) oursLocked(kv *mvccpb.KeyValue) bool {
+func (r *registry) oursLocked(kv *mvccpb.KeyValue) bool {
 	key := string(kv.Key)
 	revs := r.swept[key]
 	i := slices.Index(revs, kv.CreateRevision)
@@ -210,7 +210,7 @@ func (r *Registry) oursLocked(kv *mvccpb.KeyValue) bool {
 }
 
 // sweepKey reads key, then watches its creates, until the session ends.
-func (r *Registry) sweepKey(key string) {
+func (r *registry) sweepKey(key string) {
 	for r.s.ctx.Err() == nil {
 		if resp, err := r.s.client.Get(r.s.ctx, key); err == nil {
 			if len(resp.Kvs) > 0 {
@@ -218,7 +218,7 @@ func (r *Registry) sweepKey(key string) {
 			}
 			r.watchCreates(key, resp.Header.Revision+1)
 		}
-		if Sleep(r.s.ctx, RetryPause) != nil {
+		if Pause(r.s.ctx) != nil {
 			return
 		}
 	}
@@ -226,7 +226,7 @@ func (r *Registry) sweepKey(key string) {
 
 // watchCreates unstrays each key created at key from revision from, until the
 // watch fails or the session ends.
-func (r *Registry) watchCreates(key string, from int64) {
+func (r *registry) watchCreates(key string, from int64) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(r.s.ctx))
 	defer cancel()
 	for wr := range r.s.client.Watch(ctx, key, clientv3.WithRev(from), clientv3.WithFilterDelete()) {
@@ -244,7 +244,7 @@ func (r *Registry) watchCreates(key string, from int64) {
 // unstray deletes kv's key at its create revision when this session made it
 // and, once this session's primitives have let go of the key, it is still
 // there: nothing of the session owns it.
-func (r *Registry) unstray(kv *mvccpb.KeyValue) {
+func (r *registry) unstray(kv *mvccpb.KeyValue) {
 	key := string(kv.Key)
 	if !r.s.made(kv) {
 		return
@@ -254,12 +254,12 @@ func (r *Registry) unstray(kv *mvccpb.KeyValue) {
 	if claimed, _ := r.claim(r.s.ctx, key, true, func() bool { return r.oursLocked(kv) }, nil); !claimed {
 		return
 	}
-	defer r.ReleaseKey(key)
+	defer r.releaseKey(key)
 	for r.s.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(r.s.ctx, cleanupTimeout)
 		err := DeleteAtRev(ctx, r.s.client, key, kv.CreateRevision)
 		cancel()
-		if err == nil || Sleep(r.s.ctx, RetryPause) != nil {
+		if err == nil || Pause(r.s.ctx) != nil {
 			return
 		}
 	}

@@ -111,7 +111,7 @@ func TestRulesNearestKeysWatched(t *testing.T) {
 		{"a large request watches few", Permits(4, 4), []string{"1a=1/4", "2b=1/4", "3c=1/4"}, []string{"2b=1/4", "3c=1/4"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tn := &turn{Slot: &Slot{Prefix: "n/", Rule: c.r}, ahead: queue(c.ahead...)}
+			tn := &turn{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
 			if got, want := keyNames(tn.nearest()), keyNames(queue(c.want...)); !slices.Equal(got, want) {
 				t.Fatalf("nearest = %v, want %v", got, want)
 			}
@@ -140,7 +140,7 @@ func TestRulesWaiterKeepsOnlyNearest(t *testing.T) {
 		{"room left over the far keys", Permits(4, 1), []string{"1a=1/4", "2b=1/4"}, []string{"1a=1/4", "2b=1/4"}, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tn := &turn{Slot: &Slot{Prefix: "n/", Rule: c.r}, ahead: queue(c.ahead...)}
+			tn := &turn{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
 			tn.keepNearest()
 			if got, want := keyNames(tn.ahead), keyNames(queue(c.kept...)); !slices.Equal(got, want) {
 				t.Fatalf("kept %v, want %v", got, want)

@@ -1,6 +1,6 @@
 package queue
 
-// What Run's context carries (type CtxHold): the holds of the Runs it is
+// What Run's context carries (type ctxHold): the holds of the Runs it is
 // inside, innermost first, so that a Run inside fn (given fn's context)
 // enters the hold that is already there (Holder.Run, Holder.Reenter), and
 // HoldFrom finds them; and how Run states a hold's cause once.
@@ -15,10 +15,10 @@ import (
 // did not release it (its share, for a read hold) itself, bounded by the
 // TTL; it returns why the hold ended otherwise (nil when it was released),
 // and the release's error.
-func (e *CtxHold) afterRun(ctx context.Context, release func(context.Context) error) (cause, released error) {
-	h := e.H
+func (e *ctxHold) afterRun(ctx context.Context, release func(context.Context) error) (cause, released error) {
+	h := e.h
 	if h.Live() && !e.left.Load() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.Session.ttl)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.session.ttl)
 		defer cancel()
 		released = release(rctx)
 	}
@@ -51,18 +51,38 @@ type running struct {
 	over chan struct{}
 }
 
-// CtxHold is a hold that a Run's context carries, innermost first.
-type CtxHold struct {
-	H     *Hold
-	N     int64       // permits (1 but for a Semaphore)
+// ctxHold is a hold that a Run's context carries, innermost first.
+type ctxHold struct {
+	h     *Hold
+	n     int64       // permits (1 but for a Semaphore)
 	tag   string      // an Election's value, a Semaphore's capacity
 	left  atomic.Bool // fn released the Run's share of a read hold itself
-	Outer *CtxHold
+	outer *ctxHold
 }
 
-type CtxHoldKey struct{}
+type ctxHoldKey struct{}
 
-func HoldIn(ctx context.Context) *CtxHold {
-	e, _ := ctx.Value(CtxHoldKey{}).(*CtxHold)
+// WithHolds returns ctx carrying hs, one permit each and no tag, inside the
+// holds ctx carries already: the context of a MultiLock's Run.
+func WithHolds(ctx context.Context, hs []*Hold) context.Context {
+	e := holdIn(ctx)
+	for _, h := range hs {
+		e = &ctxHold{h: h, n: 1, outer: e}
+	}
+	return context.WithValue(ctx, ctxHoldKey{}, e)
+}
+
+// HoldFrom returns the key and create revision of the innermost hold ctx
+// carries; ok is false when it carries none.
+func HoldFrom(ctx context.Context) (key string, rev int64, ok bool) {
+	e := holdIn(ctx)
+	if e == nil {
+		return "", 0, false
+	}
+	return e.h.key, e.h.rev, true
+}
+
+func holdIn(ctx context.Context) *ctxHold {
+	e, _ := ctx.Value(ctxHoldKey{}).(*ctxHold)
 	return e
 }

@@ -58,7 +58,7 @@ type Session struct {
 	deadline time.Time      // local deadline, see above
 	moved    chan struct{}  // closed when deadline next moves or the session ends (DeadlineMoved); nil until asked for
 	watchers sync.WaitGroup // hold watchers and sweepers started by this session
-	Reg      Registry       // the keys its primitives use (registry.go)
+	reg      registry       // the keys its primitives use (registry.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -89,7 +89,7 @@ func Start(client *clientv3.Client, o Options) (*Session, error) {
 		loop:   make(chan struct{}),
 		check:  make(chan struct{}, 1),
 	}
-	s.Reg = Registry{s: s, keys: make(map[string]keyUse), swept: make(map[string][]int64)}
+	s.reg = registry{s: s, keys: make(map[string]keyUse), swept: make(map[string][]int64)}
 	s.rep, s.slack, s.delay = o.Rep, o.Slack, o.Delay
 	first, err := s.start(o)
 	if err != nil {
@@ -168,7 +168,7 @@ func whenLed[T any](ctx context.Context, sent *time.Time, f func() (T, error)) (
 		if !errors.Is(err, rpctypes.ErrNoLeader) {
 			return v, err
 		}
-		if Sleep(ctx, leaderPause) != nil {
+		if sleep(ctx, leaderPause) != nil {
 			return v, err
 		}
 	}
@@ -376,13 +376,13 @@ func (s *Session) end(cause error) {
 // when it happens).
 func (s *Session) finishHolds() {
 	var holds []*Hold
-	s.Reg.mu.Lock()
-	for _, use := range s.Reg.keys {
+	s.reg.mu.Lock()
+	for _, use := range s.reg.keys {
 		if use.hold != nil {
 			holds = append(holds, use.hold)
 		}
 	}
-	s.Reg.mu.Unlock()
+	s.reg.mu.Unlock()
 	for _, h := range holds {
 		h.finish(nil)
 	}
@@ -479,7 +479,7 @@ func (s *Session) keepAlive(first time.Time) {
 				if s.rep != nil {
 					s.rep.KeepaliveFailed(s, r.err)
 				}
-				next = earliest(next, time.Now().Add(min(RetryPause, pace)))
+				next = earliest(next, time.Now().Add(min(retryPause, pace)))
 			default:
 				if s.rep != nil {
 					s.rep.KeepaliveAcked(s, time.Since(r.sent))
@@ -594,8 +594,8 @@ func (s *Session) DeadlineMoved() <-chan struct{} {
 	return s.moved
 }
 
-// RetryPause is the pause between failed keepalives (bounded by TTL/3).
-const RetryPause = 500 * time.Millisecond
+// retryPause is the pause between failed keepalives (bounded by TTL/3).
+const retryPause = 500 * time.Millisecond
 
 // Reports receives a session's state changes, as they happen. Its methods
 // must not block.

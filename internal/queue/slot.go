@@ -11,7 +11,7 @@ package queue
 // Mutex or an Election, ReadRule and WriteRule for an RWMutex, Permits for
 // a Semaphore, none for a Group's member): the machinery is shared.
 //
-// The acquire step every primitive shares (Slot.acquire, Acquire): reserve
+// The acquire step every primitive shares (Slot.acquire, acquireSlots): reserve
 // the keys in the session (registry.go), write them if absent and list the
 // queues in one transaction, wait for the turn (both turn.go) unless it is a
 // try, and on any failure withdraw the key this call may have written,
@@ -51,32 +51,63 @@ func CheckName(name string) error {
 // Slot is one contender's place: the session, the name's prefix, the key,
 // and the rule that says whom it waits for.
 type Slot struct {
-	Session *Session
-	Prefix  string // NAME/
-	Key     string // NAME/<lease-hex>, or NAME/read/<lease-hex> and so on (rule.dir)
-	Kind    string // of primitive: mutex, election, rwmutex, semaphore, group
-	Rule    *Rule
+	session *Session
+	prefix  string // NAME/
+	key     string // NAME/<lease-hex>, or NAME/read/<lease-hex> and so on (rule.dir)
+	kind    string // of primitive: mutex, election, rwmutex, semaphore, group
+	rule    *Rule
 }
 
 // Name is the primitive's name: the prefix without its slash.
-func (sl *Slot) Name() string { return strings.TrimSuffix(sl.Prefix, "/") }
+func (sl *Slot) Name() string { return strings.TrimSuffix(sl.prefix, "/") }
 
-func NewSlot(s *Session, name, kind string) (Slot, error) {
+// Key is the slot's key, NAME/<lease-hex> or NAME/<dir><lease-hex>.
+func (sl *Slot) Key() string { return sl.key }
+
+// Prefix is the name's prefix, NAME/.
+func (sl *Slot) Prefix() string { return sl.prefix }
+
+// Kind is the kind of primitive: mutex, election, rwmutex, semaphore, group
+// and so on.
+func (sl *Slot) Kind() string { return sl.kind }
+
+// Session is the slot's session.
+func (sl *Slot) Session() *Session { return sl.session }
+
+// Reserve reserves the slot's key in its session for one value (see
+// registry.claimKey); when another value of the session uses it, it
+// returns an error wrapping ErrLocked at once. It does not touch etcd.
+// Unreserve frees the reservation, once.
+func (sl *Slot) Reserve(ctx context.Context) error {
+	return sl.session.reg.claimKey(ctx, sl.key, false)
+}
+
+// Unreserve frees the reservation Reserve made.
+func (sl *Slot) Unreserve() { sl.session.reg.releaseKey(sl.key) }
+
+// Sweep has the session delete the slot's key should a create of it whose
+// outcome the caller could not learn be applied late (see registry.sweep).
+// It does not block.
+func (sl *Slot) Sweep() { sl.session.reg.sweep(sl.key) }
+
+// NewSlot returns the place of a value of kind on name for session s, its
+// key placed and blocked under rule r. It does not touch etcd.
+func NewSlot(s *Session, name, kind string, r *Rule) (Slot, error) {
 	if s == nil {
 		return Slot{}, fmt.Errorf("%w: nil session", ErrInvalidArgument)
 	}
 	if err := CheckName(name); err != nil {
 		return Slot{}, err
 	}
-	return Slot{Session: s, Prefix: name + "/", Kind: kind}.With(&Exclusive), nil
+	return Slot{session: s, prefix: name + "/", kind: kind}.with(r), nil
 }
 
-// With returns the slot under rule r, its key in r's directory. The prefix
+// with returns the slot under rule r, its key in r's directory. The prefix
 // is the start of the key's string, so a slot holds one string, not two.
-func (sl Slot) With(r *Rule) Slot {
-	n := len(sl.Prefix)
-	sl.Rule, sl.Key = r, sl.Prefix+r.Dir+strconv.FormatInt(int64(sl.Session.Lease()), 16)
-	sl.Prefix = sl.Key[:n]
+func (sl Slot) with(r *Rule) Slot {
+	n := len(sl.prefix)
+	sl.rule, sl.key = r, sl.prefix+r.dir+strconv.FormatInt(int64(sl.session.Lease()), 16)
+	sl.prefix = sl.key[:n]
 	return sl
 }
 
@@ -99,10 +130,10 @@ func IsChild(prefix, key string) bool {
 // rule needs only the newest; under a rule that nothing blocks, it reads
 // only our own key (nothing can be ahead of it).
 func (sl *Slot) listOp() clientv3.Op {
-	if sl.Rule.Blocks == nil {
-		return clientv3.OpGet(sl.Key)
+	if sl.rule.blocks == nil {
+		return clientv3.OpGet(sl.key)
 	}
-	return clientv3.OpGet(sl.Prefix, sl.listOpts(false)...)
+	return clientv3.OpGet(sl.prefix, sl.listOpts(false)...)
 }
 
 // listOpts lists the keys under the prefix in create-revision order, with
@@ -111,12 +142,12 @@ func (sl *Slot) listOp() clientv3.Op {
 // them, newest first (see turn.list), so that a reply does not grow with
 // the queue.
 func (sl *Slot) listOpts(full bool) []clientv3.OpOption {
-	if sl.Rule.newest && !full {
+	if sl.rule.newest && !full {
 		return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(listLimit)}
 	}
 	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
-	if sl.Rule.weigh == nil {
+	if sl.rule.weigh == nil {
 		opts = append(opts, clientv3.WithKeysOnly())
 	}
 	return opts
@@ -134,13 +165,13 @@ const listLimit = 4
 // the key (see Session.sweep). It runs under a short bounded context of its
 // own, as it cleans up after calls whose context may have ended.
 func (sl *Slot) Withdraw(rev int64) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.Session.ctx), CreateGrace)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.session.ctx), CreateGrace)
 	defer cancel()
 	err := sl.deleteAt(ctx, rev)
 	if err != nil {
-		sl.Session.Reg.disown(sl.Key, rev) // before the key's claim is freed: the sweeper acts
-		sl.Session.Reg.Sweep(sl.Key)
-		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.Key, err)
+		sl.session.reg.disown(sl.key, rev) // before the key's claim is freed: the sweeper acts
+		sl.session.reg.sweep(sl.key)
+		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.key, err)
 	}
 	return nil
 }
@@ -149,16 +180,16 @@ func (sl *Slot) Withdraw(rev int64) error {
 // our lease created after the session began, if any.
 func (sl *Slot) deleteAt(ctx context.Context, rev int64) error {
 	if rev == 0 {
-		resp, err := sl.Session.client.Get(ctx, sl.Key)
+		resp, err := sl.session.client.Get(ctx, sl.key)
 		if err != nil {
 			return err
 		}
-		if len(resp.Kvs) == 0 || !sl.Session.made(resp.Kvs[0]) {
+		if len(resp.Kvs) == 0 || !sl.session.made(resp.Kvs[0]) {
 			return nil
 		}
 		rev = resp.Kvs[0].CreateRevision
 	}
-	return DeleteAtRev(ctx, sl.Session.client, sl.Key, rev)
+	return DeleteAtRev(ctx, sl.session.client, sl.key, rev)
 }
 
 // acquire takes the slot's key for one hold: it reserves the key in the
@@ -173,7 +204,7 @@ func (sl *Slot) deleteAt(ctx context.Context, rev int64) error {
 // session lives. Under a shared rule, a live hold of the key in the session
 // is joined (counted) without touching etcd.
 func (sl *Slot) acquire(ctx context.Context, val string, m Mode) (*Hold, []byte, error) {
-	hs, value, err := Acquire(ctx, []*Slot{sl}, val, m)
+	hs, value, err := acquireSlots(ctx, []*Slot{sl}, val, m)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -185,8 +216,8 @@ func (sl *Slot) why(ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("etcdsync: acquire %s: %w", sl.Name(), ctx.Err())
-	case sl.Session.ctx.Err() != nil:
-		return sl.Session.EndedErr()
+	case sl.session.ctx.Err() != nil:
+		return sl.session.EndedErr()
 	}
 	return err
 }
@@ -196,19 +227,19 @@ func (sl *Slot) why(ctx context.Context, err error) error {
 // this session when it holds the key at rev (the two values then share one
 // hold), else a new one when no value of the session uses the key. A hold at
 // rev that is gone shows at the first guarded call or through Done.
-func (sl *Slot) Resume(rev int64) (*Hold, error) {
-	sl.Session.Reg.mu.Lock()
-	h := sl.Session.Reg.keys[sl.Key].hold
-	sl.Session.Reg.mu.Unlock()
+func (sl *Slot) resume(rev int64) (*Hold, error) {
+	sl.session.reg.mu.Lock()
+	h := sl.session.reg.keys[sl.key].hold
+	sl.session.reg.mu.Unlock()
 	switch {
-	case h != nil && h.Live() && h.Kind != sl.Kind:
-		return nil, fmt.Errorf("%w: %s is held by a %s of this session", ErrNotHeld, sl.Key, h.Kind)
-	case h != nil && h.Live() && h.Rev == rev:
+	case h != nil && h.Live() && h.kind != sl.kind:
+		return nil, fmt.Errorf("%w: %s is held by a %s of this session", ErrNotHeld, sl.key, h.kind)
+	case h != nil && h.Live() && h.rev == rev:
 		return h, nil
 	case h != nil && h.Live():
-		return nil, fmt.Errorf("%w: %s is held by this session at revision %d, not %d", ErrNotHeld, sl.Key, h.Rev, rev)
+		return nil, fmt.Errorf("%w: %s is held by this session at revision %d, not %d", ErrNotHeld, sl.key, h.rev, rev)
 	}
-	if err := sl.Session.Reg.ClaimKey(context.Background(), sl.Key, false); err != nil {
+	if err := sl.session.reg.claimKey(context.Background(), sl.key, false); err != nil {
 		return nil, err
 	}
 	return newHold(sl, rev, &pb.ResponseHeader{Revision: rev}), nil
@@ -218,7 +249,7 @@ func (sl *Slot) Resume(rev int64) (*Hold, error) {
 // rev that block, oldest first. A key whose weight the rule cannot read is an
 // error wrapping ErrInvalidArgument.
 func (sl *Slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
-	return sl.Rule.blocking(sl.Prefix, kvs, rev)
+	return sl.rule.blocking(sl.prefix, kvs, rev)
 }
 
 // Rule says whom a contender waits for: which of the keys under its prefix
@@ -226,12 +257,12 @@ func (sl *Slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue,
 // weight may remain ahead when it holds. A rule without blocks is one that
 // no key blocks (a Group's member).
 type Rule struct {
-	Dir    string // our key's directory under the prefix: "" (NAME/<hex>), "read/", "write/"
-	Blocks func(prefix string, kv *mvccpb.KeyValue) bool
+	dir    string // our key's directory under the prefix: "" (NAME/<hex>), "read/", "write/"
+	blocks func(prefix string, kv *mvccpb.KeyValue) bool
 	weigh  func(kv *mvccpb.KeyValue) (int64, error) // a blocking key's weight (its value is read); nil: 1 each, keys only
 	room   int64                                    // blocking weight that may remain ahead
 	free   string                                   // under the prefix: what must be empty for a try to write at once
-	Shared bool                                     // holds of one session share the key (counted)
+	shared bool                                     // holds of one session share the key (counted)
 	// exact: watch only the keys that keep us out, not also the one behind
 	// them, so that a release reaches only waiters it may let in; a waiter
 	// whose nearest key goes while older ones were listed then reads once.
@@ -244,16 +275,38 @@ type Rule struct {
 
 // Exclusive is the rule of a Mutex or an Election: every direct child of the
 // prefix created before ours blocks, and none may remain.
-var Exclusive = Rule{Blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return IsChild(prefix, string(kv.Key)) }, newest: true}
+var Exclusive = Rule{blocks: func(prefix string, kv *mvccpb.KeyValue) bool { return IsChild(prefix, string(kv.Key)) }, newest: true}
+
+// Unqueued is the rule of a key that waits for nobody, in directory dir
+// under the prefix ("" for NAME/<hex>): a Group's member, a DoubleBarrier's
+// party.
+func Unqueued(dir string) Rule { return Rule{dir: dir} }
+
+// Unshared returns r for holds that the session's values do not share (a
+// MultiLock's read side under ReadRule).
+func (r Rule) Unshared() Rule {
+	r.shared = false
+	return r
+}
+
+// Blocks reports whether kv, a key under prefix created before ours, blocks
+// a key under r.
+func (r *Rule) Blocks(prefix string, kv *mvccpb.KeyValue) bool {
+	return r.blocks != nil && r.blocks(prefix, kv)
+}
+
+// In reports whether kv is a direct child of r's directory under prefix: a
+// key placed under r.
+func (r *Rule) In(prefix string, kv *mvccpb.KeyValue) bool { return inDirs(r.dir)(prefix, kv) }
 
 // blocking is Slot.blocking for a key under prefix.
 func (r *Rule) blocking(prefix string, kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
-	if r.Blocks == nil {
+	if r.blocks == nil {
 		return nil, nil
 	}
 	var out []*mvccpb.KeyValue
 	for _, kv := range kvs {
-		if kv.CreateRevision < rev && r.Blocks(prefix, kv) {
+		if kv.CreateRevision < rev && r.blocks(prefix, kv) {
 			if r.weigh != nil {
 				if _, err := r.weigh(kv); err != nil {
 					return nil, err
@@ -299,14 +352,14 @@ func addWeights(a, b int64) int64 {
 // writer key exists. A reader watches only the nearest writer, so that a
 // writer's release reaches only the readers it lets in (those behind the
 // next writer read once when their turn comes).
-var ReadRule = Rule{Dir: "read/", Blocks: InDirs("write/"), free: "write/", Shared: true, exact: true}
+var ReadRule = Rule{dir: "read/", blocks: inDirs("write/"), free: "write/", shared: true, exact: true}
 
 // WriteRule: a writer waits for every reader and writer created before it.
-var WriteRule = Rule{Dir: "write/", Blocks: InDirs("read/", "write/")}
+var WriteRule = Rule{dir: "write/", blocks: inDirs("read/", "write/")}
 
-// InDirs returns a blocks rule: the key is a direct child NAME/<dir><id> of
+// inDirs returns a blocks rule: the key is a direct child NAME/<dir><id> of
 // one of dirs, id in hex or decimal (etcd's recipes name keys by time).
-func InDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
+func inDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
 	return func(prefix string, kv *mvccpb.KeyValue) bool {
 		rest, ok := strings.CutPrefix(string(kv.Key), prefix)
 		if !ok {
@@ -326,7 +379,7 @@ func InDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
 // capacity-n of them may remain.
 func Permits(capacity, n int64) *Rule {
 	return &Rule{
-		Blocks: Exclusive.Blocks,
+		blocks: Exclusive.blocks,
 		room:   capacity - n,
 		weigh: func(kv *mvccpb.KeyValue) (int64, error) {
 			weight, cp, ok := SemaphoreValue(kv.Value)
@@ -378,14 +431,14 @@ const (
 // it committed, so that the cleanup knows what to delete.
 const CreateGrace = time.Second
 
-// Acquire is Slot.acquire for the keys of several slots of one session at
+// acquireSlots is Slot.acquire for the keys of several slots of one session at
 // once (a MultiLock), all or none: one transaction writes them all, at one
 // create revision, so that two callers of overlapping sets wait for each
 // other in one order, whatever order they name them in; the turn of each
 // is then waited for in turn. Only the first may be under a shared rule,
 // when it is the only one. The value returned is the first key's.
-func Acquire(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byte, error) {
-	rep := sls[0].Session.rep
+func acquireSlots(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byte, error) {
+	rep := sls[0].session.rep
 	if rep == nil {
 		return enter(ctx, sls, val, m)
 	}
@@ -407,11 +460,11 @@ func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byt
 	if err := ctx.Err(); err != nil {
 		return nil, nil, sl.why(ctx, err)
 	}
-	if err := sl.Session.Err(); err != nil {
-		return nil, nil, sl.Session.EndedErr()
+	if err := sl.session.Err(); err != nil {
+		return nil, nil, sl.session.EndedErr()
 	}
-	if sl.Rule.Shared {
-		switch h, err := sl.Session.Reg.shareKey(ctx, sl.Key, m == WaitTurn); {
+	if sl.rule.shared {
+		switch h, err := sl.session.reg.shareKey(ctx, sl.key, m == WaitTurn); {
 		case err != nil:
 			return nil, nil, err
 		case h != nil:
@@ -424,7 +477,7 @@ func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byt
 		releaseKeys(sls)
 		return nil, nil, sl.why(ctx, err)
 	}
-	wctx, cancel := sl.Session.Bound(ctx)
+	wctx, cancel := sl.session.Bound(ctx)
 	defer cancel()
 
 	// The create is not cancelled with ctx: a cancelled request may still be
@@ -444,7 +497,7 @@ func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byt
 	}
 	for _, t := range ts {
 		if qerr == nil && t.wrote && t.value == nil {
-			t.Session.Reg.created(t.Key, t.rev) // a sweeper of the key leaves it to us
+			t.session.reg.created(t.key, t.rev) // a sweeper of the key leaves it to us
 		}
 	}
 	err := qerr
@@ -456,8 +509,8 @@ func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byt
 	}
 	for i := range ts {
 		for _, o := range ts {
-			if len(ts) > 1 && o.Key != ts[i].Key {
-				ts[i].also = append(ts[i].also, o.Key)
+			if len(ts) > 1 && o.key != ts[i].key {
+				ts[i].also = append(ts[i].also, o.key)
 			}
 		}
 	}
@@ -491,7 +544,7 @@ func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byt
 		h := newHold(t.Slot, t.rev, t.hdr)
 		hs = append(hs, h)
 		if !h.Live() { // the session ended at this instant
-			err = sl.Session.EndedErr()
+			err = sl.session.EndedErr()
 		}
 	}
 	if err == nil {
@@ -501,14 +554,14 @@ func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byt
 	for i, t := range ts {
 		switch {
 		case qerr != nil && t.wrote && t.hdr == nil: // the create failed, and may yet be applied: the session removes the key if it was, or will be, created
-			t.Session.Reg.Sweep(t.Key)
+			t.session.reg.sweep(t.key)
 		case t.wrote:
 			err = errors.Join(err, t.Withdraw(t.rev))
 		}
 		if i < len(hs) {
 			hs[i].finish(err)
 		} else {
-			t.Session.Reg.ReleaseKey(t.Key)
+			t.session.reg.releaseKey(t.key)
 		}
 	}
 	return nil, nil, err
@@ -522,9 +575,9 @@ func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byt
 func stillOurs(ctx context.Context, ts []turn) error {
 	keys := make([]string, len(ts))
 	for i, t := range ts {
-		keys[i] = t.Key
+		keys[i] = t.key
 	}
-	return keysAt(ctx, ts[0].Session.client, keys, ts[0].rev, func(hdr *pb.ResponseHeader) {
+	return keysAt(ctx, ts[0].session.client, keys, ts[0].rev, func(hdr *pb.ResponseHeader) {
 		for i := range ts {
 			ts[i].hdr = hdr
 		}
@@ -560,7 +613,7 @@ func keysAt(ctx context.Context, cli *clientv3.Client, keys []string, rev int64,
 // on error it frees those it reserved.
 func claimKeys(ctx context.Context, sls []*Slot, wait bool) error {
 	for i, sl := range sls {
-		if err := sl.Session.Reg.ClaimKey(ctx, sl.Key, wait); err != nil {
+		if err := sl.session.reg.claimKey(ctx, sl.key, wait); err != nil {
 			releaseKeys(sls[:i])
 			return err
 		}
@@ -571,7 +624,7 @@ func claimKeys(ctx context.Context, sls []*Slot, wait bool) error {
 // releaseKeys frees the slots' reservations.
 func releaseKeys(sls []*Slot) {
 	for _, sl := range sls {
-		sl.Session.Reg.ReleaseKey(sl.Key)
+		sl.session.reg.releaseKey(sl.key)
 	}
 }
 

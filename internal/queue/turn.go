@@ -77,17 +77,17 @@ type turn struct {
 // the client retried after it committed. It returns one turn per slot, in
 // the slots' order, also with an error (for the cleanup).
 func enqueue(ctx context.Context, sls []*Slot, val string) ([]turn, error) {
-	lease := sls[0].Session.Lease()
+	lease := sls[0].session.Lease()
 	cmps := make([]clientv3.Cmp, 0, len(sls))
 	then := make([]clientv3.Op, 0, 2*len(sls))
 	els := make([]clientv3.Op, 0, 2*len(sls))
 	for _, sl := range sls {
 		list := sl.listOp()
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.Key), "=", 0))
-		then = append(then, clientv3.OpPut(sl.Key, val, clientv3.WithLease(lease)), list)
-		els = append(els, clientv3.OpGet(sl.Key), list)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0))
+		then = append(then, clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)), list)
+		els = append(els, clientv3.OpGet(sl.key), list)
 	}
-	resp, err := sls[0].Session.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	resp, err := sls[0].session.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	return turns(ctx, sls, resp, err, val, true)
 }
 
@@ -129,7 +129,7 @@ func turns(ctx context.Context, sls []*Slot, resp *clientv3.TxnResponse, err err
 	for i := range ts[1:] {
 		if (ts[i].value == nil) != (ts[i+1].value == nil) || ts[i].rev != ts[i+1].rev {
 			return ts, fmt.Errorf("%w: this session's keys on %s (create revision %d) and %s (%d) are not from one acquire: release them first",
-				ErrInvalidArgument, ts[i].Key, ts[i].rev, ts[i+1].Key, ts[i+1].rev)
+				ErrInvalidArgument, ts[i].key, ts[i].rev, ts[i+1].key, ts[i+1].rev)
 		}
 	}
 	return ts, nil
@@ -147,11 +147,11 @@ func (t *turn) queued(ctx context.Context, rs []*pb.ResponseOp, val string) erro
 	var own *mvccpb.KeyValue
 	if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
 		own = kvs[0]
-		if lease := t.Session.Lease(); clientv3.LeaseID(own.Lease) != lease {
-			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.Key, own.Lease, int64(lease))
+		if lease := t.session.Lease(); clientv3.LeaseID(own.Lease) != lease {
+			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.key, own.Lease, int64(lease))
 		}
-		if t.Rule.weigh != nil && string(own.Value) != val { // a restarted process's key, resumed
-			return fmt.Errorf("%w: key %s exists with %q, and this call asks for %q: acquire it as it is, then release it", ErrInvalidArgument, t.Key, own.Value, val)
+		if t.rule.weigh != nil && string(own.Value) != val { // a restarted process's key, resumed
+			return fmt.Errorf("%w: key %s exists with %q, and this call asks for %q: acquire it as it is, then release it", ErrInvalidArgument, t.key, own.Value, val)
 		}
 		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
@@ -184,7 +184,7 @@ func (t *turn) needs() int {
 // (listOpts: under a limited list, newest first; more: keys it did not
 // reach exist).
 func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
-	if t.Rule.newest && len(kvs) > 0 && kvs[0].CreateRevision > kvs[len(kvs)-1].CreateRevision {
+	if t.rule.newest && len(kvs) > 0 && kvs[0].CreateRevision > kvs[len(kvs)-1].CreateRevision {
 		kvs = slices.Clone(kvs)
 		slices.Reverse(kvs)
 	}
@@ -192,7 +192,7 @@ func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
 	if err != nil {
 		return err
 	}
-	t.ahead, t.far, t.farN, t.unlisted = ahead, 0, 0, t.Rule.newest && more
+	t.ahead, t.far, t.farN, t.unlisted = ahead, 0, 0, t.rule.newest && more
 	if t.unlisted && len(ahead) > 0 {
 		t.far, t.farN = 1, 1
 	}
@@ -204,7 +204,7 @@ func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
 // late), or a restarted process's key (WithLease) that still waits; never a
 // restarted process's hold.
 func (t *turn) mine(kv *mvccpb.KeyValue) bool {
-	return t.Session.made(kv) || t.blocked()
+	return t.session.made(kv) || t.blocked()
 }
 
 // tryEnqueue writes our keys only if nothing at all is under any NAME/
@@ -214,17 +214,17 @@ func (t *turn) mine(kv *mvccpb.KeyValue) bool {
 // have keys ahead where a name is held; the caller then withdraws the keys
 // it wrote.
 func tryEnqueue(ctx context.Context, sls []*Slot, val string) ([]turn, error) {
-	lease := sls[0].Session.Lease()
+	lease := sls[0].session.Lease()
 	cmps := make([]clientv3.Cmp, 0, 2*len(sls))
 	then := make([]clientv3.Op, 0, len(sls))
 	els := make([]clientv3.Op, 0, 2*len(sls))
 	for _, sl := range sls {
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.Prefix+sl.Rule.free), "=", 0).WithPrefix(),
-			clientv3.Compare(clientv3.CreateRevision(sl.Key), "=", 0)) // ours may lie outside rule.free
-		then = append(then, clientv3.OpPut(sl.Key, val, clientv3.WithLease(lease)))
-		els = append(els, clientv3.OpGet(sl.Key), sl.listOp())
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sl.prefix+sl.rule.free), "=", 0).WithPrefix(),
+			clientv3.Compare(clientv3.CreateRevision(sl.key), "=", 0)) // ours may lie outside rule.free
+		then = append(then, clientv3.OpPut(sl.key, val, clientv3.WithLease(lease)))
+		els = append(els, clientv3.OpGet(sl.key), sl.listOp())
 	}
-	resp, qerr := sls[0].Session.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	resp, qerr := sls[0].session.client.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	ts, err := turns(ctx, sls, resp, qerr, val, qerr == nil && !resp.Succeeded)
 	if err != nil || resp.Succeeded || slices.ContainsFunc(ts, func(t turn) bool { return t.blocked() || t.value != nil }) {
 		return ts, err
@@ -237,11 +237,11 @@ func tryEnqueue(ctx context.Context, sls []*Slot, val string) ([]turn, error) {
 // and, unless the rule is exact, the one behind them.
 func (t *turn) nearest() []*mvccpb.KeyValue {
 	i, w := len(t.ahead), int64(0)
-	for i > 0 && w <= t.Rule.room {
+	for i > 0 && w <= t.rule.room {
 		i--
-		w = addWeights(w, t.Rule.weight(t.ahead[i:i+1]))
+		w = addWeights(w, t.rule.weight(t.ahead[i:i+1]))
 	}
-	if t.Rule.exact {
+	if t.rule.exact {
 		return t.ahead[i:]
 	}
 	return t.ahead[max(0, i-1):]
@@ -257,9 +257,9 @@ func (t *turn) single() bool {
 	if t.farN == 0 {
 		return true
 	}
-	w := t.Rule.weight(t.ahead)
+	w := t.rule.weight(t.ahead)
 	for i := range t.ahead {
-		if addWeights(w-t.Rule.weight(t.ahead[i:i+1]), t.far) <= t.Rule.room {
+		if addWeights(w-t.rule.weight(t.ahead[i:i+1]), t.far) <= t.rule.room {
 			return true
 		}
 	}
@@ -268,14 +268,14 @@ func (t *turn) single() bool {
 
 // blocked reports whether more weight that blocks us is listed ahead than
 // the rule leaves room for.
-func (t *turn) blocked() bool { return addWeights(t.Rule.weight(t.ahead), t.far) > t.Rule.room }
+func (t *turn) blocked() bool { return addWeights(t.rule.weight(t.ahead), t.far) > t.rule.room }
 
 // keepNearest keeps of the keys listed ahead only those a waiter watches
 // (nearest), as small copies, and the weight and number of the others, so
 // that a waiter's memory does not grow with the queue ahead of it.
 func (t *turn) keepNearest() {
 	near := t.nearest()
-	t.far = addWeights(t.far, t.Rule.weight(t.ahead[:len(t.ahead)-len(near)]))
+	t.far = addWeights(t.far, t.rule.weight(t.ahead[:len(t.ahead)-len(near)]))
 	t.farN += len(t.ahead) - len(near)
 	t.ahead = make([]*mvccpb.KeyValue, len(near))
 	for i, kv := range near {
@@ -299,7 +299,7 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 		default:
 			// The stream broke (member restart, lost leader, compaction):
 			// re-read where we stand and watch again.
-			if err := Sleep(ctx, RetryPause); err != nil {
+			if err := Pause(ctx); err != nil {
 				return nil, err
 			}
 			if err := t.settle(ctx, t.hdr.Revision); err != nil && final(err) {
@@ -340,9 +340,9 @@ func (t *turn) watch(ctx context.Context) error {
 	st := &stream{t: t, ctx: waitContext(ctx), keys: make(map[string]watchOf)}
 	t.keepNearest()
 	if t.single() {
-		st.own, st.queue = st.add(t.Prefix, clientv3.WithPrefix()), true
+		st.own, st.queue = st.add(t.prefix, clientv3.WithPrefix()), true
 	} else {
-		st.own = st.add(t.Key)
+		st.own = st.add(t.key)
 	}
 	for _, key := range t.also {
 		if st.also == nil {
@@ -361,7 +361,7 @@ func (t *turn) watch(ctx context.Context) error {
 		}
 		if st.queue { // not expected (a read lists no more than the last), but watch what it listed
 			st.own.cancel()
-			st.own, st.queue = st.add(t.Key), false
+			st.own, st.queue = st.add(t.key), false
 		}
 		st.watchNearest()
 		gone, err := st.next(ctx)
@@ -381,7 +381,7 @@ func (t *turn) watch(ctx context.Context) error {
 // whole prefix) of our own key.
 func (t *turn) deleted(wr clientv3.WatchResponse, own bool) int64 {
 	for _, ev := range wr.Events {
-		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && (!own || string(ev.Kv.Key) == t.Key) {
+		if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && (!own || string(ev.Kv.Key) == t.key) {
 			return ev.Kv.ModRevision
 		}
 	}
@@ -413,21 +413,21 @@ func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 	opts := append(t.listOpts(full), clientv3.WithMaxCreateRev(t.rev))
 	var resp *clientv3.GetResponse
 	var err error
-	if !t.Session.caps.cached() {
-		resp, err = t.Session.client.Get(ctx, t.Prefix, append(opts, clientv3.WithSerializable())...)
+	if !t.session.caps.cached() {
+		resp, err = t.session.client.Get(ctx, t.prefix, append(opts, clientv3.WithSerializable())...)
 		if err == nil && resp.Header.Revision < atLeast {
-			t.Session.caps.behind()
+			t.session.caps.behind()
 		}
 	}
 	if resp == nil && err == nil || err == nil && resp.Header.Revision < atLeast {
-		resp, err = t.Session.client.Get(ctx, t.Prefix, opts...)
+		resp, err = t.session.client.Get(ctx, t.prefix, opts...)
 	}
 	if err != nil {
 		return err
 	}
 	mine := t.value == nil && !t.wrote // a try that wrote nothing has no key to find
 	for _, kv := range resp.Kvs {
-		mine = mine || string(kv.Key) == t.Key && kv.CreateRevision == t.rev
+		mine = mine || string(kv.Key) == t.key && kv.CreateRevision == t.rev
 	}
 	if !mine {
 		return ErrOwnKeyGone
@@ -439,7 +439,12 @@ func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 	return nil
 }
 
-func Sleep(ctx context.Context, d time.Duration) error {
+// Pause waits retryPause, the pause before a failed request or a broken
+// watch is retried, or until ctx ends (returning ctx.Err()).
+func Pause(ctx context.Context) error { return sleep(ctx, retryPause) }
+
+// sleep waits d, or until ctx ends (returning ctx.Err()).
+func sleep(ctx context.Context, d time.Duration) error {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
@@ -510,7 +515,7 @@ func waitContext(ctx context.Context) context.Context {
 // empty stream open for the client's life.
 func (st *stream) add(key string, opts ...clientv3.OpOption) watchOf {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(st.ctx))
-	return watchOf{ch: st.t.Session.client.Watch(ctx, key, append(opts, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())...), cancel: cancel}
+	return watchOf{ch: st.t.session.client.Watch(ctx, key, append(opts, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())...), cancel: cancel}
 }
 
 // close ends every watch.
@@ -532,7 +537,7 @@ func (st *stream) receive(ctx context.Context) (r keyed, err error) {
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(st.own.ch)})
-	keys = append(keys, st.t.Key)
+	keys = append(keys, st.t.key)
 	for _, ws := range []map[string]watchOf{st.keys, st.also} {
 		for key, w := range ws {
 			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.ch)})
@@ -566,7 +571,7 @@ func (st *stream) recv(ctx context.Context) (keyed, error) {
 func (st *stream) check(r keyed) error {
 	_, watched := st.keys[r.key]
 	_, also := st.also[r.key]
-	mine := r.key == st.t.Key
+	mine := r.key == st.t.key
 	switch {
 	case !watched && !mine && !also: // a watch dropped since
 		return nil
@@ -598,7 +603,7 @@ func (st *stream) watchQueue() {
 		w.cancel()
 		delete(st.keys, key)
 	}
-	st.own, st.queue = st.add(st.t.Prefix, clientv3.WithPrefix()), true
+	st.own, st.queue = st.add(st.t.prefix, clientv3.WithPrefix()), true
 }
 
 // toQueue reads what is left ahead after a key it watched went at gone (it
@@ -629,7 +634,7 @@ func (st *stream) toQueue(ctx context.Context, gone int64) error {
 func (st *stream) recvOwn(ctx context.Context) (keyed, error) {
 	for {
 		r, err := st.recv(ctx)
-		if err != nil || r.key == st.t.Key {
+		if err != nil || r.key == st.t.key {
 			return r, err
 		}
 		if _, err := st.alsoSeen(ctx, r); err != nil {
@@ -648,7 +653,7 @@ func (st *stream) alsoSeen(ctx context.Context, r keyed) (bool, error) {
 	}
 	if r.wr.Created {
 		if st.alsoPending--; st.alsoPending == 0 {
-			return true, keysAt(ctx, st.t.Session.client, st.t.also, st.t.rev, nil)
+			return true, keysAt(ctx, st.t.session.client, st.t.also, st.t.rev, nil)
 		}
 	}
 	return true, nil
