@@ -369,13 +369,17 @@ func BenchmarkHandoffParts(b *testing.B) {
 	for range b.N {
 		must(b, holder.Lock(ctx))
 		got := make(chan time.Time, 1)
-		go func() {
-			must(b, waiter.Lock(ctx))
-			got <- time.Now()
+		lockErr := make(chan error, 1)
+		go func() { // joined below: it sends its Lock's error, then its time
+			err := waiter.Lock(ctx)
+			at := time.Now()
+			lockErr <- err
+			got <- at
 		}()
 		<-cnt.created // the waiter's watch of the prefix
 		start := time.Now()
 		must(b, holder.Unlock(ctx))
+		must(b, <-lockErr)
 		end := <-got
 		total = append(total, end.Sub(start))
 		unlockClient = append(unlockClient, since(start, &sent))
