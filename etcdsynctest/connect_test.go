@@ -17,6 +17,7 @@ import (
 // Without ETCD_ENDPOINTS Connect starts a member, says where, and close
 // stops it.
 func TestConnectEmbedded(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", " ")
 	require.NoError(t, err)
@@ -41,6 +42,7 @@ func TestConnectEmbedded(t *testing.T) {
 
 // With ETCD_ENDPOINTS Connect uses them, says so, and close leaves them be.
 func TestConnectEndpoints(t *testing.T) {
+	t.Parallel()
 	admin := Start(t)
 	ep := admin.Endpoints()[0]
 	var out bytes.Buffer
@@ -60,6 +62,7 @@ func TestConnectEndpoints(t *testing.T) {
 
 // Connect reads ETCD_ENDPOINTS, else ETCDCTL_ENDPOINTS, as lockctl does.
 func TestConnectReadsEitherEndpointsVariable(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		env         map[string]string
 		name, value string
@@ -77,6 +80,7 @@ func TestConnectReadsEitherEndpointsVariable(t *testing.T) {
 
 // ETCD_ENDPOINTS where nothing answers: an error within the bound, naming them.
 func TestConnectNoAnswer(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ep := "http://" + ln.Addr().String()

@@ -208,45 +208,55 @@ func TestClientCloseRacingCallsEndThem(t *testing.T) {
 	t.Parallel()
 	c := single(t)
 	admin := c.Client(t)
-	for i := range 12 {
-		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-		defer cancel()
-		cli, err := clientv3.New(etcdtest.ClientConfig(c.Endpoints()))
-		require.NoError(t, err)
-		s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(0))
-		require.NoError(t, err)
-		name := fmt.Sprintf("closerace%d", i)
-		m := etcdsync.NewMutex(s, name)
-		if i%3 == 2 {
-			require.NoError(t, m.Lock(ctx))
-		}
-		var got <-chan error
-		switch i % 3 {
-		case 0:
-			got = async(func() error { return m.Lock(ctx) })
-		case 1:
-			got = async(func() error {
-				return m.Run(ctx, func(ctx context.Context) error { <-ctx.Done(); return context.Cause(ctx) })
-			})
-		case 2:
-			got = async(func() error { return m.Unlock(ctx) })
-		}
-		time.Sleep(time.Duration(i%8) * 250 * time.Microsecond) // the race's phase
-		require.NoError(t, cli.Close())
-		err = resultWithin(t, got, 5*time.Second, "the call racing the close")
-		t.Logf("%d: %v", i, err)
-		if err != nil && i%3 != 1 {
-			require.True(t, errors.Is(err, etcdsync.ErrInvalidArgument) || errors.Is(err, etcdsync.ErrSessionClosed), "%d: %v", i, err)
-		}
-		if i%3 == 1 {
-			require.Error(t, err, "Run returns when the client closes")
-		}
-		require.ErrorIs(t, s.Err(), etcdsync.ErrSessionClosed)
-		require.Error(t, s.Check())
-		closed := async(s.Close)
-		resultWithin(t, closed, 2*time.Second, "Close")
-		require.ErrorIs(t, m.Unlock(ctx), etcdsync.ErrInvalidArgument, "Unlock on a closed client")
-		// What the close left behind is the lease's to clear: within its TTL.
-		waitNoKeys(t, admin, name+"/")
+	for i := range 12 { // each waits out its lease's TTL: side by side
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Parallel()
+			closeRace(t, c, admin, i)
+		})
 	}
+}
+
+// closeRace is round i of TestClientCloseRacingCallsEndThem: a Lock (i%3 ==
+// 0), a Run (1) or an Unlock (2) raced by the client's close at a phase i
+// sets.
+func closeRace(t *testing.T, c *etcdtest.Cluster, admin *clientv3.Client, i int) {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	cli, err := clientv3.New(etcdtest.ClientConfig(c.Endpoints()))
+	require.NoError(t, err)
+	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(0))
+	require.NoError(t, err)
+	name := fmt.Sprintf("closerace%d", i)
+	m := etcdsync.NewMutex(s, name)
+	if i%3 == 2 {
+		require.NoError(t, m.Lock(ctx))
+	}
+	var got <-chan error
+	switch i % 3 {
+	case 0:
+		got = async(func() error { return m.Lock(ctx) })
+	case 1:
+		got = async(func() error {
+			return m.Run(ctx, func(ctx context.Context) error { <-ctx.Done(); return context.Cause(ctx) })
+		})
+	case 2:
+		got = async(func() error { return m.Unlock(ctx) })
+	}
+	time.Sleep(time.Duration(i%8) * 250 * time.Microsecond) // the race's phase
+	require.NoError(t, cli.Close())
+	err = resultWithin(t, got, 5*time.Second, "the call racing the close")
+	t.Logf("%d: %v", i, err)
+	if err != nil && i%3 != 1 {
+		require.True(t, errors.Is(err, etcdsync.ErrInvalidArgument) || errors.Is(err, etcdsync.ErrSessionClosed), "%d: %v", i, err)
+	}
+	if i%3 == 1 {
+		require.Error(t, err, "Run returns when the client closes")
+	}
+	require.ErrorIs(t, s.Err(), etcdsync.ErrSessionClosed)
+	require.Error(t, s.Check())
+	closed := async(s.Close)
+	resultWithin(t, closed, 2*time.Second, "Close")
+	require.ErrorIs(t, m.Unlock(ctx), etcdsync.ErrInvalidArgument, "Unlock on a closed client")
+	// What the close left behind is the lease's to clear: within its TTL.
+	waitNoKeys(t, admin, name+"/")
 }

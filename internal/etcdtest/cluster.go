@@ -69,6 +69,7 @@ type Member struct {
 	dir       string
 	client    url.URL
 	peer      url.URL // the member listens here
+	ports     []int   // of client and peer, given by freePorts
 	advertise url.URL // and peers reach it here: peer, or its peer proxy
 	proxy     *relay  // the peer proxy, with Options.PeerProxies
 	initial   string
@@ -111,6 +112,7 @@ func startCluster(dir string, opts Options) (*Cluster, error) {
 	for i := 0; i < opts.Members; i++ {
 		ports, err := freePorts(2)
 		if err != nil {
+			c.Close()
 			return nil, err
 		}
 		m := &Member{
@@ -118,6 +120,7 @@ func startCluster(dir string, opts Options) (*Cluster, error) {
 			dir:    fmt.Sprintf("%s/m%d", dir, i),
 			client: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])},
 			peer:   url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])},
+			ports:  ports,
 			fsync:  opts.Fsync,
 			tls:    opts.TLS,
 		}
@@ -154,10 +157,12 @@ func startCluster(dir string, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-// freePorts returns n ports on 127.0.0.1 that are free now. They are taken
-// below the kernel's ephemeral range (32768 and up on Linux), so that the
-// listeners that bind port 0 meanwhile (proxies, clients, other test
-// processes) cannot take one before the member binds it.
+// freePorts returns n ports on 127.0.0.1 that are free now and not given
+// to a member of this process yet (a stopped member keeps its ports for its
+// restart until its cluster closes: releasePorts). They are taken below the
+// kernel's ephemeral range (32768 and up on Linux), so that the listeners
+// that bind port 0 meanwhile (proxies, clients, other test processes)
+// cannot take one before the member binds it.
 func freePorts(n int) ([]int, error) {
 	var ports []int
 	var lns []net.Listener
@@ -170,14 +175,45 @@ func freePorts(n int) ([]int, error) {
 		if tries > 1000 {
 			return nil, fmt.Errorf("no free port below 32768 after %d tries", tries)
 		}
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(22000)))
+		port := 10000 + rand.IntN(22000)
+		if !givenPorts.give(port) {
+			continue // a member of this process has it
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
+			givenPorts.release(port)
 			continue // taken
 		}
 		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, port)
 	}
 	return ports, nil
+}
+
+// givenPorts are the ports freePorts gave to members of this process whose
+// clusters have not closed.
+var givenPorts = portSet{ports: make(map[int]bool)}
+
+type portSet struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}
+
+// give marks port given, unless it was already.
+func (ps *portSet) give(port int) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.ports[port] {
+		return false
+	}
+	ps.ports[port] = true
+	return true
+}
+
+func (ps *portSet) release(port int) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	delete(ps.ports, port)
 }
 
 func (m *Member) start() error {
@@ -332,6 +368,9 @@ func (c *Cluster) Close() {
 	for _, m := range c.members {
 		if m.proxy != nil {
 			m.proxy.close()
+		}
+		for _, port := range m.ports {
+			givenPorts.release(port)
 		}
 	}
 }

@@ -51,7 +51,7 @@ func leaderAndFollower(t *testing.T, c *Cluster) (leader, follower *Member) {
 // A follower cut off from its peers stops applying what the leader commits
 // but keeps serving serializable reads from its stale state; healed, it
 // catches up from the held traffic.
-func TestCutPeersFollowerLags(t *testing.T) {
+func TestCutPeersFollowerLags(t *testing.T) { // not parallel: it looks for the relay goroutines of the process
 	c := Start(t, Options{Members: 3, PeerProxies: true})
 	leader, f := leaderAndFollower(t, c)
 	lcli := NewClient(t, []string{leader.Endpoint()})
@@ -133,6 +133,7 @@ func TestCutPeersFollowerLags(t *testing.T) {
 // (it is on the follower's message stream, which the cut holds) and is
 // applied once the partition heals, long after its client gave up.
 func TestCutPeersForwardedProposalAppliedLate(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Members: 3, PeerProxies: true})
 	leader, f := leaderAndFollower(t, c)
 	lcli := NewClient(t, []string{leader.Endpoint()})
@@ -191,6 +192,7 @@ func TestCutPeersForwardedProposalAppliedLate(t *testing.T) {
 }
 
 func TestCutPeersNeedsPeerProxies(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{})
 	if err := c.CutPeers(c.Member(0)); err == nil {
 		t.Fatal("CutPeers without PeerProxies succeeded")
@@ -205,6 +207,7 @@ func TestCutPeersNeedsPeerProxies(t *testing.T) {
 
 // A restarted member keeps its peer proxy and ID, and the cut still works.
 func TestCutPeersAcrossRestart(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Members: 3, PeerProxies: true})
 	leader, f := leaderAndFollower(t, c)
 	id := f.ID()

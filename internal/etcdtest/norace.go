@@ -1,0 +1,6 @@
+//go:build !race
+
+package etcdtest
+
+// parallel is Parallel without the race detector.
+const parallel = 12
