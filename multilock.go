@@ -263,17 +263,17 @@ func (ml *MultiLock) TryRun(ctx context.Context, fn func(ctx context.Context) er
 	return ml.run(ctx, ml.TryLock, fn)
 }
 
-func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, fn func(context.Context) error) (err error) {
+func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, fn func(context.Context) error) error {
 	if ml.bad != nil {
 		return ml.bad
 	}
 	entered := 0
 	for i := range ml.hrs {
-		e, err := ml.hrs[i].Reenter(ctx, 1, "")
+		in, err := ml.hrs[i].Reenters(ctx, 1, "")
 		if err != nil {
 			return err
 		}
-		if e != nil {
+		if in {
 			entered++
 		}
 	}
@@ -292,24 +292,16 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 		return ml.Err()
 	}
 	ml.Done() // watch the keys: a delete behind our back ends fn's context
-	fctx, cancel := context.WithCancelCause(queue.WithHolds(ctx, mh.hs))
-	defer cancel(nil)
-	stop := context.AfterFunc(mh.ctx, func() { cancel(context.Cause(mh.ctx)) })
-	defer stop()
-	defer func() {
-		p := recover()
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].Session().TTL())
-		defer rcancel()
+	after := func(err error) error {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].Session().TTL())
+		defer cancel()
 		released := ml.Unlock(rctx)
 		if cause := context.Cause(mh.ctx); cause != nil && !errors.Is(cause, ErrLockReleased) {
 			released = cause // the hold ended before fn returned: Unlock found it gone
 		}
-		err = queue.Stated(err, released)
-		if p != nil {
-			panic(p)
-		}
-	}()
-	return fn(fctx)
+		return queue.Stated(err, released)
+	}
+	return queue.RunIn(queue.WithHolds(ctx, mh.hs), mh.ctx, nil, after, fn)
 }
 
 // Rev returns the fencing token of name: the create revision of its key in

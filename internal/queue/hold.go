@@ -777,7 +777,7 @@ var Closed = func() chan struct{} {
 // session and name enters it (see reenter), and returns fn's error joined
 // with why the hold ended if it ended meanwhile.
 func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release func(context.Context) error, fn func(context.Context) error) (err error) {
-	if e, err := hr.Reenter(ctx, n, tag); err != nil || e != nil {
+	if e, err := hr.reenter(ctx, n, tag); err != nil || e != nil {
 		if err != nil {
 			return err
 		}
@@ -795,29 +795,30 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 		return hr.Err()
 	}
 	h.Done() // watch the key: a delete behind our back ends fn's context
-	hctx := h.Context()
 	e := &ctxHold{h: h, n: n, tag: tag, outer: holdIn(ctx)}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxHoldKey{}, e))
-	defer cancel(nil)
-	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
-	defer stop()
-	leave, handedOver := h.addRun(cancel)
-	defer leave() // after the release below: a Handover waits for both
-	defer func() {
-		p := recover()
-		cause, released := e.afterRun(ctx, release)
-		err = Stated(Stated(err, cause), released)
-		if p != nil {
-			panic(p)
+	begin := func(cancel context.CancelCauseFunc) (func(), error) {
+		leave, handedOver := h.addRun(cancel)
+		if handedOver { // between the acquire and now: fn must not run beside the successor
+			return leave, fmt.Errorf("%w: %s was handed over before fn ran", ErrLockReleased, h.key)
 		}
-	}()
-	if handedOver { // between the acquire and now: fn must not run beside the successor
-		return fmt.Errorf("%w: %s was handed over before fn ran", ErrLockReleased, h.key)
+		return leave, nil // called after the release: a Handover waits for both
 	}
-	return fn(fctx)
+	after := func(err error) error {
+		cause, released := e.afterRun(ctx, release)
+		return Stated(Stated(err, cause), released)
+	}
+	return RunIn(context.WithValue(ctx, ctxHoldKey{}, e), h.Context(), begin, after, fn)
 }
 
-// Reenter returns the live hold ctx carries that a Run of this session and
+// Reenters reports whether a Run of this session and name for n permits
+// and tag, given ctx, enters a hold ctx carries (see reenter); an error
+// wraps ErrInvalidArgument.
+func (hr *Holder) Reenters(ctx context.Context, n int64, tag string) (bool, error) {
+	e, err := hr.reenter(ctx, n, tag)
+	return e != nil, err
+}
+
+// reenter returns the live hold ctx carries that a Run of this session and
 // name, for n permits and tag, enters: the same kind of hold (a Mutex in a
 // Mutex, a read or a write in a write of an RWMutex, a read in a read,
 // permits within those held, the same Election value or Semaphore
@@ -825,7 +826,7 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 // inside a read, more permits, another value or capacity, another kind of
 // primitive on the same key) is an error wrapping ErrInvalidArgument, not a
 // deadlock. With neither, it returns nil.
-func (hr *Holder) Reenter(ctx context.Context, n int64, tag string) (*ctxHold, error) {
+func (hr *Holder) reenter(ctx context.Context, n int64, tag string) (*ctxHold, error) {
 	sl := &hr.slot
 	for e := holdIn(ctx); e != nil; e = e.outer {
 		h := e.h

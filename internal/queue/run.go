@@ -1,15 +1,48 @@
 package queue
 
-// What Run's context carries (type ctxHold): the holds of the Runs it is
-// inside, innermost first, so that a Run inside fn (given fn's context)
-// enters the hold that is already there (Holder.Run, Holder.Reenter), and
-// HoldFrom finds them; and how Run states a hold's cause once.
+// How every Run calls fn under its hold (RunIn); what Run's context carries
+// (type ctxHold): the holds of the Runs it is inside, innermost first, so
+// that a Run inside fn (given fn's context) enters the hold that is already
+// there (Holder.Run, Holder.reenter), and HoldFrom finds them; and how Run
+// states a hold's cause once.
 
 import (
 	"context"
 	"errors"
 	"sync/atomic"
 )
+
+// RunIn is how every Run calls fn under its hold: with a context that is
+// inner (the caller's, carrying the holds) and that ends, with hctx's cause,
+// the moment hctx (the hold's) ends. Once fn has returned or panicked it
+// calls after with fn's error (the release, stating why the hold ended) and
+// returns what after returns; a panic goes on after that. begin, when not
+// nil, runs first with the function that ends fn's context: it returns a
+// function to call once after has returned, and an error that, when not nil,
+// is what after gets instead of fn being called.
+func RunIn(inner, hctx context.Context, begin func(stop context.CancelCauseFunc) (func(), error), after func(error) error, fn func(context.Context) error) (err error) {
+	fctx, cancel := context.WithCancelCause(inner)
+	defer cancel(nil)
+	stop := context.AfterFunc(hctx, func() { cancel(context.Cause(hctx)) })
+	defer stop()
+	var refused error
+	if begin != nil {
+		var leave func()
+		leave, refused = begin(cancel)
+		defer leave()
+	}
+	defer func() {
+		p := recover()
+		err = after(err)
+		if p != nil {
+			panic(p)
+		}
+	}()
+	if refused != nil {
+		return refused
+	}
+	return fn(fctx)
+}
 
 // afterRun releases the Run's hold after its fn, if it is still held and fn
 // did not release it (its share, for a read hold) itself, bounded by the
