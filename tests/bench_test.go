@@ -1267,3 +1267,42 @@ func newKLock(s *etcdsync.Session, kind string, names []string) kLock {
 	}
 	return ms
 }
+
+// The read a waiter makes when a key it watches goes while it does not list
+// all that is ahead (turn.settle): the newest keys created before its own,
+// under a name with N keys, beside a read of one key. etcd serves a range
+// with a sort or a create-revision bound by reading every key under the
+// prefix, so its cost grows with N; one waiter makes it per release, off the
+// handoff's path but on the same server.
+func BenchmarkQueueRead(b *testing.B) {
+	c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+	cli := c.Client(b)
+	ctx := context.Background()
+	for _, n := range []int{10, 100, 500, 1000} {
+		prefix := fmt.Sprintf("queueread%d/", n)
+		var last int64
+		for i := range n {
+			resp, err := cli.Put(ctx, fmt.Sprintf("%s%x", prefix, 0x7000000000000000+int64(i)*7919), "")
+			must(b, err)
+			last = resp.Header.Revision
+		}
+		b.Run(fmt.Sprintf("N=%d/list", n), func(b *testing.B) {
+			for b.Loop() {
+				resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+					clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(4),
+					clientv3.WithMaxCreateRev(last), clientv3.WithSerializable())
+				must(b, err)
+				if len(resp.Kvs) != 4 {
+					b.Fatalf("listed %d keys, want 4", len(resp.Kvs))
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("N=%d/one-key", n), func(b *testing.B) {
+			key := fmt.Sprintf("%s%x", prefix, 0x7000000000000000)
+			for b.Loop() {
+				_, err := cli.Get(ctx, key, clientv3.WithSerializable())
+				must(b, err)
+			}
+		})
+	}
+}
