@@ -342,7 +342,9 @@ const formBatch = 100
 
 // waitWatches waits for the creation of k watches on cnt's client, or fails
 // b when a waiter failed (failed closed, *failure says why) or 10 minutes
-// have passed.
+// have passed. It is not awaitCreated: a waiter whose Lock failed creates no
+// watch, and the batch's wait ends at its failure rather than at a bound;
+// the bound is the whole batch's (thousands of watches under load).
 func waitWatches(b *testing.B, cnt *counter, k int, failed <-chan struct{}, failure *error) {
 	timeout := time.After(10 * time.Minute)
 	for w := 0; w < k; w++ {

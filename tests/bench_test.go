@@ -62,40 +62,22 @@ var libs = []lib{
 		name:    "etcdsync",
 		watches: func(ahead int) int { return waits(ahead, 2) }, // the prefix, or own key, predecessor and the one before
 		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
-			return etcdsync.NewMutex(benchSession(b, cli), name)
+			return etcdsync.NewMutex(session(b, cli), name)
 		},
 		newElection: func(b *testing.B, cli *clientv3.Client, name string) benchElection {
-			return etcdsync.NewElection(benchSession(b, cli), name)
+			return etcdsync.NewElection(session(b, cli), name)
 		},
 	},
 	{
 		name:    "concurrency",
 		watches: func(int) int { return 1 },
 		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
-			return concurrency.NewMutex(etcdSession(b, cli), name)
+			return concurrency.NewMutex(theirSession(b, cli), name)
 		},
 		newElection: func(b *testing.B, cli *clientv3.Client, name string) benchElection {
-			return concurrency.NewElection(etcdSession(b, cli), name)
+			return concurrency.NewElection(theirSession(b, cli), name)
 		},
 	},
-}
-
-func benchSession(b *testing.B, cli *clientv3.Client) *etcdsync.Session {
-	s, err := etcdsync.NewSession(cli)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Close() })
-	return s
-}
-
-func etcdSession(b *testing.B, cli *clientv3.Client) *concurrency.Session {
-	s, err := concurrency.NewSession(cli)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Close() })
-	return s
 }
 
 // benchEtcd starts one member with fsync on and returns a counted client
@@ -111,13 +93,6 @@ func must(b *testing.B, err error) {
 		b.Helper()
 		b.Fatal(err)
 	}
-}
-
-// rev returns the store's revision: writes are its differences.
-func rev(b *testing.B, admin *clientv3.Client) int64 {
-	resp, err := admin.Get(context.Background(), "\x00")
-	must(b, err)
-	return resp.Header.Revision
 }
 
 // reportLatency reports p50 and p90 of samples in milliseconds.
@@ -172,7 +147,7 @@ func BenchmarkLockUnlock(b *testing.B) {
 			ctx := context.Background()
 			m := l.newMutex(b, cli, "bench-lock")
 			var lockRPC, unlockRPC int64
-			start := rev(b, admin)
+			start := storeRev(b, admin)
 			cnt.take()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -186,7 +161,7 @@ func BenchmarkLockUnlock(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(lockRPC)/float64(b.N), "lock-rpcs/op")
 			b.ReportMetric(float64(unlockRPC)/float64(b.N), "unlock-rpcs/op")
-			b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+			b.ReportMetric(float64(storeRev(b, admin)-start)/float64(b.N), "writes/op")
 		})
 	}
 }
@@ -199,7 +174,7 @@ func BenchmarkTryLockHeld(b *testing.B) {
 			ctx := context.Background()
 			must(b, l.newMutex(b, admin, "bench-try").Lock(ctx))
 			m := l.newMutex(b, cli, "bench-try")
-			start := rev(b, admin)
+			start := storeRev(b, admin)
 			cnt.take()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -210,7 +185,7 @@ func BenchmarkTryLockHeld(b *testing.B) {
 			b.StopTimer()
 			n, _ := cnt.take()
 			b.ReportMetric(float64(n)/float64(b.N), "rpcs/op")
-			b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+			b.ReportMetric(float64(storeRev(b, admin)-start)/float64(b.N), "writes/op")
 		})
 	}
 }
@@ -223,7 +198,7 @@ func BenchmarkCampaignProclaimResign(b *testing.B) {
 			ctx := context.Background()
 			e := l.newElection(b, cli, "bench-elect")
 			var campaign, proclaim, resign int64
-			start := rev(b, admin)
+			start := storeRev(b, admin)
 			cnt.take()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -241,7 +216,7 @@ func BenchmarkCampaignProclaimResign(b *testing.B) {
 			b.ReportMetric(float64(campaign)/float64(b.N), "campaign-rpcs/op")
 			b.ReportMetric(float64(proclaim)/float64(b.N), "proclaim-rpcs/op")
 			b.ReportMetric(float64(resign)/float64(b.N), "resign-rpcs/op")
-			b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+			b.ReportMetric(float64(storeRev(b, admin)-start)/float64(b.N), "writes/op")
 		})
 	}
 }
@@ -358,8 +333,8 @@ func BenchmarkHandoffParts(b *testing.B) {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}))
 	ctx := context.Background()
-	holder := etcdsync.NewMutex(benchSession(b, hcli), "bench-parts")
-	waiter := etcdsync.NewMutex(benchSession(b, cli), "bench-parts")
+	holder := etcdsync.NewMutex(session(b, hcli), "bench-parts")
+	waiter := etcdsync.NewMutex(session(b, cli), "bench-parts")
 	floor := cli.Watch(ctx, "floor", clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 	<-floor
 	<-cnt.created
@@ -496,9 +471,10 @@ func benchHandoff(b *testing.B, l lib, n int, admin *clientv3.Client, endpoints 
 	}
 }
 
-// pollKeys waits until at least n keys are under prefix, reading only: a
-// watch's teardown (waitKeys) would run on in the client and the server
-// into the handoff sampled next.
+// pollKeys waits, at most testTimeout, until at least n keys are under
+// prefix, reading only. It is not waitKeys on purpose: waitKeys watches, and
+// a watch's teardown (its cancel, the server's and the client's work to end
+// it) would run on into the handoff that handoffQueue samples next.
 func pollKeys(b *testing.B, cli *clientv3.Client, prefix string, n int) {
 	deadline := time.Now().Add(testTimeout)
 	for {
@@ -881,11 +857,11 @@ func BenchmarkHold10k(b *testing.B) {
 		open oneSession
 	}{
 		{"etcdsync", func(b *testing.B, cli *clientv3.Client) (func(string) benchMutex, func() error) {
-			s := benchSession(b, cli)
+			s := session(b, cli)
 			return func(name string) benchMutex { return etcdsync.NewMutex(s, name) }, s.Close
 		}},
 		{"concurrency", func(b *testing.B, cli *clientv3.Client) (func(string) benchMutex, func() error) {
-			s := etcdSession(b, cli)
+			s := theirSession(b, cli)
 			return func(name string) benchMutex { return concurrency.NewMutex(s, name) }, s.Close
 		}},
 	} {
@@ -1003,10 +979,10 @@ var rwLibs = []struct {
 	newRW         func(b *testing.B, cli *clientv3.Client, name string) benchRW
 }{
 	{"etcdsync", 1, func(b *testing.B, cli *clientv3.Client, name string) benchRW { // the prefix: the writer is all it waits for
-		return etcdsync.NewRWMutex(benchSession(b, cli), name)
+		return etcdsync.NewRWMutex(session(b, cli), name)
 	}},
 	{"recipe", 1, func(b *testing.B, cli *clientv3.Client, name string) benchRW {
-		return recipeRW{recipe.NewRWMutex(etcdSession(b, cli), name)}
+		return recipeRW{recipe.NewRWMutex(theirSession(b, cli), name)}
 	}},
 }
 
@@ -1023,7 +999,7 @@ func BenchmarkRWMutexUncontended(b *testing.B) {
 					lock, unlock = rw.RLock, rw.RUnlock
 				}
 				cnt.take()
-				before := rev(b, admin)
+				before := storeRev(b, admin)
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					must(b, lock(ctx))
@@ -1032,7 +1008,7 @@ func BenchmarkRWMutexUncontended(b *testing.B) {
 				b.StopTimer()
 				n, _ := cnt.take()
 				b.ReportMetric(float64(n)/float64(b.N), "rpcs/op")
-				b.ReportMetric(float64(rev(b, admin)-before)/float64(b.N), "writes/op")
+				b.ReportMetric(float64(storeRev(b, admin)-before)/float64(b.N), "writes/op")
 			})
 		}
 	}
@@ -1119,13 +1095,13 @@ func BenchmarkSemaphoreEventsPerRelease(b *testing.B) {
 			defer cancel()
 			held := make(chan *etcdsync.Semaphore, n+capacity)
 			for i := 0; i < capacity; i++ {
-				sm := etcdsync.NewSemaphore(benchSession(b, admin), "bench-sem", capacity)
+				sm := etcdsync.NewSemaphore(session(b, admin), "bench-sem", capacity)
 				must(b, sm.Acquire(ctx, 1))
 				held <- sm
 			}
 			var wg sync.WaitGroup
 			for i := 0; i < n; i++ {
-				sm := etcdsync.NewSemaphore(benchSession(b, cli), "bench-sem", capacity)
+				sm := etcdsync.NewSemaphore(session(b, cli), "bench-sem", capacity)
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -1175,9 +1151,9 @@ func BenchmarkMultiLock(b *testing.B) {
 			b.Run(fmt.Sprintf("uncontended/k=%d/%s", k, kind), func(b *testing.B) {
 				cli, cnt, admin := benchEtcd(b)
 				ctx := context.Background()
-				l := newKLock(benchSession(b, cli), kind, names)
+				l := newKLock(session(b, cli), kind, names)
 				var lockRPC, unlockRPC int64
-				start := rev(b, admin)
+				start := storeRev(b, admin)
 				cnt.take()
 				b.ResetTimer()
 				for range b.N {
@@ -1191,14 +1167,14 @@ func BenchmarkMultiLock(b *testing.B) {
 				b.StopTimer()
 				b.ReportMetric(float64(lockRPC)/float64(b.N), "lock-rpcs/op")
 				b.ReportMetric(float64(unlockRPC)/float64(b.N), "unlock-rpcs/op")
-				b.ReportMetric(float64(rev(b, admin)-start)/float64(b.N), "writes/op")
+				b.ReportMetric(float64(storeRev(b, admin)-start)/float64(b.N), "writes/op")
 			})
 			b.Run(fmt.Sprintf("contended/k=%d/%s", k, kind), func(b *testing.B) {
 				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
 				cnt := counter{created: make(chan struct{}, 1024)}
 				cli := c.Client(b, cnt.dial()...)
 				ctx := context.Background()
-				ls := []kLock{newKLock(benchSession(b, cli), kind, names), newKLock(benchSession(b, cli), kind, names)}
+				ls := []kLock{newKLock(session(b, cli), kind, names), newKLock(session(b, cli), kind, names)}
 				must(b, ls[0].Lock(ctx))
 				samples := make([]time.Duration, 0, b.N)
 				b.ResetTimer()

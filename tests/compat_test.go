@@ -217,26 +217,6 @@ func rawKeys(t *testing.T, d *deployment, name string) []string {
 	return keys(t, d.admin, d.prefix+name+"/")
 }
 
-// awaitKeys blocks until at least n keys are under name/ (read and watched
-// through the admin client).
-func awaitKeys(t *testing.T, d *deployment, name string, n int) {
-	t.Helper()
-	ctx := ctxCell(t)
-	prefix := d.prefix + name + "/"
-	for {
-		resp, err := d.admin.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-		require.NoError(t, err)
-		if resp.Count >= int64(n) {
-			return
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		wr := <-d.admin.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-		cancel()
-		require.NoError(t, ctx.Err(), "waiting for %d keys under %s", n, prefix)
-		require.NoError(t, wr.Err())
-	}
-}
-
 func cellMutexContention(t *testing.T, d *deployment, name string) {
 	ctx := ctxCell(t)
 	const contenders, rounds = 3, 4
@@ -373,7 +353,7 @@ func cellRunLoss(t *testing.T, d *deployment, name string) {
 		t.Fatal("Run did not start")
 	}
 	waiter := async(func() error { return next.Lock(ctx) })
-	awaitKeys(t, d, name, 2)
+	waitCount(t, d.admin, d.prefix+name+"/", cellTimeout, func(n int) bool { return n >= 2 })
 	_, err := d.admin.Delete(ctx, d.prefix+key)
 	require.NoError(t, err)
 	require.ErrorIs(t, resultWithin(t, run, cellTimeout, "Run after an admin deleted its key"), etcdsync.ErrNotHeld)
@@ -388,9 +368,9 @@ func cellLeaseGoneWaiting(t *testing.T, d *deployment, name string) {
 	holder, waiter, behind := etcdsync.NewMutex(ss[0], name), etcdsync.NewMutex(ss[1], name), etcdsync.NewMutex(ss[2], name)
 	require.NoError(t, holder.Lock(ctx))
 	w := async(func() error { return waiter.Lock(ctx) })
-	awaitKeys(t, d, name, 2)
+	waitCount(t, d.admin, d.prefix+name+"/", cellTimeout, func(n int) bool { return n >= 2 })
 	b := async(func() error { return behind.Lock(ctx) })
-	awaitKeys(t, d, name, 3)
+	waitCount(t, d.admin, d.prefix+name+"/", cellTimeout, func(n int) bool { return n >= 3 })
 	_, err := d.admin.Revoke(ctx, ss[1].Lease())
 	require.NoError(t, err)
 	require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose lease was revoked"), etcdsync.ErrSessionExpired)
@@ -415,7 +395,7 @@ func cellLeaseGoneHolding(t *testing.T, d *deployment, name string) {
 	require.NoError(t, holder.Lock(ctx))
 	done := holder.Done()
 	w := async(func() error { return waiter.Lock(ctx) })
-	awaitKeys(t, d, name, 2)
+	waitCount(t, d.admin, d.prefix+name+"/", cellTimeout, func(n int) bool { return n >= 2 })
 	_, err := d.admin.Revoke(ctx, ss[0].Lease())
 	require.NoError(t, err)
 	within(t, done, cellTimeout, "Done of a hold whose lease was revoked")
@@ -457,8 +437,8 @@ func cellLeaseExpiresWaiting(t *testing.T, d *deployment, name string) {
 	_, err = d.admin.Put(ctx, crashed, "", clientv3.WithLease(lease.ID))
 	require.NoError(t, err)
 	b := async(func() error { return behind.Lock(ctx) })
-	awaitKeys(t, d, name, 3)
-	awaitGone(t, d, crashed)
+	waitCount(t, d.admin, d.prefix+name+"/", cellTimeout, func(n int) bool { return n >= 3 })
+	waitCount(t, d.admin, crashed, cellTimeout, func(n int) bool { return n == 0 }) // the crashed key gone (a prefix of no other: a member's lease IDs have one length)
 	ttl, err := d.admin.TimeToLive(ctx, lease.ID)
 	require.NoError(t, err)
 	require.EqualValues(t, -1, ttl.TTL, "the crashed waiter's key went with its lease")
@@ -488,26 +468,6 @@ func cellHoldOutlivesTTLs(t *testing.T, d *deployment, name string) {
 	require.Positive(t, resp.TTL, "the lease on the server")
 	require.Len(t, rawKeys(t, d, name), 1, "the held key")
 	require.NoError(t, m.Unlock(ctx))
-}
-
-// awaitGone blocks until key (in etcd's keyspace) is absent, read and
-// watched through the admin client.
-func awaitGone(t *testing.T, d *deployment, key string) {
-	t.Helper()
-	ctx := ctxCell(t)
-	resp, err := d.admin.Get(ctx, key, clientv3.WithCountOnly())
-	require.NoError(t, err)
-	if resp.Count == 0 {
-		return
-	}
-	wch := d.admin.Watch(ctx, key, clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterPut())
-	for wr := range wch {
-		require.NoError(t, wr.Err())
-		if len(wr.Events) > 0 {
-			return
-		}
-	}
-	t.Fatalf("%s: not gone within %v", key, cellTimeout)
 }
 
 // watchedSession returns a session on a new client of the deployment whose
@@ -559,7 +519,7 @@ func cellOwnKeyDeleted(t *testing.T, d *deployment, name string) {
 	w := async(func() error { return waiter.Lock(ctx) })
 	awaitCreated(t, created, 1, cellTimeout, "watch") // of the prefix: the holder is all it waits for
 	b := async(func() error { return behind.Lock(ctx) })
-	awaitKeys(t, d, name, 3)
+	waitCount(t, d.admin, d.prefix+name+"/", cellTimeout, func(n int) bool { return n >= 3 })
 	_, err := d.admin.Delete(ctx, fmt.Sprintf("%s%s/%x", d.prefix, name, int64(ws.Lease())))
 	require.NoError(t, err)
 	require.ErrorIs(t, resultWithin(t, w, cellTimeout, "a waiter whose key an admin deleted"), etcdsync.ErrSessionExpired)
@@ -870,7 +830,7 @@ func leadershipCell(t *testing.T, d *deployment, name string) {
 		}
 		return nil
 	})
-	awaitKeys(t, d, name, 2)
+	waitCount(t, d.admin, d.prefix+name+"/", cellTimeout, func(n int) bool { return n >= 2 })
 	require.ErrorIs(t, c.TryCampaign(ctx, "c"), etcdsync.ErrLocked)
 	require.NoError(t, a.Handover(ctx))
 	require.NoError(t, resultWithin(t, aRun, cellTimeout, "a's Run returns"))

@@ -608,14 +608,10 @@ func TestCandidateWhoseLeaseEndedNeverLeads(t *testing.T) {
 
 	// etcd's Election in the same sequence.
 	const theirs = "lease-ended-etcd"
-	ls, err := concurrency.NewSession(cli)
-	require.NoError(t, err)
-	t.Cleanup(func() { ls.Close() })
+	ls := theirSession(t, cli)
 	eleader := concurrency.NewElection(ls, theirs)
 	require.NoError(t, eleader.Campaign(ctx, "l"))
-	es, err := concurrency.NewSession(cli)
-	require.NoError(t, err)
-	t.Cleanup(func() { es.Close() })
+	es := theirSession(t, cli)
 	ecand := concurrency.NewElection(es, theirs)
 	egot := async(func() error { return ecand.Campaign(ctx, "c") })
 	waitKeys(t, cli, theirs+"/", 2)
@@ -677,16 +673,12 @@ func TestCandidateKeepsPlaceAcrossCompaction(t *testing.T) {
 
 	// etcd's Election in the same sequence.
 	const theirs = "compact-campaign-etcd"
-	ls, err := concurrency.NewSession(admin)
-	require.NoError(t, err)
-	t.Cleanup(func() { ls.Close() })
+	ls := theirSession(t, admin)
 	eleader := concurrency.NewElection(ls, theirs)
 	require.NoError(t, eleader.Campaign(ctx, "l"))
 	ep := faults.Proxy(t, c)
 	ecnt := counter{created: make(chan struct{}, 16)}
-	es, err := concurrency.NewSession(etcdtest.NewClient(t, []string{ep.Endpoint()}, ecnt.dial()...))
-	require.NoError(t, err)
-	t.Cleanup(func() { es.Close() })
+	es := theirSession(t, etcdtest.NewClient(t, []string{ep.Endpoint()}, ecnt.dial()...))
 	ecand := concurrency.NewElection(es, theirs)
 	egot := async(func() error { return ecand.Campaign(ctx, "c") })
 	within(t, ecnt.created, testTimeout, "etcd's candidate's watch (from the revision of its read)")
@@ -764,9 +756,7 @@ func TestResumedElectionSeesOnlyItsCandidates(t *testing.T) {
 	const theirs = "resumed-pfx-etcd"
 	_, err = cli.Put(ctx, theirs+"x", "outside")
 	require.NoError(t, err)
-	es, err := concurrency.NewSession(cli)
-	require.NoError(t, err)
-	t.Cleanup(func() { es.Close() })
+	es := theirSession(t, cli)
 	ee := concurrency.NewElection(es, theirs)
 	require.NoError(t, ee.Campaign(ctx, "v1"))
 	er := concurrency.ResumeElection(es, theirs, ee.Key(), ee.Rev())

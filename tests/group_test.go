@@ -8,7 +8,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -39,8 +38,6 @@ func membersSeen(es []etcdsync.Entry) []member {
 	return out
 }
 
-var hexID = regexp.MustCompile(`^[0-9a-f]+$`)
-
 // membersAt reads name's direct children NAME/<hex> at rev, oldest first,
 // independently of the library: what a view at rev must show.
 func membersAt(t *testing.T, cli *clientv3.Client, name string, rev int64) []member {
@@ -50,7 +47,7 @@ func membersAt(t *testing.T, cli *clientv3.Client, name string, rev int64) []mem
 	require.NoError(t, err)
 	out := []member{}
 	for _, kv := range resp.Kvs {
-		if hexID.MatchString(strings.TrimPrefix(string(kv.Key), name+"/")) {
+		if isHexChild(name+"/", string(kv.Key)) {
 			out = append(out, member{string(kv.Key), kv.CreateRevision, clientv3.LeaseID(kv.Lease), string(kv.Value)})
 		}
 	}

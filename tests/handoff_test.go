@@ -211,28 +211,6 @@ func TestQueueChangesAtEveryPosition(t *testing.T) {
 	}
 }
 
-// queuedResult returns the first result of q within d, or fails.
-func queuedResult(t *testing.T, q *queued, d time.Duration, what string) error {
-	t.Helper()
-	select {
-	case err := <-q.err:
-		return err
-	case <-time.After(d):
-		t.Fatalf("%s: waiter %d did not return within %v", what, q.i, d)
-		return nil
-	}
-}
-
-// queuedNotYet fails if q returns within d.
-func queuedNotYet(t *testing.T, q *queued, d time.Duration, what string) {
-	t.Helper()
-	select {
-	case err := <-q.err:
-		t.Fatalf("%s: waiter %d returned (%v), must still wait", what, q.i, err)
-	case <-time.After(d):
-	}
-}
-
 // A waiter whose watch create is refused still wakes when the holder
 // releases. A waiter's stream creates the watch of a new nearest key long
 // after the stream opened (its predecessor left while an older key still

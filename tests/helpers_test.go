@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -104,7 +105,9 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-func session(t *testing.T, cli *clientv3.Client, opts ...etcdsync.SessionOption) *etcdsync.Session {
+// session returns a session of ours on cli, closed in t's cleanup (a test's
+// or a benchmark's).
+func session(t testing.TB, cli *clientv3.Client, opts ...etcdsync.SessionOption) *etcdsync.Session {
 	t.Helper()
 	s, err := etcdsync.NewSession(cli, opts...)
 	require.NoError(t, err)
@@ -113,8 +116,8 @@ func session(t *testing.T, cli *clientv3.Client, opts ...etcdsync.SessionOption)
 }
 
 // theirSession returns a session of etcd's own concurrency package on cli,
-// closed in t's cleanup.
-func theirSession(t *testing.T, cli *clientv3.Client, opts ...concurrency.SessionOption) *concurrency.Session {
+// closed in t's cleanup (a test's or a benchmark's).
+func theirSession(t testing.TB, cli *clientv3.Client, opts ...concurrency.SessionOption) *concurrency.Session {
 	t.Helper()
 	s, err := concurrency.NewSession(cli, opts...)
 	require.NoError(t, err)
@@ -318,19 +321,36 @@ func notYet(t *testing.T, ch <-chan error, d time.Duration, what string) {
 	}
 }
 
-// keyOf is the key of session s on name.
+// keyOf is the key of session s on name: name, "/" and s's lease in hex.
+// keyOf("", s), "/" and the lease in hex, is how every key of s ends.
 func keyOf(name string, s *etcdsync.Session) string {
 	return fmt.Sprintf("%s/%x", name, int64(s.Lease()))
 }
 
-// waitNoKeys waits until nothing is under prefix.
-func waitNoKeys(t *testing.T, cli *clientv3.Client, prefix string) {
-	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for len(keys(t, cli, prefix)) > 0 {
-		require.True(t, time.Now().Before(deadline), "keys under %s stay: %v", prefix, keys(t, cli, prefix))
-		time.Sleep(20 * time.Millisecond)
+// isHexChild reports whether key is prefix followed by lowercase hex digits
+// alone: a key NAME/<lease hex> of a session directly under prefix NAME/.
+func isHexChild(prefix, key string) bool {
+	rest, ok := strings.CutPrefix(key, prefix)
+	if !ok || rest == "" {
+		return false
 	}
+	for _, c := range rest {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// storeRev returns the store's revision, read within testTimeout: the writes
+// between two reads are its difference.
+func storeRev(t testing.TB, cli *clientv3.Client) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	resp, err := cli.Get(ctx, "\x00")
+	require.NoError(t, err)
+	return resp.Header.Revision
 }
 
 // cancelsLeaveOnly makes n acquires, the i-th under a context that ends
@@ -366,7 +386,9 @@ func waiterLosesOwnKey(t *testing.T, ctx context.Context, cli *clientv3.Client, 
 	require.ErrorIs(t, resultWithin(t, got, 5*time.Second, what+" whose key was deleted"), etcdsync.ErrSessionExpired)
 }
 
-// awaitDelete reads wch until it delivers a delete, and returns when it did.
+// awaitDelete reads wch, a watch opened before, until it delivers a delete,
+// and returns when it did (the time a latency is measured to). wch's context
+// bounds it: t fails when the watch ends first.
 func awaitDelete(t *testing.T, wch clientv3.WatchChan) time.Time {
 	t.Helper()
 	for {
@@ -389,23 +411,38 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// awaitCreated waits for n watch creations signalled on created (a
-// counter's, a Watcher's), at most d for each.
-func awaitCreated(t *testing.T, created <-chan struct{}, n int, d time.Duration, what string) {
+// awaitCreated waits for n watch creations signalled on created, one send
+// each (a counter's, a Watcher's, faults.LateClient's watch IDs), at most d
+// for each; t fails (what, and how many came) when one does not come.
+func awaitCreated[T any](t *testing.T, created <-chan T, n int, d time.Duration, what string) {
 	t.Helper()
-	for range n {
-		within(t, created, d, what)
+	for i := range n {
+		select {
+		case <-created:
+		case <-time.After(d):
+			t.Fatalf("%s: %d of %d watches created, the next not within %v", what, i, n, d)
+		}
 	}
 }
 
-// waitKeys waits until prefix has n keys (watching, not polling).
+// waitKeys waits, at most testTimeout, until prefix has n keys or more
+// (watching, not polling).
 func waitKeys(t testing.TB, cli *clientv3.Client, prefix string, n int) {
 	t.Helper()
 	waitCount(t, cli, prefix, testTimeout, func(have int) bool { return have >= n })
 }
 
+// waitNoKeys waits, at most testTimeout, until nothing is under prefix
+// (watching, not polling).
+func waitNoKeys(t testing.TB, cli *clientv3.Client, prefix string) {
+	t.Helper()
+	waitCount(t, cli, prefix, testTimeout, func(have int) bool { return have == 0 })
+}
+
 // waitCount waits, at most d, until the number of keys under prefix
-// satisfies done.
+// satisfies done: it reads the count, then watches the prefix from there
+// (the one implementation of waitKeys and waitNoKeys). t fails when d
+// passes (or the watch ends) first.
 func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duration, done func(have int) bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -416,7 +453,7 @@ func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duratio
 	wch := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	for !done(have) {
 		wr, ok := <-wch
-		require.True(t, ok, "waiting for the keys under %s, have %d", prefix, have)
+		require.True(t, ok, "waiting for the keys under %s, have %d after %v", prefix, have, d)
 		for _, ev := range wr.Events {
 			if ev.IsCreate() {
 				have++

@@ -88,7 +88,7 @@ func TestHoldersAgreesWithTheLock(t *testing.T) {
 	ma, mb := etcdsync.NewMutex(a, "agree"), etcdsync.NewMutex(b, "agree")
 	require.NoError(t, ma.Lock(ctx))
 	locked := async(func() error { return mb.Lock(ctx) })
-	awaitKeys(t, &deployment{admin: cli}, "agree", 2)
+	waitCount(t, cli, "agree/", cellTimeout, func(n int) bool { return n >= 2 })
 	es, err := etcdsync.Holders(ctx, cli, "agree")
 	require.NoError(t, err)
 	require.Len(t, es, 2)

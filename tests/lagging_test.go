@@ -429,19 +429,6 @@ type semLock struct{ *etcdsync.Semaphore }
 
 func (l semLock) Lock(ctx context.Context) error { return l.Acquire(ctx, 1) }
 
-// waitCreated waits until n watches of a stream have been created.
-func waitCreated(t *testing.T, ctx context.Context, created <-chan int64, n int64) {
-	t.Helper()
-	for seen := map[int64]bool{}; int64(len(seen)) < n; {
-		select {
-		case id := <-created:
-			seen[id] = true
-		case <-ctx.Done():
-			t.Fatalf("the waiter's %d watches were not created", n)
-		}
-	}
-}
-
 // TestTurnAfterEveryDeleteSeen: a waiter with two keys ahead watches the
 // whole prefix (it lists and watches all it waits for). The newer goes
 // first, then the older. The hold begins at the later delete, and Header
@@ -515,7 +502,7 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 			w := tc.waiter(session(t, cli), name)
 			arm()
 			locked := async(func() error { return w.Lock(ctx) })
-			waitCreated(t, ctx, created, tc.watches)
+			awaitCreated(t, created, int(tc.watches), testTimeout, "the waiter's watches")
 			newer()
 			older()
 			resp, err := admin.Get(ctx, name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -553,7 +540,7 @@ func TestTurnAfterLaggingReplay(t *testing.T) {
 	w := etcdsync.NewMutex(session(t, cli), name)
 	arm()
 	locked := async(func() error { return w.Lock(ctx) })
-	waitCreated(t, ctx, created, 1) // of the prefix
+	awaitCreated(t, created, 1, testTimeout, "the waiter's watch") // of the prefix
 	require.NoError(t, c.CutPeers(f))
 	t.Cleanup(func() { c.HealPeers(f) })
 	cancel()

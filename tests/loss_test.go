@@ -40,7 +40,7 @@ func TestWaiterSeesOwnKeyDeletedWithThoseAhead(t *testing.T) {
 			_, err := admin.Txn(ctx).Then(ops...).Commit()
 			require.NoError(t, err)
 			for _, q := range qs {
-				require.ErrorIs(t, queuedResult(t, q, testTimeout, "deleted waiter"), etcdsync.ErrSessionExpired)
+				require.ErrorIs(t, resultWithin(t, q.err, testTimeout, fmt.Sprintf("deleted waiter %d", q.i)), etcdsync.ErrSessionExpired)
 			}
 		})
 	}

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +19,6 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // scrape reads the metrics a server exposes over HTTP.
@@ -239,7 +237,7 @@ func TestLoggerRecords(t *testing.T) {
 	within(t, s.Done(), testTimeout, "revoked session's end")
 	s.Close() // the end is reported before Close returns
 
-	hexLease := func(v slog.Value) bool { return v.String() == leaseString(lease) }
+	hexLease := func(v slog.Value) bool { return "/"+v.String() == keyOf("", s) }
 	started, _ := rec.find("etcdsync: session started")
 	require.Len(t, started, 1)
 	require.True(t, hexLease(started[0]["lease"]))
@@ -275,5 +273,3 @@ func TestLoggerRecords(t *testing.T) {
 	require.True(t, ok)
 	require.ErrorIs(t, cause, etcdsync.ErrSessionExpired)
 }
-
-func leaseString(id clientv3.LeaseID) string { return strconv.FormatInt(int64(id), 16) }

@@ -273,13 +273,11 @@ func TestNoLeftoversProperty(t *testing.T) {
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	holder := etcdsync.NewMutex(session(t, cli), "prop")
-	s, err := etcdsync.NewSession(cli)
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
+	s := session(t, cli)
 	mine := func() []string {
 		var out []string
 		for _, k := range keys(t, cli, "prop/") {
-			if strings.HasSuffix(k, "/"+leaseHex(s)) {
+			if strings.HasSuffix(k, keyOf("", s)) {
 				out = append(out, k)
 			}
 		}
@@ -325,8 +323,6 @@ func TestNoLeftoversProperty(t *testing.T) {
 	require.Empty(t, mine())
 }
 
-func leaseHex(s *etcdsync.Session) string { return fmt.Sprintf("%x", int64(s.Lease())) }
-
 // FuzzName: any name gives no panic; a valid one round-trips to its key
 // NAME/<lease-hex> through TryLock/Unlock and Campaign/Leader/Resign and
 // leaves nothing behind; an invalid one gets ErrInvalidName and writes
@@ -336,16 +332,8 @@ func FuzzName(f *testing.F) {
 		f.Add(seed)
 	}
 	c := etcdtest.Start(f, etcdtest.Options{})
-	cli, err := clientv3.New(etcdtest.ClientConfig(c.Endpoints()))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { cli.Close() })
-	s, err := etcdsync.NewSession(cli)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { s.Close() })
+	cli := c.Client(f)
+	s := session(f, cli)
 
 	f.Fuzz(func(t *testing.T, name string) { checkName(t, cli, s, name) })
 }

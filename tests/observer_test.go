@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -258,9 +257,8 @@ func leaderAt(t *testing.T, cli *clientv3.Client, name string, rev int64) (key, 
 	resp, err := cli.Get(ctxT(t), name+"/", clientv3.WithPrefix(), clientv3.WithRev(rev),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	require.NoError(t, err)
-	candidate := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `/[0-9a-f]+$`)
 	for _, kv := range resp.Kvs {
-		if candidate.Match(kv.Key) {
+		if isHexChild(name+"/", string(kv.Key)) {
 			return string(kv.Key), string(kv.Value)
 		}
 	}
@@ -283,9 +281,7 @@ func TestObserveAfterStallReportsOnlyLeaders(t *testing.T) {
 	p := faults.Proxy(t, c)
 	cnt := counter{created: make(chan struct{}, 16)}
 	ocli := etcdtest.NewClient(t, []string{p.Endpoint()}, cnt.dial()...)
-	es, err := concurrency.NewSession(ocli)
-	require.NoError(t, err)
-	t.Cleanup(func() { es.Close() })
+	es := theirSession(t, ocli)
 	octx, cancel := context.WithCancel(ctx)
 	ours := etcdsync.NewObserver(ocli, name).Observe(octx)
 	theirs := concurrency.NewElection(es, name).Observe(octx)
@@ -299,7 +295,7 @@ func TestObserveAfterStallReportsOnlyLeaders(t *testing.T) {
 	awaitCreated(t, cnt.created, 2, testTimeout, "the observers' watches")
 
 	p.Blackhole(true)
-	_, err = admin.Put(ctx, name+"/x/1", "nested")
+	_, err := admin.Put(ctx, name+"/x/1", "nested")
 	require.NoError(t, err)
 	a := etcdsync.NewElection(session(t, admin), name)
 	require.NoError(t, a.Campaign(ctx, "a"))
@@ -357,19 +353,6 @@ func (s termState) String() string {
 
 func sameTermState(a, b termState) bool {
 	return a.key == b.key && a.create == b.create && a.md == b.md
-}
-
-func isHexChild(prefix, key string) bool {
-	rest, ok := strings.CutPrefix(key, prefix)
-	if !ok || rest == "" {
-		return false
-	}
-	for _, c := range rest {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // historyOf replays the events of prefix from revision from+1 to to (the

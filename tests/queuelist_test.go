@@ -126,7 +126,8 @@ func TestNestedKeysNeverHideTheHolder(t *testing.T) {
 	}
 }
 
-// directChildren returns the keys NAME/<hex> under name.
+// directChildren returns the keys directly under name (NAME/x, whatever x
+// is, but no deeper key): all must be checked, not only NAME/<hex>.
 func directChildren(t *testing.T, cli *clientv3.Client, name string) []string {
 	t.Helper()
 	var out []string

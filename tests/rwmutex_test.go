@@ -17,7 +17,6 @@ import (
 	"github.com/etcdsync/etcdsync/internal/etcdtest/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
 )
 
@@ -180,14 +179,6 @@ func writerAndWaiter(t *testing.T, ctx, w2ctx context.Context, cli *clientv3.Cli
 	w2got = async(func() error { return w2.Lock(w2ctx) })
 	waitKeys(t, cli, name+"/", 2)
 	return w1, w2, w2got
-}
-
-// storeRev returns the store's revision.
-func storeRev(t *testing.T, cli *clientv3.Client) int64 {
-	t.Helper()
-	resp, err := cli.Get(ctxT(t), "\x00")
-	require.NoError(t, err)
-	return resp.Header.Revision
 }
 
 // Read holds of one session share one key, counted, whichever values and
@@ -578,19 +569,13 @@ func TestRWMutexExpiredWaiterNeverHolds(t *testing.T) {
 
 	// etcd's recipe RWMutex in the same sequence (writers only).
 	const theirs = "rw-expired-etcd"
-	recipeSession := func() *concurrency.Session {
-		s, err := concurrency.NewSession(cli)
-		require.NoError(t, err)
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
-	eholder := recipe.NewRWMutex(recipeSession(), theirs)
+	eholder := recipe.NewRWMutex(theirSession(t, cli), theirs)
 	require.NoError(t, eholder.Lock())
-	es := recipeSession()
+	es := theirSession(t, cli)
 	ew := recipe.NewRWMutex(es, theirs)
 	ewgot := async(ew.Lock)
 	waitKeys(t, cli, theirs+"/", 2)
-	enext := recipe.NewRWMutex(recipeSession(), theirs)
+	enext := recipe.NewRWMutex(theirSession(t, cli), theirs)
 	engot := async(enext.Lock)
 	waitKeys(t, cli, theirs+"/", 3)
 	_, err := cli.Revoke(ctx, es.Lease())
@@ -655,7 +640,7 @@ func TestTryRLockRefusedWhileShareInFlight(t *testing.T) {
 	t.Run("release", func(t *testing.T) {
 		p.SetLatency(time.Second)
 		ugot := async(func() error { return a.RUnlock(ctx) })
-		waitCount(t, admin, "r12tryfl/", testTimeout, func(n int) bool { return n == 0 })
+		waitNoKeys(t, admin, "r12tryfl/")
 		err := b.TryRLock(ctx)
 		require.NoError(t, resultWithin(t, ugot, testTimeout, "RUnlock"))
 		p.SetLatency(0)
@@ -715,7 +700,7 @@ func TestRLockJoinWaitsForReleasingShare(t *testing.T) {
 
 	p.SetLatency(time.Second)
 	ugot := async(func() error { return a.RUnlock(ctx) })
-	waitCount(t, admin, "r12closing/read/", testTimeout, func(n int) bool { return n == 0 })
+	waitNoKeys(t, admin, "r12closing/read/")
 	bgot := async(func() error { return b.RLock(ctx) })
 	require.NoError(t, resultWithin(t, wgot, testTimeout, "writer after the read key's delete"))
 	require.NoError(t, resultWithin(t, ugot, testTimeout, "RUnlock"))

@@ -253,7 +253,7 @@ func TestCloseBoundedWhileEtcdUnreachable(t *testing.T) {
 	defer p.Blackhole(false)
 	closed := async(s.Close)
 	require.Error(t, resultWithin(t, closed, s.TTL()+1500*time.Millisecond, "Close with etcd unreachable"), "the revoke cannot have gone through")
-	waitCount(t, admin, "close-unreachable/", testTimeout, func(n int) bool { return n == 0 }) // the server expires the lease
+	waitNoKeys(t, admin, "close-unreachable/") // the server expires the lease
 }
 
 // cutHolder holds name on s (whose client goes through p), queues a
@@ -553,9 +553,7 @@ func TestCancelledWaitReturnsWhileUnreachable(t *testing.T) {
 	require.NoError(t, eholder.Lock(ctx))
 	ep := faults.Proxy(t, c)
 	ecnt := counter{created: make(chan struct{}, 8)}
-	es, err := concurrency.NewSession(etcdtest.NewClient(t, []string{ep.Endpoint()}, ecnt.dial()...))
-	require.NoError(t, err)
-	t.Cleanup(func() { es.Close() })
+	es := theirSession(t, etcdtest.NewClient(t, []string{ep.Endpoint()}, ecnt.dial()...))
 	em := concurrency.NewMutex(es, theirs)
 	ectx, ecancel := context.WithCancel(ctx)
 	defer ecancel()

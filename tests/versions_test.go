@@ -127,8 +127,8 @@ func benchHandoffRPCs(b *testing.B, ep string, admin *clientv3.Client) {
 	ctx := context.Background()
 	cnt := &counter{created: make(chan struct{}, 16)}
 	cli := etcdtest.NewClient(b, []string{ep}, cnt.dial()...)
-	holder := etcdsync.NewMutex(benchSession(b, admin), "bench-path")
-	waiter := etcdsync.NewMutex(benchSession(b, cli), "bench-path")
+	holder := etcdsync.NewMutex(session(b, admin), "bench-path")
+	waiter := etcdsync.NewMutex(session(b, cli), "bench-path")
 	var samples []time.Duration
 	var rpcs int64
 	handoff := func(sample bool) {

@@ -28,7 +28,7 @@ func TestElect(t *testing.T) {
 		return fmt.Sprintf(`echo "start %s $ETCDSYNC_KEY" >> %q; %s; echo "end %s" >> %q`, id, log, waitFor(release), id, log)
 	}
 	a := start(t, "elect", name, "a", "--", "sh", "-c", script("a"))
-	eventually(t, func() bool { b, _ := os.ReadFile(log); return len(b) > 0 }, "a's command started")
+	readFile(t, log) // a's command started
 	b := start(t, "elect", name, "b", "--", "sh", "-c", script("b"))
 	kvs := waitKeys(t, name+"/", 2)
 	require.Equal(t, "a", string(kvs[0].Value))

@@ -64,7 +64,7 @@ func startHolding(t *testing.T, name, release string, runs ...[]string) {
 	for i, flags := range runs {
 		args := append(append([]string{"run"}, flags...), name, "--", "sh", "-c", waitFor(release))
 		start(t, args...)
-		eventually(t, func() bool { return len(keys(t, name+"/")) == i+1 }, "key %d of %s", i+1, name)
+		waitKeys(t, name+"/", i+1)
 	}
 }
 

@@ -97,7 +97,7 @@ func TestLossBlackhole(t *testing.T) {
 	require.Contains(t, line, "lost contact")
 	require.Contains(t, line, "SIGKILL")
 	// The server expires the lease by itself.
-	eventually(t, func() bool { return len(keys(t, name+"/")) == 0 }, "the server expires the lease")
+	waitKeys(t, name+"/", 0) // the server expires the lease
 }
 
 // A slow but working link is not a lost one: with replies delayed by half

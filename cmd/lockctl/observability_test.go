@@ -27,20 +27,20 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-// get returns the body of http://addr/metrics.
-func getMetrics(t *testing.T, addr string) string {
+// httpGet returns the status and body of http://addr+path, within
+// testTimeout (t fails when nothing answers).
+func httpGet(t *testing.T, addr, path string) (int, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
 	require.NoError(t, err)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	return string(b)
+	return resp.StatusCode, string(b)
 }
 
 // --metrics-addr serves the session's metrics over HTTP while the command
@@ -53,7 +53,8 @@ func TestRunMetricsAndLogs(t *testing.T) {
 	p := start(t, "run", "--metrics-addr", addr, "--log-level", "debug", name, "--",
 		"sh", "-c", fmt.Sprintf("echo x > %q; %s", held, waitFor(release)))
 	readFile(t, held) // the command runs: the hold was taken
-	body := getMetrics(t, addr)
+	code, body := httpGet(t, addr, "/metrics")
+	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `etcdsync_acquire_wait_seconds_count{kind="mutex"} 1`)
 	require.Contains(t, body, "etcdsync_session_deadline_margin_seconds ")
 	touch(t, release)
@@ -87,21 +88,6 @@ func TestRunObservabilityBadFlags(t *testing.T) {
 	noKeys(t, name)
 }
 
-// getHealth returns the status and body of http://addr/healthz.
-func getHealth(t *testing.T, addr string) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp.StatusCode, string(b)
-}
-
 // --metrics-addr also serves /healthz: 200 "ok: waiting" while a candidate
 // waits, 200 "ok: holding KEY REV" while it leads.
 func TestElectHealthz(t *testing.T) {
@@ -111,7 +97,7 @@ func TestElectHealthz(t *testing.T) {
 	a := start(t, "elect", "--metrics-addr", aAddr, name, "a")
 	eventually(t, func() bool { return a.stdout.String() != "" }, "a leads")
 	kvs := waitKeys(t, name+"/", 1)
-	code, body := getHealth(t, aAddr)
+	code, body := httpGet(t, aAddr, "/healthz")
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, fmt.Sprintf("ok: holding %s %d\n", kvs[0].Key, kvs[0].CreateRevision), body)
 
@@ -128,7 +114,8 @@ func TestElectHealthz(t *testing.T) {
 	noKeys(t, name)
 }
 
-// getHealthMaybe is getHealth that returns status 0 while nothing listens.
+// getHealthMaybe gets /healthz as httpGet does, but returns status 0 while
+// nothing listens (for a poll; no failure, no bound of its own).
 func getHealthMaybe(addr string) (int, string) {
 	resp, err := http.Get("http://" + addr + "/healthz")
 	if err != nil {

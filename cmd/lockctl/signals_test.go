@@ -140,6 +140,6 @@ func TestSignalEndsEveryPhase(t *testing.T) {
 		line := terminate(t, p, "while releasing "+name+"/")
 		require.Contains(t, line, "left to expire on etcd")
 		proxy.Blackhole(false)
-		eventually(t, func() bool { return len(keys(t, name+"/")) == 0 }, "the lease expires on the server")
+		waitKeys(t, name+"/", 0) // the lease expires on the server
 	})
 }
