@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -173,11 +174,12 @@ func TestHandoverRacingRunStartWaitsForItsWork(t *testing.T) {
 	t.Parallel()
 	c := single(t)
 	cli := c.Client(t)
-	ctx := ctxT(t)
 	s := session(t, cli)
 	const rounds = 150
 	var raced int
 	for i := range rounds {
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout) // each round's own bound
+		defer cancel()
 		name := fmt.Sprintf("handover-race-%d", i)
 		e := etcdsync.NewElection(s, name)
 		var workEnd atomic.Int64 // unix nanos when fn returned; 0: not yet or never ran
@@ -203,6 +205,7 @@ func TestHandoverRacingRunStartWaitsForItsWork(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatalf("round %d: the Run did not lead within %v", i, testTimeout)
 				}
+				runtime.Gosched() // spin for the earliest moment, but let the Run's goroutines run
 				continue
 			}
 			require.NoError(t, e.Handover(ctx))
@@ -262,7 +265,8 @@ func TestHandoverRacingRunStartNoTwoLeaders(t *testing.T) {
 		})
 		waitKeys(t, cli, name+"/", 3)
 		handed := async(func() error {
-			for e.Rev() == 0 {
+			for e.Rev() == 0 { // the earliest moment it leads
+				runtime.Gosched()
 			}
 			return e.Handover(ctx)
 		})
