@@ -482,12 +482,12 @@ func TestConcurrentSessionsAndClientCloseMidBeat(t *testing.T) {
 	// The client closes while its sessions' beats are in flight.
 	cli2 := etcdtest.NewClient(t, c.Endpoints())
 	var ss []*etcdsync.Session
-	for range 30 {
-		s, err := etcdsync.NewSession(cli2, etcdsync.WithTTL(time.Second))
+	for range 30 { // TTL 2 s: at 1 s a beat could miss its deadline on a loaded machine
+		s, err := etcdsync.NewSession(cli2, etcdsync.WithTTL(2*time.Second))
 		require.NoError(t, err)
 		ss = append(ss, s)
 	}
-	time.Sleep(1300 * time.Millisecond)
+	time.Sleep(2300 * time.Millisecond) // past the first beats; later ones in flight
 	require.NoError(t, cli2.Close())
 	for _, s := range ss {
 		within(t, s.Done(), 2*time.Second, "session of a closed client ended")
