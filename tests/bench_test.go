@@ -139,7 +139,8 @@ func BenchmarkKeepAliveTraffic(b *testing.B) {
 	}
 }
 
-// Uncontended Lock, then Unlock: RPCs and writes of each, and latency.
+// Uncontended Lock, then Unlock: RPCs and writes of each, and the latency
+// of each (p50, p90; read off the clock around each call, no timer call).
 func BenchmarkLockUnlock(b *testing.B) {
 	for _, l := range libs {
 		b.Run(l.name, func(b *testing.B) {
@@ -147,18 +148,26 @@ func BenchmarkLockUnlock(b *testing.B) {
 			ctx := context.Background()
 			m := l.newMutex(b, cli, "bench-lock")
 			var lockRPC, unlockRPC int64
+			locks, unlocks := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
 			start := storeRev(b, admin)
 			cnt.take()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
 				must(b, m.Lock(ctx))
+				t1 := time.Now()
 				n, _ := cnt.take()
 				lockRPC += n
+				t2 := time.Now()
 				must(b, m.Unlock(ctx))
+				t3 := time.Now()
 				n, _ = cnt.take()
 				unlockRPC += n
+				locks, unlocks = append(locks, t1.Sub(t0)), append(unlocks, t3.Sub(t2))
 			}
 			b.StopTimer()
+			reportLatency(b, locks, "lock-")
+			reportLatency(b, unlocks, "unlock-")
 			b.ReportMetric(float64(lockRPC)/float64(b.N), "lock-rpcs/op")
 			b.ReportMetric(float64(unlockRPC)/float64(b.N), "unlock-rpcs/op")
 			b.ReportMetric(float64(storeRev(b, admin)-start)/float64(b.N), "writes/op")
