@@ -221,6 +221,13 @@ func (ml *MultiLock) Unlock(ctx context.Context) error {
 	if mh == nil {
 		return queue.NotHeldBy(ml.hrs[0].Session(), ErrLockReleased, strings.Join(ml.names, ", "))
 	}
+	return ml.unlock(ctx, mh)
+}
+
+// unlock is Unlock of the hold mh, which may no longer be the value's
+// current one (a Run's fn unlocked it, and another Run took the names
+// since): that is left alone.
+func (ml *MultiLock) unlock(ctx context.Context, mh *multiHold) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("etcdsync: release %s: %w", strings.Join(ml.names, ", "), err)
 	}
@@ -295,7 +302,7 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 	after := func(err error) error {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mh.hs[0].Session().TTL())
 		defer cancel()
-		released := ml.Unlock(rctx)
+		released := ml.unlock(rctx, mh) // not Unlock: fn may have unlocked mh, and another Run taken the names
 		if cause := context.Cause(mh.ctx); cause != nil && !errors.Is(cause, ErrLockReleased) {
 			released = cause // the hold ended before fn returned: Unlock found it gone
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest/faults"
 	"github.com/stretchr/testify/require"
 )
 
@@ -108,6 +109,38 @@ func TestHandoverStopsWorkThenPassesLeadership(t *testing.T) {
 		require.Equal(t, "", nextTerm(t, terms), "nobody queued")
 		require.NoError(t, a.Handover(hctx), "not leading: nothing to do")
 	})
+}
+
+// A Handover waits for the Run's resign as well as for its fn: while that
+// resign is held back on its way to etcd, Handover has not returned and has
+// sent no resign of its own; once it goes through, both return nil and the
+// term is over.
+func TestHandoverWaitsForTheRunsResign(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ctx := ctxT(t)
+	gate := faults.NewDeleteGate()
+	cli := c.Client(t, gate.Dial())
+	e := etcdsync.NewElection(session(t, cli), "handover-resign")
+	working := make(chan struct{})
+	run := async(func() error {
+		return e.Run(ctx, "a", func(ctx context.Context) error {
+			close(working)
+			<-ctx.Done()
+			return nil
+		})
+	})
+	within(t, working, testTimeout, "the Run's fn starts")
+	gate.Armed.Store(true)
+	handed := async(func() error { return e.Handover(ctx) })
+	within(t, gate.Held, testTimeout, "the Run's resign, once its fn returned")
+	notYet(t, handed, 300*time.Millisecond, "Handover while the Run's resign is held back")
+	require.Len(t, gate.Held, 0, "a second resign while the Run's is held back")
+	require.Len(t, keys(t, c.Client(t), "handover-resign/"), 1, "the term lasts until the Run's resign")
+	close(gate.Open)
+	require.NoError(t, resultWithin(t, handed, testTimeout, "Handover once the Run resigned"))
+	require.NoError(t, resultWithin(t, run, testTimeout, "the Run returns"))
+	require.Empty(t, keys(t, c.Client(t), "handover-resign/"))
 }
 
 // A Handover whose ctx ends while the work ignores its cancel returns ctx's

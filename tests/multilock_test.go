@@ -256,6 +256,92 @@ func TestMultiLockRunEndsFnOnLoss(t *testing.T) {
 	waitNoKeys(t, cli, "ml6/")
 }
 
+// Run releases every name after fn, also when fn panics (the panic goes on)
+// and when ctx ends while fn runs (the release is bounded by the session's
+// TTL, not by ctx); fn's error comes back as it is.
+func TestMultiLockRunReleasesAfterPanicOrCancel(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := singleClient(t)
+	ml := etcdsync.NewMultiLock(session(t, cli), "mlrun/a", "mlrun/b")
+	require.PanicsWithValue(t, "boom", func() {
+		ml.Run(ctx, func(context.Context) error {
+			require.Len(t, keys(t, cli, "mlrun/"), 2, "the hold's keys while fn runs")
+			panic("boom")
+		})
+	})
+	require.Empty(t, keys(t, cli, "mlrun/"))
+	cctx, cancel := context.WithCancel(ctx)
+	err := ml.Run(cctx, func(fctx context.Context) error {
+		cancel()
+		<-fctx.Done()
+		return fctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, context.Canceled.Error(), err.Error(), "fn's error only")
+	require.Empty(t, keys(t, cli, "mlrun/"))
+	require.NoError(t, ml.Run(ctx, func(context.Context) error { return nil }), "usable after")
+	require.Empty(t, keys(t, cli, "mlrun/"))
+}
+
+// fn that unlocks the MultiLock itself: Run returns fn's error only (as
+// every Run does), no key is left, and the value can Run again.
+func TestMultiLockRunFnMayUnlockItself(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := singleClient(t)
+	ml := etcdsync.NewMultiLock(session(t, cli), "mlself/a", "mlself/b")
+	err := ml.Run(ctx, func(fctx context.Context) error {
+		require.NoError(t, ml.Unlock(ctx))
+		within(t, fctx.Done(), testTimeout, "fn's context after its own Unlock")
+		require.ErrorIs(t, context.Cause(fctx), etcdsync.ErrLockReleased)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Empty(t, keys(t, cli, "mlself/"))
+	require.NoError(t, ml.Run(ctx, func(context.Context) error { return nil }))
+	require.Empty(t, keys(t, cli, "mlself/"))
+}
+
+// fn unlocks the MultiLock itself, then another goroutine's Run of the same
+// value (unrelated ctx) takes the names: the first Run's end must not
+// release that new hold.
+func TestMultiLockRunEndKeepsNewHoldAfterSelfUnlock(t *testing.T) {
+	t.Parallel()
+	_, cli, ctx := singleClient(t)
+	ml := etcdsync.NewMultiLock(session(t, cli), "mlnew/a", "mlnew/b")
+	bIn, aDone := make(chan struct{}), make(chan struct{})
+	var b <-chan error
+	a := async(func() error {
+		defer close(aDone)
+		return ml.Run(ctx, func(context.Context) error {
+			if err := ml.Unlock(ctx); err != nil {
+				return err
+			}
+			b = async(func() error {
+				return ml.Run(ctx, func(fctx context.Context) error {
+					close(bIn)
+					<-aDone
+					// No t here: this may run on after a failed test.
+					resp, err := cli.Get(ctx, "mlnew/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+					if err != nil || resp.Count != 2 || fctx.Err() != nil {
+						return fmt.Errorf("B's hold ended when A's Run returned (err %v, cause %v)", err, context.Cause(fctx))
+					}
+					return nil
+				})
+			})
+			select {
+			case <-bIn:
+			case <-time.After(testTimeout):
+				return errors.New("B did not get the hold")
+			}
+			return nil
+		})
+	})
+	require.NoError(t, resultWithin(t, a, testTimeout, "A"))
+	require.NotNil(t, b)
+	require.NoError(t, resultWithin(t, b, testTimeout, "B"))
+	require.Empty(t, keys(t, cli, "mlnew/"))
+}
+
 // A cancelled Lock leaves no key on any name, whichever of its waits the
 // cancel comes in; bad input is an error wrapping a sentinel and writes
 // nothing.
