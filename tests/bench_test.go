@@ -38,6 +38,10 @@ import (
 // -fsync=false shows the client's own costs.
 var benchFsync = flag.Bool("fsync", true, "benchmarks: fsync on the embedded etcd member")
 
+// benchHold is how long each new holder of BenchmarkHandoff's chain holds
+// before it unlocks (its work); 0, the default, unlocks at once.
+var benchHold = flag.Duration("hold", 0, "benchmarks: BenchmarkHandoff's hold time per holder")
+
 type benchMutex interface {
 	Lock(context.Context) error
 	TryLock(context.Context) error
@@ -509,7 +513,8 @@ func queueWatches(l lib, n int) int {
 }
 
 // handoffQueue queues the waiters behind the holder, releases the holder and
-// lets the chain run; it returns the first max(1, n/2) handoff latencies.
+// lets the chain run, each new holder unlocking after -hold (at once by
+// default); it returns the first max(1, n/2) handoff latencies.
 // It calls no timer method (b.StartTimer reads the memory statistics, which
 // stops the world, the embedded server's goroutines included: in
 // BenchmarkHandoffParts, timer calls in a round raised its handoff's p50
@@ -536,8 +541,12 @@ func handoffQueue(b *testing.B, admin *clientv3.Client, holder benchMutex, waite
 				b.Error(err)
 				return
 			}
+			held := time.Now()
+			if *benchHold > 0 {
+				time.Sleep(*benchHold) // the holder's work
+			}
 			mu.Lock()
-			samples = append(samples, time.Since(lastStart))
+			samples = append(samples, held.Sub(lastStart))
 			lastStart = time.Now()
 			mu.Unlock()
 			if err := m.Unlock(ctx); err != nil {
