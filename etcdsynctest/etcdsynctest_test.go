@@ -142,6 +142,15 @@ func TestStartClusterBadInput(t *testing.T) {
 	require.PanicsWithValue(t, "etcdsynctest: Member(-1) of a 1-member cluster", func() { c.Member(-1) })
 }
 
+// skipThreeInShort skips t under -short when it needs a cluster of more
+// than one member (as the root's tests do).
+func skipThreeInShort(t *testing.T, members int) {
+	t.Helper()
+	if members > 1 && testing.Short() {
+		t.Skip("a 3-member cluster: skipped in -short")
+	}
+}
+
 // A stopped member refuses, a restarted one serves its data again.
 func TestMemberStopRestart(t *testing.T) {
 	t.Parallel()
@@ -165,6 +174,7 @@ func TestMemberStopRestart(t *testing.T) {
 
 // With the leader of three stopped the others go on; restarted, it catches up.
 func TestClusterLeaderStopRestart(t *testing.T) {
+	skipThreeInShort(t, 3)
 	t.Parallel()
 	c := etcdsynctest.StartCluster(t, 3)
 	eps := c.Endpoints()
@@ -193,6 +203,7 @@ func TestLink(t *testing.T) {
 	t.Parallel()
 	for _, members := range []int{1, 3} {
 		t.Run(fmt.Sprintf("members=%d", members), func(t *testing.T) {
+			skipThreeInShort(t, members)
 			c := etcdsynctest.StartCluster(t, members)
 			cli, link := c.ClientThrough(t)
 			admin := c.Client(t)

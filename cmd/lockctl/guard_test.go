@@ -29,6 +29,7 @@ import (
 // and its grandchild are gone. A stopped lockctl, once continued, reports
 // the loss in one line and exits 137, leaving nothing in etcd.
 func TestGuardBoundsCommandByHold(t *testing.T) {
+	waitsOutTTL(t)
 	t.Parallel()
 	for _, tc := range []struct {
 		what    string
@@ -170,9 +171,7 @@ func TestGuardReportsExecErrno(t *testing.T) {
 // lease expires, never sees an "A" after its first "B". The keys on both
 // names are gone at the end.
 func TestGuardBoundsSeveralNamesCommandByHold(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits out a TTL: skipped in -short")
-	}
+	waitsOutTTL(t)
 	t.Parallel()
 	for _, tc := range []struct {
 		what    string
