@@ -175,7 +175,7 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 				}
 			}
 		}
-		problems, leads := checkHolds(f.holds, f.log, faultTTL, f.capacity)
+		problems, leads := checkHolds(f.holds, f.log, faultTTL, f.capacity, h.byAdmin)
 		for _, p := range problems {
 			t.Errorf("%s: %s", f.name, p)
 		}
@@ -239,6 +239,13 @@ func (h *history) adminDid(hdr *pb.ResponseHeader) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.admin[hdr.Revision] = true
+}
+
+// byAdmin reports whether rev is the revision of an admin's delete or revoke.
+func (h *history) byAdmin(rev int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.admin[rev]
 }
 
 func (h *history) now() int64 { return int64(time.Since(h.base)) }
