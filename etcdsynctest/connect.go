@@ -54,7 +54,7 @@ func StartServer() (endpoints []string, stop func(), err error) {
 // done and may be called more than once.
 func Connect() (cli *clientv3.Client, close func(), err error) {
 	name, env := endpointsEnv(os.Getenv)
-	return connect(os.Stdout, name, env)
+	return connect(os.Stdout, name, env, os.Getenv)
 }
 
 // endpointsEnv returns the variable Connect takes its endpoints from, and
@@ -78,7 +78,7 @@ func quietLogger() *zap.Logger {
 	return lg
 }
 
-func connect(w io.Writer, name, env string) (*clientv3.Client, func(), error) {
+func connect(w io.Writer, name, env string, getenv func(string) string) (*clientv3.Client, func(), error) {
 	var endpoints []string
 	for _, ep := range strings.Split(env, ",") {
 		if ep = strings.TrimSpace(ep); ep != "" {
@@ -90,7 +90,7 @@ func connect(w io.Writer, name, env string) (*clientv3.Client, func(), error) {
 	}
 	cfg := etcdtest.ClientConfig(endpoints)
 	cfg.Logger = quietLogger()
-	if err := secure(&cfg, os.Getenv); err != nil {
+	if err := secure(&cfg, getenv); err != nil {
 		return nil, nil, fmt.Errorf("etcdsynctest: %s=%s: %w", name, env, err)
 	}
 	cli, err := clientv3.New(cfg)

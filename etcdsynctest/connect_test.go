@@ -14,12 +14,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// noEnv is an environment with no variable set.
+func noEnv(string) string { return "" }
+
 // Without ETCD_ENDPOINTS Connect starts a member, says where, and close
 // stops it.
 func TestConnectEmbedded(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
-	cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", " ")
+	cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", " ", noEnv)
 	require.NoError(t, err)
 	ep := cli.Endpoints()[0]
 	require.Equal(t, "started an embedded etcd at "+ep+" (set ETCD_ENDPOINTS to use a real cluster)\n", out.String())
@@ -46,7 +49,7 @@ func TestConnectEndpoints(t *testing.T) {
 	admin := Start(t)
 	ep := admin.Endpoints()[0]
 	var out bytes.Buffer
-	cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", " "+ep+" ,")
+	cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", " "+ep+" ,", noEnv)
 	require.NoError(t, err)
 	require.Equal(t, "connected to ETCD_ENDPOINTS="+ep+"\n", out.String())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -87,7 +90,7 @@ func TestConnectNoAnswer(t *testing.T) {
 	ln.Close()
 	var out bytes.Buffer
 	start := time.Now()
-	_, _, err = connect(&out, "ETCD_ENDPOINTS", ep)
+	_, _, err = connect(&out, "ETCD_ENDPOINTS", ep, noEnv)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "ETCD_ENDPOINTS="+ep)
 	require.Less(t, time.Since(start), connectTimeout+5*time.Second)
@@ -97,6 +100,7 @@ func TestConnectNoAnswer(t *testing.T) {
 // With ETCD_CACERT and ETCD_USER Connect reaches a member that serves TLS
 // and requires a password; without the user it is refused.
 func TestConnectTLSAndAuth(t *testing.T) {
+	t.Parallel()
 	certs, err := etcdtest.MakeCerts(t.TempDir())
 	require.NoError(t, err)
 	c := etcdtest.Start(t, etcdtest.Options{TLS: certs})
@@ -113,33 +117,34 @@ func TestConnectTLSAndAuth(t *testing.T) {
 	_, err = admin.AuthEnable(ctx)
 	require.NoError(t, err)
 
-	t.Setenv("ETCD_CACERT", certs.CAFile)
-	for _, env := range []map[string]string{
+	env := map[string]string{"ETCD_CACERT": certs.CAFile}
+	getenv := func(k string) string { return env[k] }
+	for _, user := range []map[string]string{
 		{"ETCD_USER": "root:secret"},
 		{"ETCD_USER": "root", "ETCD_PASSWORD": "secret"},
 	} {
-		for k, v := range env {
-			t.Setenv(k, v)
+		for k, v := range user {
+			env[k] = v
 		}
 		var out bytes.Buffer
-		cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", ep)
+		cli, closeAll, err := connect(&out, "ETCD_ENDPOINTS", ep, getenv)
 		require.NoError(t, err)
 		_, err = cli.Put(ctx, "k", "v")
 		require.NoError(t, err)
 		closeAll()
-		t.Setenv("ETCD_PASSWORD", "")
+		env["ETCD_PASSWORD"] = ""
 	}
 
-	t.Setenv("ETCD_USER", "")
-	_, _, err = connect(&bytes.Buffer{}, "ETCD_ENDPOINTS", ep)
+	env["ETCD_USER"] = ""
+	_, _, err = connect(&bytes.Buffer{}, "ETCD_ENDPOINTS", ep, getenv)
 	require.Error(t, err, "a member that requires a password let a client in without one")
 
-	t.Setenv("ETCD_CACERT", "")
-	t.Setenv("ETCD_USER", "root:secret")
-	_, _, err = connect(&bytes.Buffer{}, "ETCD_ENDPOINTS", ep)
+	env["ETCD_CACERT"] = ""
+	env["ETCD_USER"] = "root:secret"
+	_, _, err = connect(&bytes.Buffer{}, "ETCD_ENDPOINTS", ep, getenv)
 	require.Error(t, err, "a member with a certificate of an unknown CA was trusted")
 
-	t.Setenv("ETCD_CERT", certs.CertFile)
-	_, _, err = connect(&bytes.Buffer{}, "ETCD_ENDPOINTS", ep)
+	env["ETCD_CERT"] = certs.CertFile
+	_, _, err = connect(&bytes.Buffer{}, "ETCD_ENDPOINTS", ep, getenv)
 	require.ErrorContains(t, err, "ETCD_CERT and ETCD_KEY go together")
 }

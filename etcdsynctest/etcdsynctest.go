@@ -15,6 +15,7 @@
 // a Mutex while it works and stops when the hold's Done channel closes:
 //
 //	func TestReporterStopsWhenItLosesTheLock(t *testing.T) {
+//		t.Parallel() // each test has a cluster of its own
 //		c := etcdsynctest.StartCluster(t, 1)
 //		cli, link := c.ClientThrough(t)
 //		s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(time.Second))

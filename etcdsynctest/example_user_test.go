@@ -66,6 +66,7 @@ func waitFor(t *testing.T, cond func() bool) {
 }
 
 func TestReporterStopsWhenItLosesTheLock(t *testing.T) {
+	t.Parallel() // each test has a cluster of its own
 	c := etcdsynctest.StartCluster(t, 1)
 	cli, link := c.ClientThrough(t)
 	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(time.Second))

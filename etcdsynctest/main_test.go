@@ -7,6 +7,6 @@ import (
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 )
 
-// Tests run 12 at a time (8 with -race) unless -parallel says otherwise (see
+// Tests run 16 at a time (8 with -race) unless -parallel says otherwise (see
 // etcdtest.DefaultParallel).
 func TestMain(m *testing.M) { etcdtest.Main(m, etcdsynctest.IgnoredGoroutines()...) }

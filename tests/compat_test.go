@@ -169,8 +169,10 @@ func compatCells() []compatCell {
 	}
 }
 
-// TestCompat runs every cell under every deployment, the deployments side
-// by side. Each cell ends by checking that no key is left under its name.
+// TestCompat runs every cell under every deployment, the deployments and
+// the cells of one deployment side by side (each cell has a name of its
+// own). Each cell ends by checking that no key is left under its name; the
+// deployment's promise is checked once its cells have all run.
 func TestCompat(t *testing.T) {
 	t.Parallel()
 	for _, rig := range compatRigs() {
@@ -180,15 +182,18 @@ func TestCompat(t *testing.T) {
 			}
 			t.Parallel() // each deployment has a cluster of its own
 			d := rig.start(t)
-			for _, cell := range compatCells() {
-				t.Run(cell.name, func(t *testing.T) {
-					name := "compat/" + cell.name
-					cell.run(t, d, name)
-					require.Empty(t, rawKeys(t, d, name), "keys left under %s", name)
-					if d.after != nil {
-						d.after(t)
-					}
-				})
+			t.Run("cells", func(t *testing.T) {
+				for _, cell := range compatCells() {
+					t.Run(cell.name, func(t *testing.T) {
+						t.Parallel()
+						name := "compat/" + cell.name
+						cell.run(t, d, name)
+						require.Empty(t, rawKeys(t, d, name), "keys left under %s", name)
+					})
+				}
+			})
+			if d.after != nil {
+				d.after(t)
 			}
 		})
 	}

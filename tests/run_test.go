@@ -32,7 +32,7 @@ func TestRunReleases(t *testing.T) {
 	for _, r := range runKinds(session(t, cli), "run") {
 		t.Run(r.prefix, func(t *testing.T) {
 			err := r.run(ctx, func(fctx context.Context) error {
-				require.Len(t, keys(t, cli, r.prefix), 1, "the hold's key while fn runs")
+				require.Len(t, keys(t, cli, r.prefix), r.keys, "the hold's keys while fn runs")
 				return errFn
 			})
 			require.ErrorIs(t, err, errFn)
@@ -46,12 +46,18 @@ func TestRunReleases(t *testing.T) {
 				return fctx.Err()
 			})
 			require.ErrorIs(t, err, context.Canceled)
+			require.Equal(t, context.Canceled.Error(), err.Error(), "fn's error only")
 			require.Empty(t, keys(t, cli, r.prefix))
 
 			// A panic releases and goes on.
 			require.PanicsWithValue(t, "boom", func() {
-				r.run(ctx, func(context.Context) error { panic("boom") })
+				r.run(ctx, func(context.Context) error {
+					require.Len(t, keys(t, cli, r.prefix), r.keys, "the hold's keys while fn runs")
+					panic("boom")
+				})
 			})
+			require.Empty(t, keys(t, cli, r.prefix))
+			require.NoError(t, r.run(ctx, func(context.Context) error { return nil }), "usable after")
 			require.Empty(t, keys(t, cli, r.prefix))
 		})
 	}
@@ -285,12 +291,13 @@ func TestRunLossCancelsFirst(t *testing.T) {
 	}
 }
 
-// runKind is one primitive's Run, the prefix its keys live under, the
-// release fn may call itself, and a contender of another session that gets
-// the hold once ours ends.
+// runKind is one primitive's Run, the prefix its keys live under (keys of
+// them while it holds), the release fn may call itself, and a contender of
+// another session that gets the hold once ours ends.
 type runKind struct {
 	kind   string
 	prefix string
+	keys   int
 	run    func(ctx context.Context, fn func(context.Context) error) error
 	self   func(ctx context.Context) error
 	next   func(s *etcdsync.Session) (take, release func(ctx context.Context) error)
@@ -302,29 +309,34 @@ func runKinds(s *etcdsync.Session, name string) []runKind {
 	rw := etcdsync.NewRWMutex(s, name+"-rwmutex")
 	rr := etcdsync.NewRWMutex(s, name+"-rrun")
 	sm := etcdsync.NewSemaphore(s, name+"-semaphore", 2)
+	ml := etcdsync.NewMultiLock(s, name+"-multilock/a", name+"-multilock/b")
 	return []runKind{
-		{"mutex", name + "-mutex/", m.Run, m.Unlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
+		{"mutex", name + "-mutex/", 1, m.Run, m.Unlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
 			n := etcdsync.NewMutex(s, name+"-mutex")
 			return n.Lock, n.Unlock
 		}},
-		{"election", name + "-election/", func(ctx context.Context, fn func(context.Context) error) error { return e.Run(ctx, "v", fn) }, e.Resign,
+		{"election", name + "-election/", 1, func(ctx context.Context, fn func(context.Context) error) error { return e.Run(ctx, "v", fn) }, e.Resign,
 			func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
 				n := etcdsync.NewElection(s, name+"-election")
 				return func(ctx context.Context) error { return n.Campaign(ctx, "next") }, n.Resign
 			}},
-		{"rwmutex", name + "-rwmutex/", rw.Run, rw.Unlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
+		{"rwmutex", name + "-rwmutex/", 1, rw.Run, rw.Unlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
 			n := etcdsync.NewRWMutex(s, name+"-rwmutex")
 			return n.RLock, n.RUnlock
 		}},
-		{"rrun", name + "-rrun/", rr.RRun, rr.RUnlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
+		{"rrun", name + "-rrun/", 1, rr.RRun, rr.RUnlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
 			n := etcdsync.NewRWMutex(s, name+"-rrun")
 			return n.Lock, n.Unlock
 		}},
-		{"semaphore", name + "-semaphore/", func(ctx context.Context, fn func(context.Context) error) error { return sm.Run(ctx, 2, fn) }, sm.Release,
+		{"semaphore", name + "-semaphore/", 1, func(ctx context.Context, fn func(context.Context) error) error { return sm.Run(ctx, 2, fn) }, sm.Release,
 			func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
 				n := etcdsync.NewSemaphore(s, name+"-semaphore", 2)
 				return func(ctx context.Context) error { return n.Acquire(ctx, 1) }, n.Release
 			}},
+		{"multilock", name + "-multilock/", 2, ml.Run, ml.Unlock, func(s *etcdsync.Session) (func(context.Context) error, func(context.Context) error) {
+			n := etcdsync.NewMutex(s, name+"-multilock/b") // a Mutex on one of the names excludes it
+			return n.Lock, n.Unlock
+		}},
 	}
 }
 
@@ -464,7 +476,7 @@ func TestRunEndKeepsNewHoldAfterSelfRelease(t *testing.T) {
 							<-aDone
 							// No t here: this may run on after a failed test.
 							resp, err := admin.Get(ctx, k.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-							if err != nil || resp.Count != 1 || fctx.Err() != nil {
+							if err != nil || resp.Count != int64(k.keys) || fctx.Err() != nil {
 								return fmt.Errorf("B's hold ended when A's Run returned (err %v, cause %v)", err, context.Cause(fctx))
 							}
 							return nil
@@ -525,12 +537,13 @@ func fnEndsFirst(t *testing.T, ctx context.Context, admin *clientv3.Client, pref
 	gotAt := make(chan time.Time, 1)
 	var cancelledAt time.Time
 	err = run(ctx, func(fctx context.Context) error {
+		held := len(keys(t, admin, prefix))
 		go func() {
 			if take(ctx) == nil {
 				gotAt <- time.Now()
 			}
 		}()
-		waitKeys(t, admin, prefix, 2)
+		waitKeys(t, admin, prefix, held+1)
 		heal := cut()
 		defer heal()
 		select {
@@ -597,7 +610,7 @@ func TestRunLossCarriesCauseEveryWay(t *testing.T) {
 				require.True(t, errors.Is(err, cause), "Run's error %v does not carry fn's cause %v", err, cause)
 				require.NotErrorIs(t, err, etcdsync.ErrLockReleased)
 				if w.name == "orphan" {
-					require.Len(t, keys(t, admin, k.prefix), 1, "Orphan leaves the key to the lease")
+					require.Len(t, keys(t, admin, k.prefix), k.keys, "Orphan leaves the keys to the lease")
 					_, err := admin.Revoke(ctx, s.Lease())
 					require.NoError(t, err)
 				}
@@ -729,8 +742,9 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	s2, err := etcdsync.NewSession(admin)
 	require.NoError(t, err)
 	var wg sync.WaitGroup
-	in := make(chan struct{}, 5)
-	for _, k := range runKinds(s2, "r13leak2") {
+	kinds := runKinds(s2, "r13leak2")
+	in := make(chan struct{}, len(kinds))
+	for _, k := range kinds {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -741,7 +755,7 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 			}), etcdsync.ErrSessionClosed)
 		}()
 	}
-	for range 5 {
+	for range kinds {
 		within(t, in, 10*time.Second, "Runs starting")
 	}
 	require.NoError(t, s2.Close())

@@ -3,4 +3,4 @@
 package etcdtest
 
 // parallel is Parallel without the race detector.
-const parallel = 12
+const parallel = 16

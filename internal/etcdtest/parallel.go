@@ -13,8 +13,9 @@ import (
 // Parallel is how many tests of a package run at once (t.Parallel) unless
 // -parallel says otherwise: tests against etcd wait on leases, watches and
 // faults far more than they compute, so more of them than the machine has
-// cores run side by side: 12 (the suite's CPU is about a third of two
-// cores at 12), and 8 under the race detector (race.go), whose checks
+// cores run side by side: 16 (norace.go; tests/ in -short uses about a
+// quarter of two cores at 12, and its time is mostly tests waiting for a
+// slot), and 8 under the race detector (race.go), whose checks
 // multiply the CPU each test needs.
 const Parallel = parallel
 

@@ -771,11 +771,12 @@ var Closed = func() chan struct{} {
 // once fn has returned or panicked, bounded by the session's TTL whatever ctx
 // says; a panic goes on after the release. It returns acquire's error, or fn's
 // error joined with why the hold ended if it ended before the release (unless
-// fn's error wraps that already: see stated), and with the release's error. fn's context carries the hold (n: its permits;
-// tag: what else a Run inside must agree on, an Election's value or a
-// Semaphore's capacity): a Run whose ctx carries a live hold of the same
-// session and name enters it (see reenter), and returns fn's error joined
-// with why the hold ended if it ended meanwhile.
+// fn's error wraps that already: see Stated), and with the release's error.
+// fn's context carries the hold (n: its permits; tag: what else a Run inside
+// must agree on, an Election's value or a Semaphore's capacity): a Run whose
+// ctx carries a live hold of the same session and name enters it (see
+// reenter), and returns fn's error joined with why the hold ended if it
+// ended meanwhile.
 func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release func(context.Context) error, fn func(context.Context) error) (err error) {
 	if e, err := hr.reenter(ctx, n, tag); err != nil || e != nil {
 		if err != nil {

@@ -18,8 +18,8 @@ import (
 // calls after with fn's error (the release, stating why the hold ended) and
 // returns what after returns; a panic goes on after that. begin, when not
 // nil, runs first with the function that ends fn's context: it returns a
-// function to call once after has returned, and an error that, when not nil,
-// is what after gets instead of fn being called.
+// function to call once after has returned (or nil), and an error that, when
+// not nil, is what after gets instead of fn being called.
 func RunIn(inner, hctx context.Context, begin func(stop context.CancelCauseFunc) (func(), error), after func(error) error, fn func(context.Context) error) (err error) {
 	fctx, cancel := context.WithCancelCause(inner)
 	defer cancel(nil)
@@ -29,7 +29,9 @@ func RunIn(inner, hctx context.Context, begin func(stop context.CancelCauseFunc)
 	if begin != nil {
 		var leave func()
 		leave, refused = begin(cancel)
-		defer leave()
+		if leave != nil {
+			defer leave()
+		}
 	}
 	defer func() {
 		p := recover()
