@@ -241,12 +241,9 @@ func (h *history) adminDid(hdr *pb.ResponseHeader) {
 	h.admin[hdr.Revision] = true
 }
 
-// byAdmin reports whether rev is the revision of an admin's delete or revoke.
-func (h *history) byAdmin(rev int64) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.admin[rev]
-}
+// byAdmin reports whether rev is the revision of an admin's delete or
+// revoke. The caller holds h.mu (the checks after a round do).
+func (h *history) byAdmin(rev int64) bool { return h.admin[rev] }
 
 func (h *history) now() int64 { return int64(time.Since(h.base)) }
 
