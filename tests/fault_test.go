@@ -405,6 +405,37 @@ func checkHolds(holds []holdRec, log *deleteLog, slack time.Duration, capacity i
 	return problems, leads
 }
 
+// A hold that lost contact while an admin's revoke or delete took its key
+// is judged within the slack, not against the server's expiry: checked as a
+// robustness round checks it, with the history's lock held and its byAdmin.
+func TestCheckHoldsJudgesAdminDeletesWithinSlack(t *testing.T) {
+	t.Parallel()
+	at := time.Now()
+	log := &deleteLog{deletes: map[int64]deleteRec{10: {rev: 20, seen: at}}}
+	lost := []holdRec{{start: 10, rev: 10, weight: 1, lost: true, contact: true, doneAt: at.Add(1500 * time.Millisecond)}}
+	problems, _ := checkHolds(lost, log, 2*time.Second, 1, nil)
+	require.Len(t, problems, 1, "Done after the delete, with contact and no admin")
+	h := &history{admin: map[int64]bool{20: true}}
+	judged := make(chan []string, 1)
+	go func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		problems, _ := checkHolds(lost, log, 2*time.Second, 1, h.byAdmin)
+		judged <- problems
+	}()
+	select {
+	case problems := <-judged:
+		require.Empty(t, problems, "the admin's delete, Done within the slack")
+	case <-time.After(testTimeout):
+		t.Fatal("checkHolds did not return with the history's lock held")
+	}
+	lost[0].doneAt = at.Add(3 * time.Second)
+	h.mu.Lock()
+	problems, _ = checkHolds(lost, log, 2*time.Second, 1, h.byAdmin)
+	h.mu.Unlock()
+	require.Len(t, problems, 1, "the admin's delete, Done past the slack")
+}
+
 type faultResult struct {
 	name       string
 	incs       int
