@@ -78,6 +78,9 @@ func quietLogger() *zap.Logger {
 	return lg
 }
 
+// connect is Connect with its endpoints in env (the value of the variable
+// name), its TLS and user variables looked up with getenv, and its message
+// written to w.
 func connect(w io.Writer, name, env string, getenv func(string) string) (*clientv3.Client, func(), error) {
 	var endpoints []string
 	for _, ep := range strings.Split(env, ",") {
