@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync/etcdsynctest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -142,15 +143,6 @@ func TestStartClusterBadInput(t *testing.T) {
 	require.PanicsWithValue(t, "etcdsynctest: Member(-1) of a 1-member cluster", func() { c.Member(-1) })
 }
 
-// skipThreeInShort skips t under -short when it needs a cluster of more
-// than one member (as the root's tests do).
-func skipThreeInShort(t *testing.T, members int) {
-	t.Helper()
-	if members > 1 && testing.Short() {
-		t.Skip("a 3-member cluster: skipped in -short")
-	}
-}
-
 // A stopped member refuses, a restarted one serves its data again.
 func TestMemberStopRestart(t *testing.T) {
 	t.Parallel()
@@ -174,7 +166,7 @@ func TestMemberStopRestart(t *testing.T) {
 
 // With the leader of three stopped the others go on; restarted, it catches up.
 func TestClusterLeaderStopRestart(t *testing.T) {
-	skipThreeInShort(t, 3)
+	etcdtest.SkipClusterInShort(t, 3)
 	t.Parallel()
 	c := etcdsynctest.StartCluster(t, 3)
 	eps := c.Endpoints()
@@ -203,7 +195,7 @@ func TestLink(t *testing.T) {
 	t.Parallel()
 	for _, members := range []int{1, 3} {
 		t.Run(fmt.Sprintf("members=%d", members), func(t *testing.T) {
-			skipThreeInShort(t, members)
+			etcdtest.SkipClusterInShort(t, members)
 			c := etcdsynctest.StartCluster(t, members)
 			cli, link := c.ClientThrough(t)
 			admin := c.Client(t)

@@ -159,7 +159,7 @@ func TestBarrierHoldForOpensWhenHolderSessionEnds(t *testing.T) {
 // holds the waiters only until its lease expires on the server.
 func TestBarrierHoldForOpensWhenHolderLeaseExpires(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	_, cli, ctx := singleClient(t)
 	const name = "expired-barrier"
 	s := session(t, cli, etcdsync.WithTTL(2*time.Second))

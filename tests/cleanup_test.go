@@ -113,7 +113,7 @@ func TestLateWithdrawNeverDeletesLaterHold(t *testing.T) {
 // round trip for a (fenced, no-op) sweeper delete. "unswept" is the control.
 func TestSweeperLeavesClaimAfterUnlock(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	sweptOrNot(t, "r8-steal", func(t *testing.T, ctx context.Context, _ *etcdtest.Cluster, m *etcdsync.Mutex) {
 		freeTryLocks(t, ctx, m, 10, 50*time.Millisecond, func() {
 			require.NoError(t, m.Lock(ctx))
@@ -210,7 +210,7 @@ func TestCancelledResumedWaiterLeavesNoKey(t *testing.T) {
 // control.
 func TestSweeperLeavesClaimAfterFailedLock(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	sweptOrNot(t, "r9-steal", func(t *testing.T, ctx context.Context, c *etcdtest.Cluster, m *etcdsync.Mutex) {
 		holder := etcdsync.NewMutex(session(t, c.Client(t)), "r9-steal")
 		freeTryLocks(t, ctx, m, 5, 100*time.Millisecond, func() {

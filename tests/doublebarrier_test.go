@@ -286,7 +286,7 @@ func TestDoubleBarrierPartyWhoseLeaseEndsHoldsNoOne(t *testing.T) {
 // the others' Leave only until its lease expires on the server.
 func TestDoubleBarrierLeaveOutlastsCrashedPartyLease(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	_, cli, ctx := singleClient(t)
 	const name = "expired-double"
 	a, _ := newParty(t, cli, name, 2)

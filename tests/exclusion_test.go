@@ -170,7 +170,7 @@ func TestNestedNamesExceptRWMutexWriteDir(t *testing.T) {
 // Keys ahead deleted (in one revision) after a waiter's enqueue was applied
 // but before its reply arrived and its watches exist: the waiter holds.
 func TestTurnWhenAheadGoBeforeEnqueueReply(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	c, admin, ctx := singleClient(t)
 	t.Run("semaphore", func(t *testing.T) {

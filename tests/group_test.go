@@ -331,7 +331,7 @@ func TestGroupMemberLeavesWhenItsSessionEnds(t *testing.T) {
 // lease expires.
 func TestGroupMemberLeavesWhenItsLeaseExpires(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	_, cli, ctx := kitSingleClient(t)
 	const name = "expires"
 	a := joined(t, ctx, cli, name, "a")

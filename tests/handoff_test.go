@@ -226,7 +226,7 @@ func TestQueueChangesAtEveryPosition(t *testing.T) {
 // "unchanged" is the control.
 func TestWaiterWakesAfterRefusedWatchCreate(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Run("unchanged", func(t *testing.T) {
 		connect := secureCluster(t)
 		refusedWatch(t, connect, func() {})

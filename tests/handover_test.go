@@ -265,7 +265,7 @@ func TestHandoverRacingRunStartWaitsForItsWork(t *testing.T) {
 // successor's Campaign does.
 func TestHandoverRacingRunStartNoTwoLeaders(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	c := single(t)
 	cli := c.Client(t)
 	ctx := ctxT(t)

@@ -32,23 +32,12 @@ func long(t *testing.T) {
 	}
 }
 
-// slow skips t in -short: a test that waits out TTLs or slow links for
-// several seconds (the whole run and CI run it).
-func slow(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("waits out TTLs for seconds: runs without -short")
-	}
-}
-
 func single(t *testing.T) *etcdtest.Cluster {
 	return etcdtest.Start(t, etcdtest.Options{})
 }
 
 func three(t *testing.T) *etcdtest.Cluster {
-	if testing.Short() {
-		t.Skip("3-member cluster skipped in -short")
-	}
+	etcdtest.SkipClusterInShort(t, 3)
 	return etcdtest.Start(t, etcdtest.Options{Members: 3})
 }
 
@@ -75,9 +64,7 @@ func kitSingle(t *testing.T) *etcdsynctest.Cluster {
 }
 
 func kitThree(t *testing.T) *etcdsynctest.Cluster {
-	if testing.Short() {
-		t.Skip("3-member cluster skipped in -short")
-	}
+	etcdtest.SkipClusterInShort(t, 3)
 	return etcdsynctest.StartCluster(t, 3)
 }
 

@@ -39,7 +39,7 @@ import (
 // A process that adopts its lease with less than a third of the TTL left
 // keeps it, and the holds it resumes: the first keepalive goes out at once.
 func TestLateAdoptionKeepsLease(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	_, cli, ctx := singleClient(t)
 	s1, err := etcdsync.NewSession(cli, etcdsync.WithTTL(3*time.Second))
@@ -74,7 +74,7 @@ func TestLateAdoptionKeepsLease(t *testing.T) {
 // before the server deletes its key, and within TTL + 1 s of the cut. On a
 // 3-member cluster the session reaches only the slow member.
 func TestSlowLinkIsNotLost(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
 		ctx := ctxT(t)
@@ -131,7 +131,7 @@ func cpuTime(t *testing.T) time.Duration {
 // The session (TTL 6 s) rightly lives on meanwhile; the process must not burn.
 // It measures the process's CPU time, so it does not run in parallel.
 func TestKeepaliveIdlesWhileStreamCannotOpen(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	for _, tc := range []struct {
 		name  string
 		fault func(p *etcdtest.Proxy)
@@ -244,7 +244,7 @@ func TestQuorumLossShorterThanTTLKeepsSessionAndWaiter(t *testing.T) {
 // the slack after the holder was told.
 func TestLeaderChangeDuringCutKeepsSlack(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	c := three(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -275,7 +275,7 @@ func TestLeaderChangeDuringCutKeepsSlack(t *testing.T) {
 // second, and a second for a late test).
 func TestGRPCProxyCutFailsOverWithinTwiceTheLease(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	c := single(t)
 	admin := c.Client(t)
 	ctx := ctxT(t)
@@ -345,7 +345,7 @@ func slowBackedGRPCProxy(t *testing.T, c *etcdtest.Cluster) (string, *etcdtest.P
 // all its streams and answers a beat with whichever of its own renewals
 // replies next, which may have been sent before the beat. The session lives.
 func TestDeadlineThroughGRPCProxyWithinAProxyPace(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	c := single(t)
 	const ttl, latency = 6 * time.Second, 1990 * time.Millisecond
@@ -380,7 +380,7 @@ func TestDeadlineThroughGRPCProxyWithinAProxyPace(t *testing.T) {
 // plus the link's latency; Close and Orphan of others while their beats are
 // in flight leave the rest alive.
 func TestSlowLinkRevokeEndsOnlyItsSessions(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
@@ -501,7 +501,7 @@ func TestConcurrentSessionsAndClientCloseMidBeat(t *testing.T) {
 // over TLS), a session lives for several TTLs and ends as
 // expired soon after its lease is revoked.
 func TestSessionLivesAndSeesRevokeOnEveryKindOfClient(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	run := func(t *testing.T, admin *clientv3.Client, cli *clientv3.Client) {
 		ctx := ctxT(t)
@@ -548,7 +548,7 @@ func TestSessionLivesAndSeesRevokeOnEveryKindOfClient(t *testing.T) {
 // The same on a direct link, slow the same way: each beat's reply answers
 // that beat, so every deadline counts from a renewal the server got.
 func TestDeadlineOnSlowLinkNeverAfterServerRenewal(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	c := single(t)
 	const ttl, latency = 6 * time.Second, 1990 * time.Millisecond

@@ -77,9 +77,7 @@ func TestWaiterIgnoresLaggingFollowerReplays(t *testing.T) {
 // reader must not hold while W1 holds, and must hold once W1 is gone.
 func TestExactReaderWaitsThroughLaggingFollower(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("3 members")
-	}
+	etcdtest.SkipClusterInShort(t, 3)
 	c := etcdtest.Start(t, etcdtest.Options{Members: 3, PeerProxies: true})
 	admin := c.Client(t)
 	for _, tc := range []struct {
@@ -153,9 +151,7 @@ func readerBehindWithdrawnWriter(t *testing.T, ctx context.Context, c *etcdtest.
 // again, and the reader must neither hold early nor stay stuck.
 func TestExactReaderWaitsThroughLeaderlessFollower(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("3 members")
-	}
+	etcdtest.SkipClusterInShort(t, 3)
 	c := etcdtest.Start(t, etcdtest.Options{Members: 3, PeerProxies: true})
 	ctx := ctxT(t)
 	name := "r12blost"
@@ -520,9 +516,7 @@ func TestTurnAfterEveryDeleteSeen(t *testing.T) {
 // hold while its member lags, and its hold begins at the older's delete.
 func TestTurnAfterLaggingReplay(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("3-member cluster skipped in -short")
-	}
+	etcdtest.SkipClusterInShort(t, 3)
 	c := etcdtest.Start(t, etcdtest.Options{Members: 3, PeerProxies: true})
 	ctx := ctxT(t)
 	f := c.Follower()

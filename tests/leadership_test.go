@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/etcdsync/etcdsync/internal/etcdtest/faults"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -150,7 +151,7 @@ func TestResumeElectionAfterResignSharesNothing(t *testing.T) {
 // that, and within TTL + slack + delay and some.
 func TestLockDelayAfterLostContact(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	c := single(t)
 	ctx := ctxT(t)
 	const ttl, delay = 2 * time.Second, 3 * time.Second
@@ -234,7 +235,7 @@ func TestLockDelayOptions(t *testing.T) {
 // does once its Run returned on the loss), the next holder still waits the
 // delay from when the holder was told: the hold ended by loss, not release.
 func TestLockDelayHoldsWhenLostSessionIsClosed(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)
@@ -339,7 +340,7 @@ func TestLockDelayNotAfterRunOrHandover(t *testing.T) {
 // told by the adopted TTL less the delay; the next holder still waits the
 // delay after that.
 func TestLockDelayAdoptedLeaseAfterLostContact(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	c := single(t)
 	ctx := ctxT(t)

@@ -251,7 +251,7 @@ func TestRunReentrantKinds(t *testing.T) {
 // ends with ErrNotHeld.
 func TestRunLossCancelsFirst(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	c, admin, ctx := kitSingleClient(t)
 	t.Run("cut off", func(t *testing.T) {
 		cli, link := c.ClientThrough(t)
@@ -501,7 +501,7 @@ func TestRunEndKeepsNewHoldAfterSelfRelease(t *testing.T) {
 // (ErrLostContact) before a contender of another session gets the hold, and
 // Run's error carries the cause.
 func TestRunCutOffEndsFnFirstEveryKind(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	admin := c.Client(t)
@@ -624,7 +624,7 @@ func TestRunLossCarriesCauseEveryWay(t *testing.T) {
 // delayed TTL/2), it still happens, within the TTL, leaving no key, and Run
 // returns only fn's error.
 func TestRunReleasesOverSlowLink(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	admin := c.Client(t)
@@ -657,7 +657,7 @@ func TestRunReleasesOverSlowLink(t *testing.T) {
 // too): Run returns within about the TTL (not hanging on the release), says
 // the hold is lost, and the key goes when the lease expires.
 func TestRunReturnsWhenReleaseCutOff(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
 	c := single(t)
 	admin := c.Client(t)
@@ -771,9 +771,7 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 // contender on the majority gets the lock.
 func TestRunLossOnThreeMembers(t *testing.T) {
 	t.Parallel() // slow and independent (own etcd): see TestFaults
-	if testing.Short() {
-		t.Skip("3 members")
-	}
+	etcdtest.SkipClusterInShort(t, 3)
 	c := etcdtest.Start(t, etcdtest.Options{Members: 3, PeerProxies: true})
 	t.Run("leader stopped", func(t *testing.T) {
 		ctx := ctxT(t)

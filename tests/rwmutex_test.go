@@ -832,7 +832,7 @@ func TestSharedReadHoldsUnderStress(t *testing.T) {
 // key once the old hold is gone (by the late delete, or by a retry of the
 // RUnlock); a third value then joins that fresh hold.
 func TestKeptReadHoldNotJoinedUntilGone(t *testing.T) {
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	for i := range 3 {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {

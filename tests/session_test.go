@@ -285,7 +285,7 @@ func cutHolder(t *testing.T, ctx context.Context, s *etcdsync.Session, p *etcdte
 // gets the lock.
 func TestAdoptedLeaseTellsBeforeSuccessorHolds(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	c := single(t)
 	admin := c.Client(t)
 	orphaned := func(t *testing.T, opts ...etcdsync.SessionOption) clientv3.LeaseID {
@@ -355,7 +355,7 @@ func TestAdoptedLeaseTellsBeforeSuccessorHolds(t *testing.T) {
 // client has spent its retries (about 1.3 s), as it did before the bound.
 func TestNewSessionWaitsForLeaderWithinDialTimeout(t *testing.T) {
 	t.Parallel()
-	slow(t)
+	etcdtest.SkipSlowInShort(t)
 	c := three(t)
 	cli := c.Client(t) // DialTimeout 5 s
 	c.Stop(c.Member(1))

@@ -270,7 +270,7 @@ func commandGroup(t *testing.T, name string) int {
 // candidate leads once the lease expires, and the first command has been
 // stopped by then (its guard), even one that ignores SIGTERM.
 func TestElectKilledOrFrozenLeaderNoOverlap(t *testing.T) {
-	waitsOutTTL(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
 		t.Run(sig.String(), func(t *testing.T) {
@@ -300,7 +300,7 @@ func TestElectKilledOrFrozenLeaderNoOverlap(t *testing.T) {
 // the delay after that, also when contact comes back just after the loss
 // (lockctl then closes its session on its way out).
 func TestElectLockDelayAfterLostContactThenHealed(t *testing.T) {
-	waitsOutTTL(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	name, dir := uniqueName(t), t.TempDir()
 	ticks, started, bStart := filepath.Join(dir, "ticks"), filepath.Join(dir, "started"), filepath.Join(dir, "bstart")

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,7 +30,7 @@ import (
 // and its grandchild are gone. A stopped lockctl, once continued, reports
 // the loss in one line and exits 137, leaving nothing in etcd.
 func TestGuardBoundsCommandByHold(t *testing.T) {
-	waitsOutTTL(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	for _, tc := range []struct {
 		what    string
@@ -171,7 +172,7 @@ func TestGuardReportsExecErrno(t *testing.T) {
 // lease expires, never sees an "A" after its first "B". The keys on both
 // names are gone at the end.
 func TestGuardBoundsSeveralNamesCommandByHold(t *testing.T) {
-	waitsOutTTL(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	for _, tc := range []struct {
 		what    string

@@ -74,7 +74,7 @@ func TestLossGraceKill(t *testing.T) {
 // server gets around to it (consul#9788). lockctl exits 137 saying contact
 // was lost.
 func TestLossBlackhole(t *testing.T) {
-	waitsOutTTL(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	name, dir := uniqueName(t), t.TempDir()
 	started, pidfile := filepath.Join(dir, "started"), filepath.Join(dir, "pid")
@@ -106,7 +106,7 @@ func TestLossBlackhole(t *testing.T) {
 // sending, so neither lockctl nor its guard stops the command, which ends
 // by itself with its own status.
 func TestSlowLinkKeepsCommand(t *testing.T) {
-	waitsOutTTL(t)
+	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	name, dir := uniqueName(t), t.TempDir()
 	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")

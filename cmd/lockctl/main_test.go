@@ -208,14 +208,6 @@ func eventually(t *testing.T, cond func() bool, format string, args ...any) {
 	}
 }
 
-// waitsOutTTL skips t under -short: it waits out a TTL or a lock delay.
-func waitsOutTTL(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("waits out a TTL: skipped in -short")
-	}
-}
-
 // keys returns the keys under prefix, oldest first.
 func keys(t *testing.T, prefix string) []*mvccpb.KeyValue {
 	t.Helper()

@@ -123,7 +123,7 @@ func TestSignalEndsEveryPhase(t *testing.T) {
 		lockFree(t, name)
 	})
 	t.Run("releasing", func(t *testing.T) {
-		waitsOutTTL(t) // its key is left to expire
+		etcdtest.SkipSlowInShort(t) // its key is left to expire
 		t.Parallel()
 		name, dir := uniqueName(t), t.TempDir()
 		pidfile, release := filepath.Join(dir, "pid"), filepath.Join(dir, "release")
