@@ -58,6 +58,8 @@ type holdExtra struct {
 	runs    map[*running]struct{}   // the Runs under the hold (run.go); nil until one starts
 	handing bool                    // a Handover has begun: no Run starts its work
 
+	release context.CancelFunc // cancels the release in flight (Unhold), if any, when the hold ends
+
 	watchOnce sync.Once     // start or forbid the watch
 	watched   chan struct{} // closed when the watch returns; nil if never started
 }
@@ -196,10 +198,14 @@ func (h *Hold) finish(cause error) {
 		h.cause = cause
 		h.over.Store(true)
 		var end context.CancelCauseFunc
+		var release context.CancelFunc
 		if h.x != nil {
-			end = h.x.end
+			end, release = h.x.end, h.x.release
 		}
 		h.mu.Unlock()
+		if release != nil {
+			release()
+		}
 		if rep := h.session.rep; rep != nil {
 			rep.HoldEnded(h, cause) // before Done closes
 		}
@@ -387,72 +393,120 @@ const putTries = 4
 // deleted) it returns at once. On an RPC error the hold stays, so it can be
 // retried; when there was nothing to delete the hold ends and the error wraps
 // ErrLockReleased. The hold ends once the delete has committed.
-func (h *Hold) Unhold(ctx context.Context) error { return Unhold(ctx, []*Hold{h})[0] }
+func (h *Hold) Unhold(ctx context.Context) error {
+	if err := h.unholdable(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if h.cancelOnEnd(cancel) {
+		defer h.cancelOnEnd(nil)
+	} else { // another release of h is in flight: the hold's context bounds this one
+		defer context.AfterFunc(h.Context(), cancel)()
+	}
+	h.releasing.Add(1)
+	resp, err := h.session.client.Txn(ctx).If(h.Guard(h.prefix)).Then(clientv3.OpDelete(h.key)).Commit()
+	if err != nil {
+		return h.released(err, false, 0)
+	}
+	return h.released(nil, resp.Succeeded, resp.Header.Revision)
+}
 
 // Unhold releases several holds of one session in one RPC (see Hold.Unhold
 // for each): one transaction deletes each key that is still its hold's, at
 // one revision. It returns one error per hold, nil for those released; it
 // is bounded by ctx and, with one hold, by that hold.
 func Unhold(ctx context.Context, hs []*Hold) []error {
+	if len(hs) == 1 {
+		return []error{hs[0].Unhold(ctx)}
+	}
 	errs := make([]error, len(hs))
-	var live []int
+	var live []*Hold
+	var ops []clientv3.Op
 	for i, h := range hs {
-		switch {
-		case !h.Live():
-			errs[i] = fmt.Errorf("%w: not held", ErrLockReleased)
-		case ctx.Err() != nil: // nothing is sent: the hold stays as it was
-			errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.key, ctx.Err())
-		default:
-			live = append(live, i)
+		if errs[i] = h.unholdable(ctx); errs[i] == nil {
+			live = append(live, h)
+			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{h.Guard(h.prefix)}, []clientv3.Op{clientv3.OpDelete(h.key)}, nil))
 		}
 	}
 	if len(live) == 0 {
 		return errs
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	txn := hs[live[0]].session.client.Txn(ctx)
-	if len(hs) == 1 {
-		h := hs[0]
-		stop := context.AfterFunc(h.Context(), cancel)
-		defer stop()
-		txn = txn.If(h.Guard(h.prefix)).Then(clientv3.OpDelete(h.key))
-	} else {
-		ops := make([]clientv3.Op, len(live))
-		for j, i := range live {
-			h := hs[i]
-			ops[j] = clientv3.OpTxn([]clientv3.Cmp{h.Guard(h.prefix)}, []clientv3.Op{clientv3.OpDelete(h.key)}, nil)
-		}
-		txn = txn.Then(ops...)
+	for _, h := range live {
+		h.releasing.Add(1)
 	}
-	for _, i := range live {
-		hs[i].releasing.Add(1)
-	}
-	resp, err := txn.Commit()
-	for j, i := range live {
-		h := hs[i]
-		switch {
-		case err != nil:
-			// The delete may have committed; a Done watch that saw it while
-			// it was in flight has reported a release. From now on a loss is
-			// someone else's doing.
-			h.releasing.Add(-1)
-			switch {
-			case h.Live():
-				errs[i] = fmt.Errorf("etcdsync: release %s: %w", h.key, err)
-			case !errors.Is(h.Err(), ErrLockReleased):
-				errs[i] = fmt.Errorf("%w: %s: the hold ended while releasing: %w", ErrLockReleased, h.key, h.Err())
-			}
-		case len(hs) == 1 && resp.Succeeded, len(hs) > 1 && resp.Responses[j].GetResponseTxn().Succeeded:
-			h.stop(ErrLockReleased)
-		default:
-			h.releasing.Add(-1)
-			h.Lost(resp.Header.Revision)
-			h.stop(nil)
-			errs[i] = fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
+	resp, err := live[0].session.client.Txn(ctx).Then(ops...).Commit()
+	for i, j := 0, 0; i < len(hs); i++ {
+		if errs[i] != nil {
+			continue
 		}
+		if err != nil {
+			errs[i] = hs[i].released(err, false, 0)
+		} else {
+			errs[i] = hs[i].released(nil, resp.Responses[j].GetResponseTxn().Succeeded, resp.Header.Revision)
+		}
+		j++
 	}
 	return errs
+}
+
+// unholdable is nil when h can be released under ctx, else why not: the
+// hold has ended, or ctx has (nothing is sent: the hold stays as it was).
+func (h *Hold) unholdable(ctx context.Context) error {
+	switch {
+	case !h.Live():
+		return fmt.Errorf("%w: not held", ErrLockReleased)
+	case ctx.Err() != nil:
+		return fmt.Errorf("etcdsync: release %s: %w", h.key, ctx.Err())
+	}
+	return nil
+}
+
+// released ends a release of h that Unhold sent (h.releasing counted it):
+// err is the RPC's error, else deleted says whether the key was still h's
+// at revision rev. It returns the release's error for the caller.
+func (h *Hold) released(err error, deleted bool, rev int64) error {
+	switch {
+	case err != nil:
+		// The delete may have committed; a Done watch that saw it while
+		// it was in flight has reported a release. From now on a loss is
+		// someone else's doing.
+		h.releasing.Add(-1)
+		switch {
+		case h.Live():
+			return fmt.Errorf("etcdsync: release %s: %w", h.key, err)
+		case !errors.Is(h.Err(), ErrLockReleased):
+			return fmt.Errorf("%w: %s: the hold ended while releasing: %w", ErrLockReleased, h.key, h.Err())
+		}
+		return nil
+	case deleted:
+		h.stop(ErrLockReleased)
+		return nil
+	}
+	h.releasing.Add(-1)
+	h.Lost(rev)
+	h.stop(nil)
+	return fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
+}
+
+// cancelOnEnd makes the hold's end call cancel, a release's in flight, and
+// reports true; cancelOnEnd(nil) undoes it. It is called at once when the
+// hold has ended already. It reports false, changing nothing, when another
+// release has the place.
+func (h *Hold) cancelOnEnd(cancel context.CancelFunc) bool {
+	h.mu.Lock()
+	x := h.extraLocked()
+	if cancel != nil && x.release != nil {
+		h.mu.Unlock()
+		return false
+	}
+	x.release = cancel
+	over := h.over.Load()
+	h.mu.Unlock()
+	if over && cancel != nil {
+		cancel()
+	}
+	return true
 }
 
 // addRun registers a Run under h, whose work stop cancels; the returned
