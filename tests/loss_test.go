@@ -76,6 +76,53 @@ func TestConcurrentUnlocksOfOneValueReportNoLoss(t *testing.T) {
 	require.ErrorIs(t, m.Err(), etcdsync.ErrLockReleased, "the lock was released by this value's own Unlock")
 }
 
+// Two Unlocks of one value in flight, each way round: while one is held back,
+// the other commits; the one held back then returns at once, the value no
+// longer holds (ErrLockReleased) and the key is gone.
+func TestConcurrentUnlocksOneCommitsTheOtherReturns(t *testing.T) {
+	t.Parallel()
+	for _, firstHeld := range []bool{true, false} {
+		t.Run(fmt.Sprintf("first held %t", firstHeld), func(t *testing.T) {
+			t.Parallel()
+			c := single(t)
+			ctx := ctxT(t)
+			g := faults.NewDeleteGate()
+			var sc faults.Script
+			m := etcdsync.NewMutex(session(t, c.Client(t, sc.Dial(), g.Dial())), "two-unlocks")
+			require.NoError(t, m.Lock(ctx))
+			key := m.Key()
+			t.Cleanup(func() { close(g.Open) })
+			inFirst, goFirst := make(chan struct{}), make(chan struct{})
+			if firstHeld { // the first (bounded by the hold's end directly) waits at the gate; the second commits
+				sc.Arm(faults.TxnMethod,
+					func(c faults.Call) error { g.Armed.Store(true); close(inFirst); return c.Invoke() },
+					func(c faults.Call) error { g.Armed.Store(false); return c.Invoke() },
+				)
+			} else { // the second (bounded by the hold's context) waits at the gate; the first commits
+				sc.Arm(faults.TxnMethod,
+					func(c faults.Call) error { close(inFirst); <-goFirst; g.Armed.Store(false); return c.Invoke() },
+					func(c faults.Call) error { g.Armed.Store(true); return c.Invoke() },
+				)
+			}
+			first := async(func() error { return m.Unlock(ctx) })
+			within(t, inFirst, testTimeout, "the first Unlock's transaction")
+			if firstHeld {
+				within(t, g.Held, testTimeout, "the first Unlock held")
+				require.NoError(t, m.Unlock(ctx), "the second Unlock commits")
+				t.Logf("first: %v", resultWithin(t, first, 3*time.Second, "the first Unlock returns once the second committed"))
+			} else {
+				second := async(func() error { return m.Unlock(ctx) })
+				within(t, g.Held, testTimeout, "the second Unlock held")
+				close(goFirst)
+				require.NoError(t, resultWithin(t, first, 3*time.Second, "the first Unlock"), "the first Unlock commits")
+				t.Logf("second: %v", resultWithin(t, second, 3*time.Second, "the second Unlock returns once the first committed"))
+			}
+			require.ErrorIs(t, m.Err(), etcdsync.ErrLockReleased)
+			require.Empty(t, keys(t, c.Client(t), key))
+		})
+	}
+}
+
 // After an Unlock that failed with an RPC error (and did not commit), a loss
 // by someone else's delete reads as ErrNotHeld. Invariant "Loss signal".
 func TestLossAfterFailedUnlockIsErrNotHeld(t *testing.T) {
@@ -128,33 +175,34 @@ func TestLockAtSessionEndNeverHidesTheEnd(t *testing.T) {
 }
 
 // unlockHeldBack locks name on a client whose delete transactions a gate holds
-// back (until the test ends), and starts two Unlocks, held in flight (the
-// hold's end cancels the first directly; the second, which finds that place
-// taken, through the hold's context). It returns an admin client, the
-// Mutex, its key and the Unlocks' results.
-func unlockHeldBack(t *testing.T, name string) (*clientv3.Client, *etcdsync.Mutex, string, <-chan error) {
+// back (until the test ends), and starts an Unlock under each of ctxs, held
+// in flight one after the other (the hold's end cancels the first directly;
+// the others, which find that place taken, through the hold's context). It
+// returns an admin client, the session, the Mutex, its key and the Unlocks'
+// results, in the order they return.
+func unlockHeldBack(t *testing.T, name string, ctxs ...context.Context) (*clientv3.Client, *etcdsync.Session, *etcdsync.Mutex, string, <-chan error) {
 	c := kitSingle(t)
 	g := faults.NewDeleteGate()
-	m := etcdsync.NewMutex(session(t, kitClient(t, c, g.Dial())), name)
-	ctx := ctxT(t)
-	require.NoError(t, m.Lock(ctx))
+	s := session(t, kitClient(t, c, g.Dial()))
+	m := etcdsync.NewMutex(s, name)
+	require.NoError(t, m.Lock(ctxT(t)))
 	key := m.Key()
 	g.Armed.Store(true)
 	t.Cleanup(func() { close(g.Open) })
-	errc := make(chan error, 2)
-	for i := 0; i < 2; i++ {
+	errc := make(chan error, len(ctxs))
+	for _, ctx := range ctxs {
 		go func() { errc <- m.Unlock(ctx) }()
 		within(t, g.Held, testTimeout, "unlock txn held")
 	}
-	return c.Client(t), m, key, errc
+	return c.Client(t), s, m, key, errc
 }
 
 // An Unlock in flight must return at once when the hold ends meanwhile
 // because Done's watch saw the key deleted (Done first called during Unlock).
 func TestUnlockReturnsOnceDoneSeesLoss(t *testing.T) {
 	t.Parallel()
-	admin, m, key, errc := unlockHeldBack(t, "rh-bound-done")
 	ctx := ctxT(t)
+	admin, _, m, key, errc := unlockHeldBack(t, "rh-bound-done", ctx, ctx)
 	done := m.Done() // first call, after the unhold took its bound
 	_, err := admin.Delete(ctx, key)
 	require.NoError(t, err)
@@ -168,8 +216,8 @@ func TestUnlockReturnsOnceDoneSeesLoss(t *testing.T) {
 // Same, the hold ended by a concurrent Do that finds the key gone.
 func TestUnlockReturnsOnceDoSeesLoss(t *testing.T) {
 	t.Parallel()
-	admin, m, key, errc := unlockHeldBack(t, "rh-bound-do")
 	ctx := ctxT(t)
+	admin, _, m, key, errc := unlockHeldBack(t, "rh-bound-do", ctx, ctx)
 	_, err := admin.Delete(ctx, key)
 	require.NoError(t, err)
 	_, err = m.Do(ctx, clientv3.OpPut("rh-bound-do-x", "1"))
@@ -177,6 +225,36 @@ func TestUnlockReturnsOnceDoSeesLoss(t *testing.T) {
 	for range 2 {
 		err = resultWithin(t, errc, 3*time.Second, "Unlock returns once the hold ended")
 		t.Logf("Unlock: %v; Err: %v", err, m.Err())
+	}
+}
+
+// Of two Unlocks in flight, when the second's caller gives up first, the
+// first stays bounded by the hold: it returns once the hold ends, by a delete
+// that Do sees, or by the session's Close.
+func TestUnlockInFlightStaysBoundedWhenAnotherGivesUp(t *testing.T) {
+	t.Parallel()
+	for _, end := range []string{"delete", "close"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t)
+			second, giveUp := context.WithCancel(ctx)
+			admin, s, m, key, errc := unlockHeldBack(t, "rh-give-up-"+end, ctx, second)
+			giveUp()
+			require.ErrorIs(t, resultWithin(t, errc, 3*time.Second, "the second Unlock returns on its ctx"), context.Canceled)
+			require.NoError(t, m.Err(), "the hold stays")
+			switch end {
+			case "delete":
+				_, err := admin.Delete(ctx, key)
+				require.NoError(t, err)
+				_, err = m.Do(ctx)
+				require.ErrorIs(t, err, etcdsync.ErrNotHeld)
+			case "close":
+				closed := async(s.Close)
+				defer func() { resultWithin(t, closed, testTimeout, "Close") }()
+			}
+			err := resultWithin(t, errc, 3*time.Second, "the first Unlock returns once the hold ended")
+			t.Logf("first Unlock: %v; Err: %v", err, m.Err())
+		})
 	}
 }
 

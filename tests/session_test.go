@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -492,6 +493,81 @@ func TestReleaseBoundedWhileEtcdUnreachable(t *testing.T) {
 		return e.Resign(context.Background())
 	})
 	require.NoError(t, resultWithin(t, released, 10*time.Second, "a release of an ended hold, with etcd unreachable"))
+}
+
+// A release in flight returns at once when its session ends, closed or cut
+// off until its local deadline, also while the session's logger is slow to
+// record the loss of the session's other holds: the session's end, not each
+// hold's turn in it, cancels the release.
+func TestReleaseEndsWithTheSessionWhileItsLoggerIsSlow(t *testing.T) {
+	t.Parallel()
+	for _, end := range []string{"closed", "cut off"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			c := single(t)
+			ctx := ctxT(t)
+			g := faults.NewDeleteGate()
+			cli, p := faults.Proxied(t, c, g.Dial())
+			log := &slowLossLog{fast: "slow-log", open: make(chan struct{})}
+			s := session(t, cli, etcdsync.WithTTL(2*time.Second), etcdsync.WithLogger(slog.New(log)))
+			for i := range 7 {
+				require.NoError(t, etcdsync.NewMutex(s, fmt.Sprintf("slow-log-other-%d", i)).Lock(ctx))
+			}
+			m := etcdsync.NewMutex(s, "slow-log")
+			require.NoError(t, m.Lock(ctx))
+			defer close(log.open) // before the session's Close in the cleanup
+			var unlocked, closed <-chan error
+			bound := time.Second
+			switch end {
+			case "closed":
+				g.Armed.Store(true)
+				t.Cleanup(func() { close(g.Open) })
+				unlocked = async(func() error { return m.Unlock(context.Background()) })
+				within(t, g.Held, testTimeout, "the Unlock's transaction held")
+				closed = async(s.Close)
+				t.Cleanup(func() { resultWithin(t, closed, testTimeout, "Close") }) // once the logger is let go
+			case "cut off":
+				p.Blackhole(true)
+				defer p.Blackhole(false)
+				unlocked = async(func() error { return m.Unlock(context.Background()) })
+				bound = s.TTL() + 1500*time.Millisecond
+			}
+			start := time.Now()
+			err := resultWithin(t, unlocked, 20*time.Second, "Unlock")
+			t.Logf("Unlock returned after %v: %v", time.Since(start), err)
+			require.ErrorIs(t, err, etcdsync.ErrLockReleased)
+			require.Less(t, time.Since(start), bound, "Unlock after the session ended")
+		})
+	}
+}
+
+// slowLossLog is a slog handler that takes 2 s (or until open closes) over
+// each "hold lost" record of a name other than fast: a logger writing to a
+// slow sink.
+type slowLossLog struct {
+	fast string
+	open chan struct{}
+}
+
+func (h *slowLossLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h *slowLossLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *slowLossLog) WithGroup(string) slog.Handler            { return h }
+func (h *slowLossLog) Handle(_ context.Context, r slog.Record) error {
+	if !strings.Contains(r.Message, "hold lost") {
+		return nil
+	}
+	slow := true
+	r.Attrs(func(a slog.Attr) bool {
+		slow = slow && !(a.Key == "name" && a.Value.String() == h.fast)
+		return true
+	})
+	if slow {
+		select {
+		case <-h.open:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	return nil
 }
 
 // A Lock whose ctx ends while etcd is unreachable keeps its caller past the

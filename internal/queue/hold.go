@@ -389,15 +389,17 @@ const putTries = 4
 
 // Unhold deletes the key at the held revision only (a retried release never
 // deletes a newer hold). It is bounded by ctx and by the hold itself: when the
-// hold ends meanwhile (the session reached its local deadline, the key was
-// deleted) it returns at once. On an RPC error the hold stays, so it can be
+// hold ends meanwhile (the session ended, or reached its local deadline; the
+// key was deleted) it returns at once. On an RPC error the hold stays, so it can be
 // retried; when there was nothing to delete the hold ends and the error wraps
 // ErrLockReleased. The hold ends once the delete has committed.
 func (h *Hold) Unhold(ctx context.Context) error {
 	if err := h.unholdable(ctx); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	// The session's end cancels the request at once (Bound), whatever the
+	// session's loop is doing; the hold's own end, through finish.
+	ctx, cancel := h.session.Bound(ctx)
 	defer cancel()
 	if h.cancelOnEnd(cancel) {
 		defer h.cancelOnEnd(nil)
