@@ -388,11 +388,11 @@ func (h *Hold) Put(ctx context.Context, val string) (*pb.ResponseHeader, error) 
 const putTries = 4
 
 // Unhold deletes the key at the held revision only (a retried release never
-// deletes a newer hold). It is bounded by ctx and by the hold itself: when the
-// hold ends meanwhile (the session ended, or reached its local deadline; the
-// key was deleted) it returns at once. On an RPC error the hold stays, so it can be
-// retried; when there was nothing to delete the hold ends and the error wraps
-// ErrLockReleased. The hold ends once the delete has committed.
+// deletes a newer hold). It is bounded by ctx and by the hold itself: when
+// the hold ends meanwhile (the session ended, or reached its local deadline;
+// the key was deleted) it returns at once. On an RPC error the hold stays, so
+// it can be retried; when there was nothing to delete the hold ends and the
+// error wraps ErrLockReleased. The hold ends once the delete has committed.
 func (h *Hold) Unhold(ctx context.Context) error {
 	if err := h.unholdable(ctx); err != nil {
 		return err
@@ -423,31 +423,27 @@ func Unhold(ctx context.Context, hs []*Hold) []error {
 		return []error{hs[0].Unhold(ctx)}
 	}
 	errs := make([]error, len(hs))
-	var live []*Hold
+	var live []int
 	var ops []clientv3.Op
 	for i, h := range hs {
 		if errs[i] = h.unholdable(ctx); errs[i] == nil {
-			live = append(live, h)
+			live = append(live, i)
 			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{h.Guard(h.prefix)}, []clientv3.Op{clientv3.OpDelete(h.key)}, nil))
 		}
 	}
 	if len(live) == 0 {
 		return errs
 	}
-	for _, h := range live {
-		h.releasing.Add(1)
+	for _, i := range live {
+		hs[i].releasing.Add(1)
 	}
-	resp, err := live[0].session.client.Txn(ctx).Then(ops...).Commit()
-	for i, j := 0, 0; i < len(hs); i++ {
-		if errs[i] != nil {
-			continue
-		}
+	resp, err := hs[live[0]].session.client.Txn(ctx).Then(ops...).Commit()
+	for j, i := range live {
 		if err != nil {
 			errs[i] = hs[i].released(err, false, 0)
 		} else {
 			errs[i] = hs[i].released(nil, resp.Responses[j].GetResponseTxn().Succeeded, resp.Header.Revision)
 		}
-		j++
 	}
 	return errs
 }
