@@ -100,7 +100,15 @@ func TestConcurrentUnlocksOneCommitsTheOtherReturns(t *testing.T) {
 				)
 			} else { // the second (bounded by the hold's context) waits at the gate; the first commits
 				sc.Arm(faults.TxnMethod,
-					func(c faults.Call) error { close(inFirst); <-goFirst; g.Armed.Store(false); return c.Invoke() },
+					func(c faults.Call) error {
+						close(inFirst)
+						select { // the test's end lets it go too, should the test fail first
+						case <-goFirst:
+						case <-ctx.Done():
+						}
+						g.Armed.Store(false)
+						return c.Invoke()
+					},
 					func(c faults.Call) error { g.Armed.Store(true); return c.Invoke() },
 				)
 			}
