@@ -1,7 +1,7 @@
 package etcdsync
 
 // Inspection: who holds a name and who waits, read once and decided by the
-// rules the waiters themselves follow (internal/queue/slot.go), for every primitive that
+// rules the waiters themselves follow (internal/queue/rule.go), for every primitive that
 // may live on the name.
 
 import (

@@ -108,13 +108,17 @@ func (s *Session) Check() error { return s.q.Check() }
 func (s *Session) Orphan() { s.q.Orphan() }
 
 // Close ends the session and revokes its lease, which deletes every key the
-// session holds. It blocks for the revoke, bounded by the TTL (by a second
-// once the session ended for lost contact); with the client closed it returns
-// at once (the lease is left to expire). With WithLockDelay, a session that
-// ended for lost contact is not revoked: its lease runs out the delay on the
-// server. It is idempotent: later calls return the
-// first call's result. After Orphan it changes nothing in etcd. A lease the
-// server no longer has is not an error.
+// session holds. It blocks for the revoke, bounded by the TTL, also after
+// lost contact: each leader change re-arms every lease on the server, so
+// the server's own expiry may come much later than the session's deadline,
+// and the revoke is retried through leader changes. It also waits, within
+// that bound, for the closing of the watch streams its waits left open when
+// they ended mid-request. With the client closed it returns at once (the
+// lease is left to expire). With WithLockDelay, a session that ended for
+// lost contact is not revoked: its lease runs out the delay on the server.
+// It is idempotent: later calls return the first call's result. After
+// Orphan it changes nothing in etcd. A lease the server no longer has is
+// not an error. For a shutdown that must not wait on etcd, use Orphan.
 func (s *Session) Close() error { return s.q.Close() }
 
 // Deadline returns the session's local deadline: the send time of the last

@@ -7,6 +7,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -351,4 +352,49 @@ func TestCancelsAcrossThePrefixWatchLeaveNothing(t *testing.T) {
 	lcancel()
 	within(t, load, testTimeout, "load")
 	require.NoError(t, h.Unlock(ctx))
+}
+
+// A session that lost contact, closed while the cluster's leader keeps
+// moving: each leader change re-arms every lease on the server, so its
+// own expiry keeps moving away; Close keeps revoking through the moves
+// (the first second of it on a still silent link), and the session's key
+// is gone while the moves go on.
+func TestCloseAfterLostContactRevokesWhileTheLeaderMoves(t *testing.T) {
+	t.Parallel()
+	c := three(t)
+	admin, ctx := c.Client(t), ctxT(t)
+	const name = "close-moving"
+	p := etcdtest.NewProxy(t, strings.TrimPrefix(c.Member(0).Endpoint(), "http://"))
+	cli := etcdtest.NewClient(t, []string{p.Endpoint()})
+	s := session(t, cli, etcdsync.WithTTL(2*time.Second))
+	require.NoError(t, etcdsync.NewMutex(s, name).Lock(ctx))
+	p.Blackhole(true)
+	t.Cleanup(func() { p.Blackhole(false) })
+	within(t, s.Done(), testTimeout, "the session's end for lost contact")
+
+	moving, stop := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(moving)
+		for {
+			mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_ = c.TransferLeader(mctx) // a move that fails is followed by the next
+			cancel()
+			select {
+			case <-stop:
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() { close(stop); <-moving }()
+	closed := async(s.Close)
+	time.Sleep(1500 * time.Millisecond) // the fault's schedule: the link stays silent for Close's first 1.5 s
+	p.Blackhole(false)
+	require.NoError(t, resultWithin(t, closed, testTimeout, "Close"))
+	waitCount(t, admin, name+"/", 5*time.Second, func(have int) bool { return have == 0 })
+	select {
+	case <-moving:
+		t.Fatal("the leader stopped moving before the key went")
+	default:
+	}
 }

@@ -456,3 +456,123 @@ func TestResumedPrefixWatchSeesOwnKeyGoBeforeTheHolder(t *testing.T) {
 		waitNoKeys(t, admin, name+"/")
 	}
 }
+
+// A Lock cancelled while its wait's stream reconnects (its connection
+// dropped, the next one silent) returns the context's error; once the link
+// is back and its session closed, no Watch stream of a wait is open. The
+// client's Watcher keeps an empty place for a watch cancelled while it
+// resumes, and would keep that stream for the client's life.
+func TestLockEndedWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "ws-reconnect"
+	holder := heldMutex(t, ctx, admin, name)
+	rig := newSilentRig(t, c)
+	s := session(t, rig.cli, etcdsync.WithTTL(30*time.Second))
+	waiter := etcdsync.NewMutex(s, name)
+	const tries = 3
+	for range tries {
+		lctx, cancel := context.WithCancel(ctx)
+		res := async(func() error { return waiter.Lock(lctx) })
+		rig.ow.settleTo(t, 1, testTimeout, "the wait's stream")
+		waitKeys(t, admin, name+"/", 2)
+		rig.proxy.Blackhole(true)
+		rig.proxy.DropConnections()
+		rig.ow.settleTo(t, 0, testTimeout, "the wait's stream broken") // the Watcher reconnects, on a silent link
+		cancel()
+		require.ErrorIs(t, resultWithin(t, res, testTimeout, "the cancelled Lock"), context.Canceled)
+		rig.proxy.Blackhole(false)
+		waitCount(t, admin, name+"/", testTimeout, func(have int) bool { return have == 1 })
+	}
+	require.NoError(t, s.Close())
+	t.Logf("Watch streams opened: %d", rig.ow.opened.Load())
+	rig.ow.settleTo(t, 0, 10*time.Second, "after the Locks cancelled while their streams reconnected, and the session's Close")
+	require.NoError(t, holder.Unlock(ctx))
+}
+
+// A Lock whose own key is deleted while its wait's stream reconnects
+// returns ErrSessionExpired; no Watch stream of a wait stays open after.
+// The waiter has three keys ahead, so it watches its own key and the two
+// nearest (three watches on its stream); the link is slow (replies 300 ms
+// late), so the resumed watches are created one every 300 ms and the
+// delete of the own key, resumed from its revision, reaches the wait while
+// the others are still to be created (unless its own watch resumes last).
+func TestLockLosingItsKeyWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "ws-reconnect-lost"
+	rig := newSilentRig(t, c)
+	var ahead []*etcdsync.Mutex
+	for i := range 3 {
+		m := etcdsync.NewMutex(session(t, admin), name)
+		ahead = append(ahead, m)
+		if i == 0 {
+			require.NoError(t, m.Lock(ctx))
+		} else {
+			go func() { _ = m.Lock(ctx) }() // ends with its key or the test
+		}
+		waitKeys(t, admin, name+"/", i+1)
+	}
+	const tries = 4
+	for try := range tries {
+		s := session(t, rig.cli, etcdsync.WithTTL(30*time.Second))
+		waiter := etcdsync.NewMutex(s, name)
+		rig.sw.ready = make(chan struct{})
+		rig.sw.arm("", 3, 0, 0) // ready once its three watches are created
+		res := async(func() error { return waiter.Lock(ctx) })
+		within(t, rig.sw.ready, testTimeout, "the wait's three watches")
+		rig.ow.settleTo(t, 1, testTimeout, "the wait's stream")
+		rig.proxy.Blackhole(true)
+		rig.proxy.DropConnections()
+		rig.ow.settleTo(t, 0, testTimeout, "the wait's stream broken")
+		_, err := admin.Delete(ctx, keyOf(name, s))
+		require.NoError(t, err)
+		rig.proxy.SetLatency(300 * time.Millisecond)
+		rig.proxy.Blackhole(false)
+		require.ErrorIs(t, resultWithin(t, res, testTimeout, "the Lock whose key went"), etcdsync.ErrSessionExpired, "try %d", try)
+		rig.proxy.SetLatency(0)
+		rig.ow.settleTo(t, 0, 5*time.Second, fmt.Sprintf("try %d: after the Lock that lost its key while its stream reconnected", try))
+		require.NoError(t, s.Close())
+	}
+	t.Logf("Watch streams opened: %d", rig.ow.opened.Load())
+	for _, m := range ahead {
+		_ = m.Unlock(ctx)
+	}
+}
+
+// A MultiLock whose first name's holder releases while the wait's stream
+// reconnects holds; no Watch stream of a wait stays open after. Its wait
+// on the first name watches the prefix and its key on the second name
+// (two watches on its stream); on a slow link (replies 300 ms late) the
+// release reaches the wait, on the resumed prefix watch, while the other
+// watch is still to be created (unless it resumes first).
+func TestMultiLockTurnWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "ws-reconnect-ml"
+	rig := newSilentRig(t, c)
+	const tries = 4
+	for try := range tries {
+		holder := heldMutex(t, ctx, admin, name+"/a")
+		s := session(t, rig.cli, etcdsync.WithTTL(30*time.Second))
+		ml := etcdsync.NewMultiLock(s, name+"/a", name+"/b")
+		rig.sw.ready = make(chan struct{})
+		rig.sw.arm("", 2, 0, 0) // ready once its two watches are created
+		res := async(func() error { return ml.Lock(ctx) })
+		within(t, rig.sw.ready, testTimeout, "the wait's two watches")
+		rig.ow.settleTo(t, 1, testTimeout, "the wait's stream")
+		rig.proxy.Blackhole(true)
+		rig.proxy.DropConnections()
+		rig.ow.settleTo(t, 0, testTimeout, "the wait's stream broken")
+		require.NoError(t, holder.Unlock(ctx))
+		rig.proxy.SetLatency(300 * time.Millisecond)
+		rig.proxy.Blackhole(false)
+		require.NoError(t, resultWithin(t, res, testTimeout, "the MultiLock after the release"), "try %d", try)
+		rig.proxy.SetLatency(0)
+		rig.ow.settleTo(t, 0, 5*time.Second, fmt.Sprintf("try %d: after the MultiLock whose turn came while its stream reconnected", try))
+		require.NoError(t, ml.Unlock(ctx))
+		require.NoError(t, s.Close())
+	}
+	t.Logf("Watch streams opened: %d", rig.ow.opened.Load())
+	waitNoKeys(t, admin, name+"/")
+}

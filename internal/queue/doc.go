@@ -6,15 +6,19 @@
 // servers (a serializable read that came back behind), and the session's
 // lease, keepalive and local deadline.
 //
-//   - slot.go: a contender's place (Slot), the blocking rules (Rule) and the
-//     acquire step (acquireSlots), with its cleanup.
-//   - turn.go: the enqueue transaction, a key's turn (turn) and the wait's
-//     watches (stream).
-//   - hold.go: the held key (Hold: guard, Do, loss watch, fenced release) and
-//     a primitive value's state between calls (Holder).
+//   - slot.go: a contender's place (Slot); rule.go: the blocking rules
+//     (Rule); acquire.go: the acquire step (acquireSlots), with its cleanup.
+//   - enqueue.go: the enqueue transaction and a key's turn (turn); turn.go:
+//     the wait on deletes; stream.go: the wait's watches on a gRPC stream
+//     of its own (stream), and their closing (reap).
+//   - hold.go: the held key (Hold: Done, loss watch); fence.go: its guard,
+//     Do and fenced release; holder.go: a primitive value's state between
+//     calls (Holder).
 //   - registry.go: the session's key claims and its sweepers (registry).
-//   - session.go: the lease, its keepalive and local deadline (Session), and
-//     what it reports (Reports); options.go: its settings (Options).
+//   - session.go: the lease's life and end, and the goroutines the session
+//     owns (Session), and what it reports (Reports); start.go: the grant or
+//     adoption; keepalive.go: the keepalive and local deadline; options.go:
+//     its settings (Options).
 //   - run.go: what a Run's context carries (ctxHold); caps.go: what is
 //     learned of a client's servers; errors.go: the sentinels.
 //

@@ -1,30 +1,25 @@
 package queue
 
-// The session (type Session): a lease granted (or adopted) for a process,
-// its life and its end (Close revokes, Orphan leaves the lease to expire),
-// and the holds it ends with it; its keepalive, the loop that refreshes the
-// lease, one KeepAliveOnce per beat through the client's Lease, and the
-// local deadline each acknowledged beat moves (never later than the
-// server's expiry: a beat's deadline counts from its send time); and what it
-// reports (type Reports, at the end). The keys its primitives use, and its
-// sweepers, are in its registry (registry.go). The package etcdsync's
-// Session is this one's public face (its NewSession resolves the options,
-// options.go, and calls Start).
+// The session (type Session): a lease granted (or adopted) for a process
+// (start.go), its life and its end (Close revokes, Orphan leaves the lease
+// to expire), the holds it ends with it, the goroutines it owns and joins
+// (watchers, waits' streams and their reapers), and what it reports (type
+// Reports, at the end). Its keepalive and local deadline are in
+// keepalive.go; the keys its primitives use, and its sweepers, in its
+// registry (registry.go). The package etcdsync's Session is this one's
+// public face (its NewSession resolves the options, options.go, and calls
+// Start).
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
-	"strings"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/etcdsync/etcdsync/internal/reach"
 )
 
 // Session is a lease kept alive in the background. Every key a primitive
@@ -57,8 +52,13 @@ type Session struct {
 	mu       sync.Mutex
 	deadline time.Time      // local deadline, see above
 	moved    chan struct{}  // closed when deadline next moves or the session ends (DeadlineMoved); nil until asked for
-	watchers sync.WaitGroup // hold watchers and sweepers started by this session
-	reg      registry       // the keys its primitives use (registry.go)
+	watchers sync.WaitGroup // hold watchers, sweepers and waits' streams of this session (enter)
+	// reapers close the streams of waits that ended with their context
+	// (goReap), under reap: Close waits for them, Orphan cancels reap.
+	reapers  sync.WaitGroup
+	reap     context.Context
+	stopReap context.CancelFunc
+	reg      registry // the keys its primitives use (registry.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -89,12 +89,14 @@ func Start(client *clientv3.Client, o Options) (*Session, error) {
 		loop:   make(chan struct{}),
 		check:  make(chan struct{}, 1),
 	}
+	s.reap, s.stopReap = context.WithCancel(client.Ctx())
 	s.reg = registry{s: s, keys: make(map[string]keyUse), swept: make(map[string][]int64)}
 	s.rep, s.slack, s.delay = o.Rep, o.Slack, o.Delay
 	first, err := s.start(o)
 	if err != nil {
 		stop()
 		cancel(err)
+		s.stopReap()
 		return nil, err
 	}
 	if s.rep != nil {
@@ -102,137 +104,6 @@ func Start(client *clientv3.Client, o Options) (*Session, error) {
 	}
 	go s.keepAlive(first)
 	return s, nil
-}
-
-// start grants or adopts the lease and sets the first deadline. It returns
-// when the first keepalive is due: a third of the TTL from now, or at once
-// when an adopted lease has less than that left beyond it. Its calls are
-// bounded by the first answer's bound (answerBound) and the TTL.
-func (s *Session) start(o Options) (time.Time, error) {
-	bound := min(answerBound(s.client), o.TTL)
-	ctx, cancel := context.WithTimeoutCause(clientv3.WithRequireLeader(s.ctx), bound, Tag(fmt.Errorf("%w within %v", errNoAnswer, bound), context.DeadlineExceeded))
-	defer cancel()
-	var sent time.Time // of the call that answered: the deadline counts from it
-	if o.LeaseID != clientv3.NoLease {
-		resp, err := whenLed(ctx, &sent, func() (*clientv3.LeaseTimeToLiveResponse, error) {
-			return s.client.TimeToLive(ctx, o.LeaseID, clientv3.WithAttachedKeys())
-		})
-		if err != nil {
-			return sent, s.unreachable(ctx, fmt.Sprintf("adopt lease 0x%x", int64(o.LeaseID)), err)
-		}
-		if resp.TTL <= 0 {
-			return sent, Tag(fmt.Errorf("etcdsync: adopt lease 0x%x: not found (expired, revoked, or never granted)", int64(o.LeaseID)), ErrSessionExpired)
-		}
-		// The server truncates the remaining TTL, so this is never late.
-		granted := time.Duration(resp.GrantedTTL) * time.Second
-		if !o.SlackOn {
-			s.slack = defaultSlack(granted - o.Delay)
-		}
-		s.id, s.ttl, s.startRev = o.LeaseID, granted-s.beyond(), resp.Revision
-		s.deadline = sent.Add(time.Duration(resp.TTL)*time.Second - s.beyond())
-		if s.ttl < time.Second || !s.deadline.After(sent) {
-			return sent, Tag(fmt.Errorf("etcdsync: adopt lease 0x%x: %ds left of a %ds TTL, within the slack %v and lock delay %v", int64(o.LeaseID), resp.TTL, resp.GrantedTTL, s.slack, o.Delay), ErrSessionExpired)
-		}
-		if len(resp.Keys) > 0 {
-			// The header of TimeToLive is the serving member's revision,
-			// which may lag behind the keys the lease has; a linearizable
-			// read's is at least the revision of every create before it.
-			get, err := s.client.Get(ctx, string(resp.Keys[0]), clientv3.WithCountOnly())
-			if err != nil {
-				return sent, s.unreachable(ctx, fmt.Sprintf("adopt lease 0x%x", int64(o.LeaseID)), err)
-			}
-			s.startRev = max(s.startRev, get.Header.Revision)
-		}
-	} else {
-		resp, err := whenLed(ctx, &sent, func() (*clientv3.LeaseGrantResponse, error) {
-			return s.client.Grant(ctx, int64((o.TTL+s.beyond())/time.Second))
-		})
-		if err != nil {
-			return sent, s.unreachable(ctx, "grant lease", err)
-		}
-		s.id, s.ttl, s.startRev = resp.ID, time.Duration(resp.TTL)*time.Second-s.beyond(), resp.Revision
-		s.deadline = sent.Add(s.ttl)
-	}
-	pace := s.ttl / 3
-	return earliest(sent.Add(pace), s.deadline.Add(-pace)), nil
-}
-
-// whenLed calls f, and again after leaderPause while it fails because the
-// cluster has no leader (an election under way, a member cut off from its
-// peers), until ctx ends; *sent is the time of the last call. A grant whose
-// reply was lost before a retry leaves a lease with no keys, which expires.
-func whenLed[T any](ctx context.Context, sent *time.Time, f func() (T, error)) (T, error) {
-	for {
-		*sent = time.Now()
-		v, err := f()
-		if !errors.Is(err, rpctypes.ErrNoLeader) {
-			return v, err
-		}
-		if sleep(ctx, leaderPause) != nil {
-			return v, err
-		}
-	}
-}
-
-// leaderPause is the pause between NewSession's calls while the cluster has
-// no leader.
-const leaderPause = 100 * time.Millisecond
-
-// unreachable describes a failed first call: what failed, the endpoints,
-// and, when no answer came in time, what each endpoint does when dialled
-// (refuses, or accepts and stays silent): a diagnostic on this failure path
-// only, which dials their addresses and sends nothing to etcd (see
-// internal/reach).
-func (s *Session) unreachable(ctx context.Context, what string, err error) error {
-	switch {
-	case s.ctx.Err() != nil: // the WithContext context ended, or the client closed
-		err = context.Cause(s.ctx)
-	case ctx.Err() != nil && errors.Is(context.Cause(ctx), errNoAnswer) && errors.Is(err, rpctypes.ErrNoLeader):
-		return fmt.Errorf("etcdsync: %s (endpoints %s): %w, and %w", what, strings.Join(s.client.Endpoints(), ","), err, context.Cause(ctx))
-	case ctx.Err() != nil && errors.Is(context.Cause(ctx), errNoAnswer):
-		return fmt.Errorf("etcdsync: %s: %w (%s)", what, context.Cause(ctx), reach.Each(s.client.Endpoints(), 200*time.Millisecond))
-	}
-	return fmt.Errorf("etcdsync: %s (endpoints %s): %w", what, strings.Join(s.client.Endpoints(), ","), err)
-}
-
-// answerBound is how long NewSession waits for its first answer: the
-// client's DialTimeout, or defaultAnswerBound when it has none.
-func answerBound(cli *clientv3.Client) time.Duration {
-	if d := dialTimeout(cli); d > 0 {
-		return d
-	}
-	return defaultAnswerBound
-}
-
-// defaultAnswerBound is answerBound for a client with no DialTimeout.
-const defaultAnswerBound = 3 * time.Second
-
-// dialTimeout returns cli's Config.DialTimeout, or 0 when it has none or it
-// cannot be read. etcd's client keeps its configuration in an unexported
-// field (cfg, in every line from 3.5 to 3.7) and has no getter for it;
-// reflect reads the field and changes nothing. A client line without it
-// gets the default (TestNewSessionGivesUpWithinDialTimeout would fail).
-func dialTimeout(cli *clientv3.Client) time.Duration {
-	cfg := reflect.ValueOf(cli).Elem().FieldByName("cfg")
-	if !cfg.IsValid() || cfg.Kind() != reflect.Struct {
-		return 0
-	}
-	d := cfg.FieldByName("DialTimeout")
-	if !d.IsValid() || d.Kind() != reflect.Int64 {
-		return 0
-	}
-	return time.Duration(d.Int())
-}
-
-// ClosedClient returns an error wrapping ErrInvalidArgument when cli has
-// been closed, else nil: a call on a closed client fails at once and sends
-// nothing (etcd's client would retry it, printing warnings, until its
-// context ends).
-func ClosedClient(cli *clientv3.Client) error {
-	if cli.Ctx().Err() != nil {
-		return errClientClosed
-	}
-	return nil
 }
 
 // beyond is how long the lease outlives the local deadline: the slack, then
@@ -293,22 +164,28 @@ func (s *Session) Check() error {
 
 // Orphan ends the session without revoking its lease: its keys stay until
 // the lease expires on the server (for a hand-over to a process that adopts
-// the lease with WithLease). It does not block on etcd; it is idempotent, and
-// a Close after it changes nothing in etcd.
+// the lease with WithLease). It does not block on etcd: it waits for the
+// session's goroutines, and stops the closing of its waits' streams (a
+// stream a wait left open then stays until the client closes). It is
+// idempotent, and a Close after it changes nothing in etcd.
 func (s *Session) Orphan() {
 	s.closeOnce.Do(func() { s.end(fmt.Errorf("%w: orphaned", ErrSessionClosed)) })
-	<-s.loop
-	s.watchers.Wait()
+	s.stopReap()
+	s.join()
 }
 
 // Close ends the session and revokes its lease, which deletes every key the
-// session holds. It blocks for the revoke, bounded by the TTL (by a second
-// once the session ended for lost contact); with the client closed it returns
-// at once (the lease is left to expire). With WithLockDelay, a session that
-// ended for lost contact is not revoked: its lease runs out the delay on the
-// server. It is idempotent: later calls return the
-// first call's result. After Orphan it changes nothing in etcd. A lease the
-// server no longer has is not an error.
+// session holds. It blocks for the revoke, bounded by the TTL, also after
+// lost contact: a cluster whose leader moves re-arms every lease, so the
+// server's own expiry may come much later than the session's deadline, and
+// the client retries the revoke through leader changes. With the client
+// closed it returns at once (the lease is left to expire). With
+// WithLockDelay, a session that ended for lost contact is not revoked: its
+// lease runs out the delay on the server. It also waits, within the same
+// bound, for the closing of the gRPC streams its waits left open (goReap).
+// It is idempotent: later calls return the first call's result. After
+// Orphan it changes nothing in etcd. A lease the server no longer has is
+// not an error.
 func (s *Session) Close() error {
 	s.closeOnce.Do(func() {
 		s.end(ErrSessionClosed)
@@ -320,17 +197,22 @@ func (s *Session) Close() error {
 		case errors.Is(context.Cause(s.ctx), ErrSessionExpired) && !time.Now().Before(s.Deadline()) && s.delay > 0:
 			// Lost contact with a lock delay: the lease runs out the
 			// delay on the server (WithLockDelay); a revoke would end it.
-		case errors.Is(context.Cause(s.ctx), ErrSessionExpired) && !time.Now().Before(s.Deadline()):
-			// Lost contact: a revoke cannot beat the server's own expiry
-			// by more than a round trip; still try, briefly.
-			s.closeErr = s.revoke(time.Second)
 		default:
 			s.closeErr = s.revoke(s.ttl)
 		}
+		s.reapers.Wait()
+		s.stopReap()
 	})
+	s.join()
+	return s.closeErr
+}
+
+// join waits for the session's goroutines: its keepalive loop, its
+// watchers and waits (enter), and its reapers (goReap).
+func (s *Session) join() {
 	<-s.loop
 	s.watchers.Wait()
-	return s.closeErr
+	s.reapers.Wait()
 }
 
 func (s *Session) revoke(bound time.Duration) error {
@@ -391,17 +273,42 @@ func (s *Session) finishHolds() {
 // goWatch runs f in a goroutine that Close and Orphan wait for. It runs
 // nothing and returns false when the session has ended.
 func (s *Session) goWatch(f func()) bool {
+	if !s.enter() {
+		return false
+	}
+	go func() {
+		defer s.watchers.Done()
+		f()
+	}()
+	return true
+}
+
+// enter counts one more user of the session that Close and Orphan wait for
+// (a watcher, a wait's stream), who calls s.watchers.Done when it is over.
+// It counts none and returns false when the session has ended: under mu,
+// so that none is added once Close or Orphan waits.
+func (s *Session) enter() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ctx.Err() != nil {
 		return false
 	}
 	s.watchers.Add(1)
-	go func() {
-		defer s.watchers.Done()
-		f()
-	}()
 	return true
+}
+
+// goReap runs f, the closing of a wait's gRPC stream (stream.reap), in a
+// goroutine of the session's reaper, bounded by the TTL: Close waits for it
+// after the revoke, Orphan ends it. The caller is a user the session
+// counts (enter), so Close and Orphan wait for this call too.
+func (s *Session) goReap(f func(ctx context.Context)) {
+	s.reapers.Add(1)
+	go func() {
+		defer s.reapers.Done()
+		ctx, cancel := context.WithTimeout(s.reap, s.ttl)
+		defer cancel()
+		f(ctx)
+	}()
 }
 
 // Bound returns ctx ended also by the session's end, and its cancel.
@@ -423,175 +330,6 @@ func (s *Session) reportEnd() {
 	if s.rep != nil {
 		s.rep.SessionEnded(s, context.Cause(s.ctx))
 	}
-}
-
-// keepAlive refreshes the lease until the session ends: each beat is one
-// KeepAliveOnce through the client's Lease (so a wrapper, a namespace, an
-// in-process client or a proxy sees it), run in a goroutine of its own and
-// bounded by the TTL. Beats are paced from their send times, every TTL/3
-// whatever the replies do, so on a slow link several may be in flight: while
-// the server acknowledges a beat within the TTL of its sending the session
-// lives. Each acknowledgement moves the local deadline to its beat's send
-// time plus the TTL the server granted, less the slack and the lock delay
-// (WithSlack, WithLockDelay);
-// a beat knows its own send time, so
-// replies may come in any order. The first beat goes at first. keepAlive
-// owns the beats' goroutines (joined on return) and the end of the session
-// by lost contact or a lease that vanished.
-func (s *Session) keepAlive(first time.Time) {
-	defer close(s.loop)
-	defer s.reportEnd()
-	defer s.stopMoving()
-	defer s.finishHolds()
-	defer s.unlink()
-	pace := s.ttl / 3
-	next := first
-	replies := make(chan reply)
-	bctx, stopBeats := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
-	var beats sync.WaitGroup
-	defer beats.Wait()
-	defer stopBeats()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		deadline := s.Deadline()
-		if late := time.Since(deadline); late >= 0 {
-			if s.rep != nil {
-				s.rep.ActedLate(s, late)
-			}
-			s.cancel(fmt.Errorf("%w (%w): no keepalive acknowledged within the TTL (%v) of its sending, seen %v after the deadline; the server may free its keys from %v after it", ErrSessionExpired, ErrLostContact, s.ttl, late.Round(time.Millisecond), s.beyond()))
-			return
-		}
-		due := earliest(next, deadline)
-		timer.Reset(time.Until(due))
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-s.check:
-			next = time.Now() // a hold lost its key: is the lease gone?
-			continue
-		case r := <-replies:
-			switch {
-			case errors.Is(r.err, rpctypes.ErrLeaseNotFound):
-				s.cancel(fmt.Errorf("%w: lease 0x%x not found (expired or revoked)", ErrSessionExpired, int64(s.id)))
-				return
-			case r.err != nil: // try again after a pause, unless a beat is due sooner
-				if s.rep != nil {
-					s.rep.KeepaliveFailed(s, r.err)
-				}
-				next = earliest(next, time.Now().Add(min(retryPause, pace)))
-			default:
-				if s.rep != nil {
-					s.rep.KeepaliveAcked(s, time.Since(r.sent))
-				}
-				s.extend(r.sent.Add(time.Duration(r.ttl)*time.Second - s.beyond()))
-			}
-			continue
-		case <-timer.C:
-			if s.rep != nil {
-				s.rep.ActedLate(s, time.Since(due))
-			}
-		}
-		if time.Now().Before(next) {
-			continue
-		}
-		beats.Add(1)
-		go func() {
-			defer beats.Done()
-			r := s.beat(bctx)
-			select {
-			case replies <- r:
-			case <-bctx.Done():
-			}
-		}()
-		next = time.Now().Add(pace)
-	}
-}
-
-// beat sends one keepalive and waits for its reply, bounded by ctx and the
-// TTL (a later reply could not extend the deadline).
-func (s *Session) beat(ctx context.Context) reply {
-	ctx, cancel := context.WithTimeout(ctx, s.ttl)
-	defer cancel()
-	sent := time.Now()
-	resp, err := s.client.KeepAliveOnce(ctx, s.id)
-	if err != nil {
-		return reply{sent: sent, err: fmt.Errorf("etcdsync: keepalive: %w", err)}
-	}
-	return reply{sent: sent, ttl: resp.TTL}
-}
-
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
-// extend moves the local deadline to d if that is later.
-func (s *Session) extend(d time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if d.After(s.deadline) {
-		s.deadline = d
-		s.stopMovingLocked()
-	}
-}
-
-// stopMoving closes the channel DeadlineMoved handed out, if any: the
-// session has ended.
-func (s *Session) stopMoving() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopMovingLocked()
-}
-
-func (s *Session) stopMovingLocked() {
-	if s.moved != nil {
-		close(s.moved)
-		s.moved = nil
-	}
-}
-
-// reply is a beat's acknowledgement (its send time and the TTL the server
-// granted), or why it failed.
-type reply struct {
-	sent time.Time
-	ttl  int64
-	err  error
-}
-
-// Deadline returns the session's local deadline: the send time of the last
-// acknowledged keepalive plus the TTL. The server cannot expire the lease
-// before it.
-func (s *Session) Deadline() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.deadline
-}
-
-// DeadlineMoved returns a channel that is closed when the local deadline
-// (see Deadline) next moves, after an acknowledged keepalive, or when the
-// session ends; after the end the channel is closed already. It does not
-// block. Take the channel before reading Deadline, so that no move is
-// missed: a program that hands the deadline on (to a child process, a
-// device, a worker with a hard stop) loops
-//
-//	for s.Err() == nil {
-//		moved := s.DeadlineMoved()
-//		handOn(s.Deadline())
-//		<-moved
-//	}
-func (s *Session) DeadlineMoved() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ctx.Err() != nil {
-		return Closed
-	}
-	if s.moved == nil {
-		s.moved = make(chan struct{})
-	}
-	return s.moved
 }
 
 // retryPause is the pause between failed keepalives (bounded by TTL/3).
