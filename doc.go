@@ -80,8 +80,9 @@
 //     wakes only the waiters watching its key, never the whole queue (no
 //     herd): at most two for a Mutex or an Election.
 //   - Nothing left: a cancelled or failed acquire leaves no key, also when the
-//     cancel races the create or the server applies the create late; a closed
-//     Session leaves no key.
+//     cancel races the create or the server applies the create late (when
+//     etcd cannot be reached as the call returns, its session removes the key
+//     once etcd answers); a closed Session leaves no key.
 //   - Own loss: a waiter whose own key vanishes (lease expired or revoked, key
 //     deleted) returns ErrSessionExpired at once.
 //   - Fenced release: a release deletes only the key at the revision it

@@ -205,7 +205,7 @@ func (db *DoubleBarrier) enter(ctx context.Context) (rev, round int64, err error
 	case wrote && rev == 0: // the create's outcome is unknown
 		sl.Sweep()
 	case wrote:
-		err = errors.Join(err, sl.Withdraw(rev))
+		err = queue.WithCleanup(err, sl.Withdraw(rev))
 	}
 	sl.Unreserve()
 	return 0, 0, err

@@ -99,7 +99,7 @@ func (e *Election) elect(ctx context.Context, val string, md queue.Mode) error {
 				// this call's to end: it goes on with its old value.
 				return fmt.Errorf("etcdsync: campaign on %s resumed the leadership, but proclaiming the new value failed: %w", e.hr.Name(), err)
 			}
-			return errors.Join(err, e.hr.Abandon())
+			return queue.WithCleanup(err, e.hr.Abandon())
 		}
 	}
 	return nil
@@ -205,8 +205,12 @@ func (e *Election) Proclaim(ctx context.Context, val string) error {
 // revision it was created, so a retried Resign never deletes a later term.
 // It blocks for one RPC bounded by ctx and by the leadership: when that ends
 // meanwhile (the session reached its local deadline, the key was deleted) it
-// returns at once. It returns nil when not leading (as etcd does); on an RPC
-// error the leadership stays and Resign can be retried.
+// returns at once. It returns nil when not leading, also after a term lost
+// behind its back (Unlock says ErrLockReleased in that case): etcd's
+// Election.Resign does so, and code written for it treats any error from
+// Resign as a failure to step down. Err (or Done) tells whether the term
+// ended by loss. On an RPC error the leadership stays and Resign can be
+// retried.
 func (e *Election) Resign(ctx context.Context) error {
 	if e.hr.Bad() != nil {
 		return e.hr.Bad()

@@ -51,7 +51,9 @@ func WithLease(id clientv3.LeaseID) SessionOption {
 
 // WithContext sets the context that bounds NewSession and the session's
 // life: cancelling it ends the session (as in etcd). The default is the
-// client's context, and NewSession is then bounded by the TTL.
+// client's context. Either way NewSession gives up when no answer comes
+// within the client's DialTimeout (3s when it has none) or the TTL,
+// whichever is shorter.
 func WithContext(ctx context.Context) SessionOption {
 	return optionFunc(func(o *sessionOptions) { o.Ctx = ctx })
 }

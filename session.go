@@ -86,7 +86,12 @@ func (s *Session) Slack() time.Duration { return s.q.Slack() }
 // WithContext context.
 func (s *Session) Ctx() context.Context { return s.q.Ctx() }
 
-// Done returns a channel closed when the session ends (see Ctx).
+// Done returns a channel closed when the session ends (see Ctx). After lost
+// contact the session's own keepalive loop closes it at the local deadline,
+// before the server can free the keys while that loop runs within the
+// slack. When a goroutine of the caller's that waits on it runs is not the
+// library's to promise (a process short of CPU, a pause longer than the
+// slack): fence what the lock protects (Rev, Do), see docs/time.md.
 func (s *Session) Done() <-chan struct{} { return s.q.Done() }
 
 // Err returns nil while the session lives, else why it ended (see Ctx).

@@ -104,7 +104,8 @@ func run(ttl time.Duration) error {
 		return err
 	}
 
-	fmt.Printf("alpha crashes without resigning (its lease expires within %v)\n", ttl)
+	fmt.Printf("alpha crashes without resigning (its lease expires %v after its last keepalive, the TTL %v and the slack %v, and the server checks expiries every 500ms)\n",
+		alpha.session.TTL()+alpha.session.Slack(), alpha.session.TTL(), alpha.session.Slack())
 	crashed := time.Now()
 	alpha.session.Orphan()
 	if err := <-alpha.done; !errors.Is(err, etcdsync.ErrSessionClosed) {

@@ -37,7 +37,7 @@ func (sl *Slot) Withdraw(rev int64) error {
 	if err != nil {
 		sl.session.reg.disown(sl.key, rev) // before the key's claim is freed: the sweeper acts
 		sl.session.reg.sweep(sl.key)
-		return fmt.Errorf("etcdsync: remove %s after a failed acquire: %w", sl.key, err)
+		return fmt.Errorf("etcdsync: key %s left for the session to remove once etcd answers: %w", sl.key, err)
 	}
 	return nil
 }
@@ -86,6 +86,16 @@ func (sl *Slot) why(ctx context.Context, err error) error {
 		return sl.session.EndedErr()
 	}
 	return err
+}
+
+// WithCleanup returns err, the reason a call failed, with cleanup, the
+// error of its cleanup if any, on one line (a log's record stays one),
+// both in its chain.
+func WithCleanup(err, cleanup error) error {
+	if cleanup == nil {
+		return err
+	}
+	return fmt.Errorf("%w; %w", err, cleanup)
 }
 
 // DeleteAtRev deletes key only while it is the incarnation created at rev, so
@@ -241,7 +251,7 @@ func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byt
 		case qerr != nil && t.wrote && t.hdr == nil: // the create failed, and may yet be applied: the session removes the key if it was, or will be, created
 			t.session.reg.sweep(t.key)
 		case t.wrote:
-			err = errors.Join(err, t.Withdraw(t.rev))
+			err = WithCleanup(err, t.Withdraw(t.rev))
 		}
 		if i < len(hs) {
 			hs[i].finish(err)

@@ -28,6 +28,7 @@ var imports = []string{
 	"github.com/etcdsync/etcdsync/etcdsynctest",
 	"github.com/prometheus/client_golang/prometheus",
 	"go.etcd.io/etcd/client/v3",
+	"go.uber.org/zap",
 }
 
 // preamble declares what the blocks use from the text around them: a
