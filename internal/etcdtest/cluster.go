@@ -157,9 +157,11 @@ func startCluster(dir string, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-// freePorts returns n ports on 127.0.0.1 that are free now and not given
-// to a member of this process yet (a stopped member keeps its ports for its
-// restart until its cluster closes: releasePorts). They are taken below the
+// freePorts returns n ports on 127.0.0.1 that are free now, and reserves
+// them (givenPorts). It skips the ports that a member of this process or of
+// another test process on the machine has, or had until less than
+// reuseAfter ago (a stopped member keeps its ports for its restart until
+// its cluster closes: Cluster.Close). They are taken below the
 // kernel's ephemeral range (32768 and up on Linux), so that the listeners
 // that bind port 0 meanwhile (proxies, clients, other test processes)
 // cannot take one before the member binds it.
@@ -173,11 +175,17 @@ func freePorts(n int) ([]int, error) {
 	}()
 	for tries := 0; len(ports) < n; tries++ {
 		if tries > 1000 {
+			givenPorts.release(ports...)
 			return nil, fmt.Errorf("no free port below 32768 after %d tries", tries)
 		}
 		port := 10000 + rand.IntN(22000)
-		if !givenPorts.give(port) {
-			continue // a member of this process has it
+		ok, err := givenPorts.give(port)
+		if err != nil {
+			givenPorts.release(ports...)
+			return nil, fmt.Errorf("reserve port %d: %w", port, err)
+		}
+		if !ok {
+			continue // reserved, by this process or another
 		}
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
@@ -190,30 +198,57 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// givenPorts are the ports freePorts gave to members of this process whose
-// clusters have not closed.
-var givenPorts = portSet{ports: make(map[int]bool)}
+// reuseAfter is how long a port stays reserved after its cluster closed. A
+// test may check that nothing listens on its cluster's ports any more once
+// the cluster closed (etcdsynctest's TestEverythingStoppedAtTheEnd does, in
+// the parent test after the subtest's cleanup closed it): it must not find
+// there a member that a test of this process or of another one started
+// meanwhile.
+const reuseAfter = time.Minute
+
+// givenPorts are the ports freePorts gave to members of this process, until
+// reuseAfter after their clusters closed. Each is also locked against the
+// other processes on the machine (lockPort), so two test binaries run at
+// once never give out the same port.
+var givenPorts = portSet{ports: make(map[int]time.Time)}
 
 type portSet struct {
 	mu    sync.Mutex
-	ports map[int]bool
+	ports map[int]time.Time // zero while given, else when it was released
 }
 
-// give marks port given, unless it was already.
-func (ps *portSet) give(port int) bool {
+// give reserves port, unless this process or another has it reserved; it
+// first ends the reservations that outlived reuseAfter.
+func (ps *portSet) give(port int) (bool, error) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	if ps.ports[port] {
-		return false
+	for p, released := range ps.ports {
+		if !released.IsZero() && time.Since(released) > reuseAfter {
+			if err := unlockPort(p); err != nil {
+				return false, err
+			}
+			delete(ps.ports, p)
+		}
 	}
-	ps.ports[port] = true
-	return true
+	if _, ok := ps.ports[port]; ok {
+		return false, nil
+	}
+	ok, err := lockPort(port)
+	if err != nil || !ok {
+		return false, err
+	}
+	ps.ports[port] = time.Time{}
+	return true, nil
 }
 
-func (ps *portSet) release(port int) {
+// release ends the members' use of ports; they stay reserved for reuseAfter.
+func (ps *portSet) release(ports ...int) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	delete(ps.ports, port)
+	now := time.Now()
+	for _, port := range ports {
+		ps.ports[port] = now
+	}
 }
 
 func (m *Member) start() error {
@@ -369,9 +404,7 @@ func (c *Cluster) Close() {
 		if m.proxy != nil {
 			m.proxy.close()
 		}
-		for _, port := range m.ports {
-			givenPorts.release(port)
-		}
+		givenPorts.release(m.ports...)
 	}
 }
 
