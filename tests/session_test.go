@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -642,4 +643,153 @@ func TestCancelledWaitReturnsWhileUnreachable(t *testing.T) {
 	ep.Blackhole(false)
 	require.ErrorIs(t, resultWithin(t, egot, testTimeout, "etcd's cancelled Lock once etcd answers"), context.Canceled)
 	require.NoError(t, eholder.Unlock(ctx))
+}
+
+// A session ended while one of its waits opens a watch on a silent link.
+// Orphan returns at once (it does not wait on etcd: the wait ends with the
+// session, and the closing of its stream is stopped); the Lock returns
+// ErrSessionClosed within the bounded removal of its key. Close ends the
+// wait as soon, and once the link is back (before the TTL) its revoke goes
+// through and the wait's stream is closed.
+func TestSessionEndsWhileAWaitOpensAWatchOnASilentLink(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	for _, end := range []string{"Orphan", "Close"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			admin, ctx := c.Client(t), ctxT(t)
+			name := "end-silent-" + end
+			holder := heldMutex(t, ctx, admin, name)
+			rig := newSilentRig(t, c)
+			s := session(t, rig.cli, etcdsync.WithTTL(10*time.Second))
+			rig.sw.arm("", 0, 1, 0)
+			res := async(func() error { return etcdsync.NewMutex(s, name).Lock(ctx) })
+			within(t, rig.sw.silenced, testTimeout, "the link going silent at the first Watch")
+			start := time.Now()
+			ended := async(func() error {
+				if end == "Orphan" {
+					s.Orphan()
+					return nil
+				}
+				return s.Close()
+			})
+			lockErr := resultWithin(t, res, testTimeout, "the Lock")
+			lockTook := time.Since(start)
+			require.ErrorIs(t, lockErr, etcdsync.ErrSessionClosed)
+			require.Less(t, lockTook, cleanupBound+time.Second, "the Lock")
+			if end == "Orphan" {
+				require.NoError(t, resultWithin(t, ended, time.Second, "Orphan"))
+				rig.proxy.Blackhole(false)
+				closed := time.Now()
+				require.NoError(t, s.Close())
+				require.Less(t, time.Since(closed), 100*time.Millisecond, "Close after Orphan")
+			} else {
+				notYet(t, ended, 0, "Close on a silent link")
+				rig.proxy.Blackhole(false)
+				require.NoError(t, resultWithin(t, ended, s.TTL(), "Close once the link is back"))
+				t.Logf("Close returned %v after it began", time.Since(start).Round(time.Millisecond))
+				rig.ow.settleTo(t, 0, 5*time.Second, "after the Close")
+				waitCount(t, admin, name+"/", testTimeout, func(have int) bool { return have == 1 })
+			}
+			require.NoError(t, holder.Unlock(ctx))
+		})
+	}
+}
+
+// A session with a lock delay that ended for lost contact while one of its
+// waits opened a watch on the silent link: Close has nothing to revoke
+// (the delay stands) and nothing it can reach, so it returns at once, as
+// it did before waits' streams were closed by the session; the wait's
+// stream is the client's to close.
+func TestCloseAfterLostContactWithALockDelayReturnsAtOnce(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin, ctx := c.Client(t), ctxT(t)
+	const name = "close-delay-silent"
+	holder := heldMutex(t, ctx, admin, name)
+	rig := newSilentRig(t, c)
+	s := session(t, rig.cli, etcdsync.WithTTL(3*time.Second), etcdsync.WithLockDelay(2*time.Second))
+	rig.sw.arm("", 0, 1, 0)
+	res := async(func() error { return etcdsync.NewMutex(s, name).Lock(ctx) })
+	within(t, rig.sw.silenced, testTimeout, "the link going silent at the first Watch")
+	require.ErrorIs(t, resultWithin(t, res, testTimeout, "the Lock"), etcdsync.ErrSessionExpired)
+	within(t, s.Done(), testTimeout, "the session's end for lost contact")
+	start := time.Now()
+	closed := async(s.Close)
+	err := resultWithin(t, closed, testTimeout, "Close")
+	took := time.Since(start)
+	t.Logf("Close returned after %v: %v", took.Round(time.Millisecond), err)
+	rig.proxy.Blackhole(false)
+	require.NoError(t, err)
+	require.Less(t, took, 500*time.Millisecond, "Close with nothing to revoke")
+	require.NoError(t, holder.Unlock(ctx))
+}
+
+// Close or Orphan racing with waits of the session that start, enter their
+// watches and end all around it: every call returns (ErrSessionClosed once
+// the session ended), Close and Orphan return; after Close no key of the
+// session and no Watch stream of a wait is left (Orphan stops the closing
+// of waits' streams: its sessions are on a client of their own).
+func TestSessionEndRacingWithWaitsEndsThemAll(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin, ctx := c.Client(t), ctxT(t)
+	ow := &openWatches{}
+	cli := etcdtest.NewClient(t, c.Endpoints(), ow.dial())
+	orphans := c.Client(t)
+	const names = 6
+	for i := range names {
+		heldMutex(t, ctx, admin, fmt.Sprintf("end-race/%d", i))
+	}
+	for round := range 8 {
+		on := cli
+		if round%2 == 1 {
+			on = orphans
+		}
+		s := session(t, on)
+		var wg sync.WaitGroup
+		errs := make(chan error, 64)
+		for i := range names {
+			wg.Go(func() {
+				m := etcdsync.NewMutex(s, fmt.Sprintf("end-race/%d", i))
+				for j := 0; ; j++ {
+					lctx, cancel := context.WithTimeout(ctx, time.Duration(1+(i*7+j*3)%15)*time.Millisecond)
+					err := m.Lock(lctx)
+					cancel()
+					switch {
+					case errors.Is(err, etcdsync.ErrSessionClosed):
+						return
+					case errors.Is(err, context.DeadlineExceeded):
+					default:
+						errs <- fmt.Errorf("round %d name %d: %v", round, i, err)
+						return
+					}
+				}
+			})
+		}
+		time.Sleep(time.Duration(5+round*7) * time.Millisecond) // the moment of the end, among the waits
+		ended := make(chan struct{})
+		go func() {
+			defer close(ended)
+			if round%2 == 0 {
+				_ = s.Close()
+			} else {
+				s.Orphan()
+			}
+		}()
+		within(t, ended, testTimeout, "the session's end")
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		within(t, done, testTimeout, "every Lock")
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if round%2 == 0 {
+			for _, k := range keys(t, admin, "end-race/") {
+				require.NotContains(t, k, fmt.Sprintf("%x", int64(s.Lease())), "round %d: a key of the closed session", round)
+			}
+		}
+	}
+	ow.settleTo(t, 0, 5*time.Second, "after the sessions' ends")
 }

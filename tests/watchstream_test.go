@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/namespace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
@@ -493,8 +494,8 @@ func TestLockEndedWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) {
 // A Lock whose own key is deleted while its wait's stream reconnects
 // returns ErrSessionExpired; no Watch stream of a wait stays open after.
 // The waiter has three keys ahead, so it watches its own key and the two
-// nearest (three watches on its stream); the link is slow (replies 300 ms
-// late), so the resumed watches are created one every 300 ms and the
+// nearest (three watches on its stream); the link is slow (slowReplies),
+// so the resumed watches are created one a round trip apart and the
 // delete of the own key, resumed from its revision, reaches the wait while
 // the others are still to be created (unless its own watch resumes last).
 func TestLockLosingItsKeyWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) {
@@ -517,7 +518,6 @@ func TestLockLosingItsKeyWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.
 	for try := range tries {
 		s := session(t, rig.cli, etcdsync.WithTTL(30*time.Second))
 		waiter := etcdsync.NewMutex(s, name)
-		rig.sw.ready = make(chan struct{})
 		rig.sw.arm("", 3, 0, 0) // ready once its three watches are created
 		res := async(func() error { return waiter.Lock(ctx) })
 		within(t, rig.sw.ready, testTimeout, "the wait's three watches")
@@ -527,7 +527,7 @@ func TestLockLosingItsKeyWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.
 		rig.ow.settleTo(t, 0, testTimeout, "the wait's stream broken")
 		_, err := admin.Delete(ctx, keyOf(name, s))
 		require.NoError(t, err)
-		rig.proxy.SetLatency(300 * time.Millisecond)
+		rig.proxy.SetLatency(slowReplies)
 		rig.proxy.Blackhole(false)
 		require.ErrorIs(t, resultWithin(t, res, testTimeout, "the Lock whose key went"), etcdsync.ErrSessionExpired, "try %d", try)
 		rig.proxy.SetLatency(0)
@@ -542,30 +542,29 @@ func TestLockLosingItsKeyWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.
 
 // A MultiLock whose first name's holder releases while the wait's stream
 // reconnects holds; no Watch stream of a wait stays open after. Its wait
-// on the first name watches the prefix and its key on the second name
-// (two watches on its stream); on a slow link (replies 300 ms late) the
-// release reaches the wait, on the resumed prefix watch, while the other
-// watch is still to be created (unless it resumes first).
+// on the first name watches that name's prefix and its keys on the three
+// others (four watches on its stream); on a slow link (slowReplies) the
+// release reaches the wait, on the resumed prefix watch, while
+// other watches are still to be created (unless the prefix resumes last).
 func TestMultiLockTurnWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) {
 	t.Parallel()
 	c, admin, ctx := singleClient(t)
 	const name = "ws-reconnect-ml"
 	rig := newSilentRig(t, c)
-	const tries = 4
+	const tries = 8
 	for try := range tries {
 		holder := heldMutex(t, ctx, admin, name+"/a")
 		s := session(t, rig.cli, etcdsync.WithTTL(30*time.Second))
-		ml := etcdsync.NewMultiLock(s, name+"/a", name+"/b")
-		rig.sw.ready = make(chan struct{})
-		rig.sw.arm("", 2, 0, 0) // ready once its two watches are created
+		ml := etcdsync.NewMultiLock(s, name+"/a", name+"/b", name+"/c", name+"/d")
+		rig.sw.arm("", 4, 0, 0) // ready once its four watches are created
 		res := async(func() error { return ml.Lock(ctx) })
-		within(t, rig.sw.ready, testTimeout, "the wait's two watches")
+		within(t, rig.sw.ready, testTimeout, "the wait's four watches")
 		rig.ow.settleTo(t, 1, testTimeout, "the wait's stream")
 		rig.proxy.Blackhole(true)
 		rig.proxy.DropConnections()
 		rig.ow.settleTo(t, 0, testTimeout, "the wait's stream broken")
 		require.NoError(t, holder.Unlock(ctx))
-		rig.proxy.SetLatency(300 * time.Millisecond)
+		rig.proxy.SetLatency(slowReplies)
 		rig.proxy.Blackhole(false)
 		require.NoError(t, resultWithin(t, res, testTimeout, "the MultiLock after the release"), "try %d", try)
 		rig.proxy.SetLatency(0)
@@ -576,3 +575,87 @@ func TestMultiLockTurnWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) 
 	t.Logf("Watch streams opened: %d", rig.ow.opened.Load())
 	waitNoKeys(t, admin, name+"/")
 }
+
+// The same through a namespace (namespace.NewKV/NewWatcher/NewLease): a
+// Lock whose context ends as its wait starts watching returns the
+// context's error and leaves no key and no Watch stream of a wait open (the
+// session closes the stream through the namespace's Watcher).
+func TestNamespacedLockCancelledAsItWatchesLeavesNoWatchStream(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	ow := &openWatches{}
+	cli := etcdtest.NewClient(t, c.Endpoints(), ow.dial())
+	const ns = "tenant-ws/"
+	cli.KV = namespace.NewKV(cli.KV, ns)
+	cli.Lease = namespace.NewLease(cli.Lease, ns)
+	cw := &cancelOnWatch{Watcher: namespace.NewWatcher(cli.Watcher, ns)}
+	cli.Watcher = cw
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	const name = "ws-ns"
+	holder := heldMutex(t, ctx, admin, ns+name)
+	waiter := etcdsync.NewMutex(session(t, cli), name)
+	for range 5 {
+		lctx, cancel := context.WithTimeout(ctx, testTimeout)
+		cw.arm(cancel)
+		err := waiter.Lock(lctx)
+		cancel()
+		require.ErrorIs(t, err, context.Canceled)
+	}
+	waitCount(t, admin, ns+name+"/", testTimeout, func(have int) bool { return have == 1 })
+	ow.settleTo(t, 0, 5*time.Second, "after the cancelled Locks through a namespace")
+	require.NoError(t, holder.Unlock(ctx))
+}
+
+// A waiter whose stream reconnects past a compaction of the revisions its
+// watches resume from (a key ahead deleted and the store compacted while
+// its link was down): its watches fail (compacted), it reads where it
+// stands and waits on, holds once the keys ahead go, and no Watch stream
+// of a wait stays open once it released.
+func TestLockWhoseStreamResumesPastACompactionWaitsOnAndLeavesNoWatchStream(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "ws-compacted"
+	rig := newSilentRig(t, c)
+	var ahead []*etcdsync.Mutex
+	var aheadKeys []string
+	locked := make([]<-chan error, 3)
+	for i := range 3 {
+		s := session(t, admin)
+		m := etcdsync.NewMutex(s, name)
+		ahead = append(ahead, m)
+		aheadKeys = append(aheadKeys, keyOf(name, s))
+		locked[i] = async(func() error { return m.Lock(ctx) })
+		waitKeys(t, admin, name+"/", i+1)
+	}
+	require.NoError(t, resultWithin(t, locked[0], testTimeout, "the first Lock"))
+	s := session(t, rig.cli, etcdsync.WithTTL(30*time.Second))
+	waiter := etcdsync.NewMutex(s, name)
+	rig.sw.arm("", 3, 0, 0) // ready once its three watches are created
+	res := async(func() error { return waiter.Lock(ctx) })
+	within(t, rig.sw.ready, testTimeout, "the wait's three watches")
+	rig.proxy.Blackhole(true)
+	rig.proxy.DropConnections()
+	rig.ow.settleTo(t, 0, testTimeout, "the wait's stream broken")
+	resp, err := admin.Delete(ctx, aheadKeys[1])
+	require.NoError(t, err)
+	_, err = admin.Compact(ctx, resp.Header.Revision)
+	require.NoError(t, err)
+	rig.proxy.Blackhole(false)
+	notYet(t, res, 500*time.Millisecond, "the waiter while the holder holds")
+	require.ErrorIs(t, resultWithin(t, locked[1], testTimeout, "the second Lock, whose key went"), etcdsync.ErrSessionExpired)
+	require.NoError(t, ahead[0].Unlock(ctx))
+	require.NoError(t, resultWithin(t, locked[2], testTimeout, "the third Lock"))
+	notYet(t, res, 300*time.Millisecond, "the waiter while the third holds")
+	held := keys(t, admin, name+"/")
+	require.Equal(t, []string{aheadKeys[2], keyOf(name, s)}, held)
+	require.NoError(t, ahead[2].Unlock(ctx))
+	require.NoError(t, resultWithin(t, res, testTimeout, "the waiter once the keys ahead went"))
+	rig.ow.settleTo(t, 0, 5*time.Second, "after the Lock whose stream resumed past a compaction")
+	require.NoError(t, waiter.Unlock(ctx))
+	waitNoKeys(t, admin, name+"/")
+}
+
+// slowReplies is the reply delay of the slow link on which a wait's
+// watches resume one at a time.
+const slowReplies = 300 * time.Millisecond

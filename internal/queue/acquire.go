@@ -31,8 +31,14 @@ import (
 // the key (see Session.sweep). It runs under a short bounded context of its
 // own, as it cleans up after calls whose context may have ended.
 func (sl *Slot) Withdraw(rev int64) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(sl.session.ctx), CreateGrace)
+	ctx, cancel := sl.session.graced()
 	defer cancel()
+	return sl.withdrawIn(ctx, rev)
+}
+
+// withdrawIn is Withdraw bounded by ctx: the keys of one acquire share one
+// grace (enter), so that its cleanup takes CreateGrace however many names.
+func (sl *Slot) withdrawIn(ctx context.Context, rev int64) error {
 	err := sl.deleteAt(ctx, rev)
 	if err != nil {
 		sl.session.reg.disown(sl.key, rev) // before the key's claim is freed: the sweeper acts
@@ -246,12 +252,14 @@ func enter(ctx context.Context, sls []*Slot, val string, m Mode) ([]*Hold, []byt
 		return hs, ts[0].value, nil
 	}
 	err = sl.why(ctx, err)
+	gctx, gcancel := sl.session.graced()
+	defer gcancel()
 	for i, t := range ts {
 		switch {
 		case qerr != nil && t.wrote && t.hdr == nil: // the create failed, and may yet be applied: the session removes the key if it was, or will be, created
 			t.session.reg.sweep(t.key)
 		case t.wrote:
-			err = WithCleanup(err, t.Withdraw(t.rev))
+			err = WithCleanup(err, t.withdrawIn(gctx, t.rev))
 		}
 		if i < len(hs) {
 			hs[i].finish(err)

@@ -53,9 +53,9 @@ type Session struct {
 	deadline time.Time      // local deadline, see above
 	moved    chan struct{}  // closed when deadline next moves or the session ends (DeadlineMoved); nil until asked for
 	watchers sync.WaitGroup // hold watchers, sweepers and waits' streams of this session (enter)
-	// reapers close the streams of waits that ended with their context
-	// (goReap), under reap: Close waits for them, Orphan cancels reap.
-	reapers  sync.WaitGroup
+	// reapers close the streams waits may have left open (goReap), under
+	// reap, which the client's end and Orphan cancel.
+	reapers  reapers
 	reap     context.Context
 	stopReap context.CancelFunc
 	reg      registry // the keys its primitives use (registry.go)
@@ -170,8 +170,9 @@ func (s *Session) Check() error {
 // idempotent, and a Close after it changes nothing in etcd.
 func (s *Session) Orphan() {
 	s.closeOnce.Do(func() { s.end(fmt.Errorf("%w: orphaned", ErrSessionClosed)) })
-	s.stopReap()
 	s.join()
+	s.stopReap()
+	s.reapers.wait(context.Background()) // prompt: reap is cancelled
 }
 
 // Close ends the session and revokes its lease, which deletes every key the
@@ -181,8 +182,10 @@ func (s *Session) Orphan() {
 // the client retries the revoke through leader changes. With the client
 // closed it returns at once (the lease is left to expire). With
 // WithLockDelay, a session that ended for lost contact is not revoked: its
-// lease runs out the delay on the server. It also waits, within the same
-// bound, for the closing of the gRPC streams its waits left open (goReap).
+// lease runs out the delay on the server. After a revoke that was answered
+// it also waits, within the same bound, for the closing of the gRPC
+// streams its waits may have left open (goReap); otherwise those close
+// when the link is back, or with the client.
 // It is idempotent: later calls return the first call's result. After
 // Orphan it changes nothing in etcd. A lease the server no longer has is
 // not an error.
@@ -198,21 +201,24 @@ func (s *Session) Close() error {
 			// Lost contact with a lock delay: the lease runs out the
 			// delay on the server (WithLockDelay); a revoke would end it.
 		default:
-			s.closeErr = s.revoke(s.ttl)
+			began := time.Now()
+			if s.closeErr = s.revoke(s.ttl); s.closeErr == nil { // etcd answers: the reapers' streams close now
+				ctx, cancel := context.WithTimeout(context.Background(), s.ttl-time.Since(began))
+				s.reapers.wait(ctx)
+				cancel()
+			}
 		}
-		s.reapers.Wait()
-		s.stopReap()
 	})
 	s.join()
 	return s.closeErr
 }
 
-// join waits for the session's goroutines: its keepalive loop, its
-// watchers and waits (enter), and its reapers (goReap).
+// join waits for the session's goroutines that end with it: its keepalive
+// loop, its watchers and waits (enter). Its reapers (goReap) end with their
+// streams, Orphan or the client.
 func (s *Session) join() {
 	<-s.loop
 	s.watchers.Wait()
-	s.reapers.Wait()
 }
 
 func (s *Session) revoke(bound time.Duration) error {
@@ -297,18 +303,65 @@ func (s *Session) enter() bool {
 	return true
 }
 
+// graced returns the context of a cleanup after a call whose context may
+// have ended: CreateGrace long, not ended with the session.
+func (s *Session) graced() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(s.ctx), CreateGrace)
+}
+
 // goReap runs f, the closing of a wait's gRPC stream (stream.reap), in a
-// goroutine of the session's reaper, bounded by the TTL: Close waits for it
-// after the revoke, Orphan ends it. The caller is a user the session
-// counts (enter), so Close and Orphan wait for this call too.
+// goroutine counted in s.reapers, under s.reap: it runs until the stream
+// is closed, Orphan, or the client closes, so that a stream a wait left
+// on a link silent for longer than the session is closed once the link
+// is back. Close waits for the reapers after a revoke that was answered.
+// The caller is a user the session counts (enter): Close and Orphan see
+// this call's reaper counted.
 func (s *Session) goReap(f func(ctx context.Context)) {
-	s.reapers.Add(1)
+	s.reapers.add()
 	go func() {
-		defer s.reapers.Done()
-		ctx, cancel := context.WithTimeout(s.reap, s.ttl)
-		defer cancel()
-		f(ctx)
+		defer s.reapers.done()
+		f(s.reap)
 	}()
+}
+
+// reapers counts the goroutines closing waits' streams (goReap).
+type reapers struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n comes to 0; nil until waited for
+}
+
+func (r *reapers) add() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+}
+
+func (r *reapers) done() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n--; r.n == 0 && r.idle != nil {
+		close(r.idle)
+		r.idle = nil
+	}
+}
+
+// wait blocks until no reaper runs, or ctx ends.
+func (r *reapers) wait(ctx context.Context) {
+	r.mu.Lock()
+	if r.n == 0 {
+		r.mu.Unlock()
+		return
+	}
+	if r.idle == nil {
+		r.idle = make(chan struct{})
+	}
+	idle := r.idle
+	r.mu.Unlock()
+	select {
+	case <-idle:
+	case <-ctx.Done():
+	}
 }
 
 // Bound returns ctx ended also by the session's end, and its cancel.

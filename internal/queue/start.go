@@ -83,7 +83,7 @@ func whenLed[T any](ctx context.Context, sent *time.Time, f func() (T, error)) (
 		if !errors.Is(err, rpctypes.ErrNoLeader) {
 			return v, err
 		}
-		if sleep(ctx, leaderPause) != nil {
+		if Sleep(ctx, leaderPause) != nil {
 			return v, err
 		}
 	}

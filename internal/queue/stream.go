@@ -96,9 +96,14 @@ func (st *stream) add(key string, opts ...clientv3.OpOption) watchOf {
 }
 
 // close ends every watch and the wait's hold on the session (openStream).
-// When the wait ended with its context (the caller's or the session's), or
-// on a failed watch, the stream may stay open with no watch (see add): the
-// session's reaper then closes it (reap).
+// The stream may then stay open with no watch (see add) when the wait ended
+// with its context (the caller's or the session's), on a failed watch, or
+// with more than one watch (one may be waiting to be created again after a
+// reconnect, which the Watcher does not say): the session's reaper then
+// closes it (reap). A wait that ends on its one watch, the prefix's or its
+// own key's, leaves none: the Watcher created that watch after every one
+// cancelled before it, and it is created again before it delivers anything
+// after a reconnect.
 func (st *stream) close(err error) {
 	st.own.cancel()
 	for _, w := range st.keys {
@@ -108,7 +113,7 @@ func (st *stream) close(err error) {
 		w.cancel()
 	}
 	s := st.t.session
-	if st.ctx.Err() != nil || err != nil && !final(err) {
+	if st.ctx.Err() != nil || err != nil && !final(err) || len(st.keys)+len(st.also) > 0 {
 		s.goReap(st.reap)
 	}
 	s.watchers.Done()
@@ -120,8 +125,8 @@ func (st *stream) close(err error) {
 // queue of watches to create as it creates the ones behind them, and it
 // closes a stream whose last watch ends with nothing left to create. On a
 // stream the Watcher had already closed, it opens a stream and closes it.
-// ctx bounds it; when ctx ends first (the link is still silent), the
-// stream is left to the client's Close.
+// ctx (the session's reap: Orphan, the client's end) bounds it; the
+// stream is then left to the client's Close.
 func (st *stream) reap(ctx context.Context) {
 	wctx, cancel := context.WithCancel(context.WithoutCancel(st.ctx))
 	defer cancel()

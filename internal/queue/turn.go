@@ -231,10 +231,10 @@ func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 
 // Pause waits retryPause, the pause before a failed request or a broken
 // watch is retried, or until ctx ends (returning ctx.Err()).
-func Pause(ctx context.Context) error { return sleep(ctx, retryPause) }
+func Pause(ctx context.Context) error { return Sleep(ctx, retryPause) }
 
-// sleep waits d, or until ctx ends (returning ctx.Err()).
-func sleep(ctx context.Context, d time.Duration) error {
+// Sleep waits d, or until ctx ends (returning ctx.Err()).
+func Sleep(ctx context.Context, d time.Duration) error {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
