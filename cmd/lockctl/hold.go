@@ -32,9 +32,9 @@ type hold struct {
 	take    func(ctx context.Context) error
 	try     func(ctx context.Context) error // nil: the kind has none
 	release func(ctx context.Context) error
-	// label writes v as the held key's value, guarded by the hold (one
+	// label writes v as the held keys' value, guarded by the hold (one
 	// RPC); nil where the value means something (a Semaphore's permits, a
-	// leader's value), or for several keys.
+	// leader's value).
 	label func(ctx context.Context, v string) error
 	// keys returns the held keys, in name order, where there are several
 	// (a MultiLock); else it is nil.
@@ -67,6 +67,14 @@ func multiHold(s *etcdsync.Session, names []string) hold {
 		held: multiHeld{ml, names[0]},
 		what: "locks",
 		take: ml.Lock, try: ml.TryLock, release: ml.Unlock,
+		label: func(ctx context.Context, v string) error {
+			ops := make([]clientv3.Op, len(names))
+			for i, name := range names {
+				ops[i] = clientv3.OpPut(ml.Key(name), v, clientv3.WithIgnoreLease())
+			}
+			_, err := ml.Do(ctx, ops...)
+			return err
+		},
 		keys: func() []string {
 			keys := make([]string, len(names))
 			for i, name := range names {

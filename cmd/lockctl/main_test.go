@@ -82,14 +82,30 @@ func testMain(m *testing.M) int {
 
 // buffer is a bytes.Buffer safe for a process's writes and a test's reads.
 type buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu    sync.Mutex
+	b     bytes.Buffer
+	wrote chan struct{} // closed by the next write (see next); nil: nobody waits
 }
 
 func (b *buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.wrote != nil {
+		close(b.wrote)
+		b.wrote = nil
+	}
 	return b.b.Write(p)
+}
+
+// next returns what was written so far, and a channel closed by the next
+// write.
+func (b *buffer) next() (string, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.wrote == nil {
+		b.wrote = make(chan struct{})
+	}
+	return b.b.String(), b.wrote
 }
 
 func (b *buffer) String() string {

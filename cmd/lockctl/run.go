@@ -74,6 +74,7 @@ type holdFlags struct {
 	slack       slackFlag
 	logLevel    string // off, or a key of logLevels
 	metricsAddr string // host:port to serve /metrics and /healthz on, or ""
+	quiet       bool   // say nothing on stderr about waiting (see waiting.go)
 }
 
 // register adds the flags to cmd.
@@ -86,6 +87,7 @@ func (f *holdFlags) register(cmd *cobra.Command) {
 	fs.DurationVar(&f.lockDelay, "lock-delay", 0, "if this lockctl loses contact with etcd while holding, keep the next holder out for this long after it stopped the command (whole seconds; 0: off)")
 	fs.StringVar(&f.logLevel, "log-level", "off", logLevelHelp)
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics and health on http://ADDR/healthz while running (for example 127.0.0.1:9464)")
+	fs.BoolVar(&f.quiet, "quiet", false, "say nothing on stderr about waiting for the lock (errors are still printed)")
 }
 
 // check reports a bad value as a usage error.
@@ -159,7 +161,7 @@ are the first name's, and ETCDSYNC_REV is the fencing token of every name
 (their keys share one create revision). Losing the lock on any name is
 losing the hold.
 
-` + childHelp + "\n\n" + exitCodesHelp,
+` + waitHelp + "\n\n" + childHelp + "\n\n" + exitCodesHelp,
 		Example: `  lockctl run nightly-report -- /usr/local/bin/report --since yesterday
   lockctl run --try --endpoints 10.0.0.1:2379 backup -- sh -c 'tar c /data | upload'
   lockctl run --sem 3 --timeout 10m downloads -- fetch.sh
@@ -386,7 +388,9 @@ func (c *conn) close(h *hold) error {
 // openHeld opens a session (see open) and takes the hold newHold makes on
 // it (see acquire), as --timeout and sigs allow. It blocks until then. On
 // error it has closed the session and holds nothing; a hold lost as it
-// began is an error (exit 1). The caller closes c (withClose).
+// began is an error (exit 1). Unless try or --quiet, it says on stderr
+// that it waits, and then that it holds (see waitReport). The caller
+// closes c (withClose).
 func openHeld(cf *connFlags, names []string, f holdFlags, try bool, newHold func(*etcdsync.Session, []string) hold, sigs <-chan os.Signal) (*conn, hold, error) {
 	c, err := open(cf, names[0], f, sigs)
 	if err != nil {
@@ -394,13 +398,29 @@ func openHeld(cf *connFlags, names []string, f holdFlags, try bool, newHold func
 	}
 	h := newHold(c.s, names)
 	name := strings.Join(names, ", ")
-	if err := acquire(h, name, try, f.timeout, sigs); err != nil {
+	var rep *waitReport
+	if !try && !f.quiet {
+		rep = startWaitReport(os.Stderr, c.cli, c.s.Lease(), names, h.what, cf.dialTimeout, waitFirst, waitEvery)
+	}
+	err = acquire(h, name, try, f.timeout, sigs)
+	waited, took := false, time.Duration(0)
+	if rep != nil {
+		waited, took = rep.stop()
+	}
+	if err != nil {
 		return nil, hold{}, withClose(err, c, nil)
 	}
 	select {
 	case <-h.Done(): // also starts the watch of the key
 		return nil, hold{}, withClose(fail(exitFailure, fmt.Errorf("lost the %s on %s as it began: %v", h.what, name, h.Err())), c, &h)
 	default:
+	}
+	if waited {
+		keys := []string{h.Key()}
+		if h.keys != nil {
+			keys = h.keys()
+		}
+		rep.got(took, keys, h.Rev())
 	}
 	c.health.set(fmt.Sprintf("holding %s %d", h.Key(), h.Rev()), h.Check)
 	return c, h, nil
@@ -554,7 +574,7 @@ Either way the leadership ends with a handover: the command has ended (or
 there is none), then lockctl resigns, so that the next candidate leads at
 once rather than after the TTL, and never while the command still runs.
 
-` + childHelp + "\n\n" + exitCodesHelp,
+` + waitHelp + "\n\n" + childHelp + "\n\n" + exitCodesHelp,
 		Example: `  lockctl elect billing-leader host-a -- /usr/local/bin/billing-loop
   lockctl elect billing-leader host-a      # hold leadership until Ctrl-C`,
 		Args: cobra.ArbitraryArgs,
@@ -605,10 +625,11 @@ func lead(cf *connFlags, name, value string, f holdFlags, try bool, newHold func
 	}
 }
 
-// labelHold writes who holds (host and pid) as the held key's value, where
-// the hold's value means nothing else, so that lockctl holders shows it. It
-// blocks for one RPC bounded by timeout and by a signal on sigs; a failure
-// is exit 1, a signal 128+N (the caller then releases the hold).
+// labelHold writes who holds (host and pid) as the held key's value (each
+// key's, with several names), where the hold's value means nothing else, so
+// that lockctl holders and a waiting lockctl show it. It blocks for one RPC
+// bounded by timeout and by a signal on sigs; a failure is exit 1, a signal
+// 128+N (the caller then releases the hold).
 func labelHold(h hold, name string, timeout time.Duration, sigs <-chan os.Signal) error {
 	if h.label == nil {
 		return nil

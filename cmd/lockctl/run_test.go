@@ -70,8 +70,8 @@ func TestRunEnv(t *testing.T) {
 }
 
 // With several names lockctl holds every one (one key each, one create
-// revision for all), the command sees every name and key, --try on any of
-// them is refused meanwhile, and nothing is left after.
+// revision for all, each saying who holds), the command sees every name and
+// key, --try on any of them is refused meanwhile, and nothing is left after.
 func TestRunSeveralNames(t *testing.T) {
 	t.Parallel()
 	base, dir := uniqueName(t), t.TempDir()
@@ -86,6 +86,11 @@ func TestRunSeveralNames(t *testing.T) {
 	require.Len(t, ka, 1)
 	require.Len(t, kb, 1)
 	require.Equal(t, ka[0].CreateRevision, kb[0].CreateRevision, "one create revision for both keys")
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	who := fmt.Sprintf("lockctl host=%s pid=%d", host, p.cmd.Process.Pid)
+	require.Equal(t, who, string(ka[0].Value), "who holds, on every key")
+	require.Equal(t, who, string(kb[0].Value), "who holds, on every key")
 	require.Equal(t, []string{a, b, string(ka[0].Key), string(kb[0].Key), strconv.FormatInt(ka[0].CreateRevision, 10), a}, vars)
 
 	code, q := run(t, "run", "--try", b, "--", "true")
@@ -208,7 +213,8 @@ func TestRunNoOverlap(t *testing.T) {
 }
 
 // --try exits 75 at once while another holds, writing nothing; --timeout
-// ends the wait with 124 and a message, leaving no key.
+// ends the wait with 124 and a message (the only one, with --quiet),
+// leaving no key.
 func TestRunTryAndTimeout(t *testing.T) {
 	t.Parallel()
 	name, dir := uniqueName(t), t.TempDir()
@@ -224,7 +230,7 @@ func TestRunTryAndTimeout(t *testing.T) {
 	require.NoFileExists(t, filepath.Join(dir, "ran"))
 
 	begin = time.Now()
-	code, p = run(t, "run", "--timeout", "500ms", name, "--", "touch", filepath.Join(dir, "ran"))
+	code, p = run(t, "run", "--quiet", "--timeout", "500ms", name, "--", "touch", filepath.Join(dir, "ran"))
 	require.Equal(t, exitTimeout, code, "stderr: %s", p.stderr.String())
 	require.GreaterOrEqual(t, time.Since(begin), 500*time.Millisecond)
 	require.Contains(t, oneLine(t, p.stderr.String()), "--timeout 500ms passed")
@@ -239,16 +245,20 @@ func TestRunTryAndTimeout(t *testing.T) {
 	noKeys(t, name)
 }
 
-// A signal while waiting withdraws the waiter: 128+N, one line, no key.
+// A signal while waiting withdraws the waiter: 128+N, one line after the
+// one that said it waits, no key.
 func TestRunSignalWhileWaiting(t *testing.T) {
 	t.Parallel()
 	name, dir := uniqueName(t), t.TempDir()
 	holder, release := holding(t, dir, "run", name)
 	waiter := start(t, "run", name, "--", "touch", filepath.Join(dir, "ran"))
-	waitKeys(t, name+"/", 2)
+	waiting := waiter.stderrLine(t, "waiting for the lock on "+name)
 	waiter.signal(t, syscall.SIGINT)
 	require.Equal(t, 130, waiter.wait(t))
-	require.Contains(t, oneLine(t, waiter.stderr.String()), "interrupted")
+	got := lines(waiter.stderr.String())
+	require.Len(t, got, 2, "stderr: %s", waiter.stderr.String())
+	require.Equal(t, waiting, got[0])
+	require.Contains(t, oneLine(t, got[1]+"\n"), "interrupted")
 	waitKeys(t, name+"/", 1)
 	touch(t, release)
 	require.Equal(t, 0, holder.wait(t))
@@ -290,8 +300,8 @@ func TestRunReadWriteSem(t *testing.T) {
 }
 
 // --namespace puts the lock under the prefix, the same lock a plain client
-// takes on the prefixed name; through etcd's gRPC proxy a waiter gets the
-// turn when the holder ends, and no key is left.
+// takes on the prefixed name; through etcd's gRPC proxy a waiter says that
+// it waits and gets the turn when the holder ends, and no key is left.
 func TestRunNamespaceAndProxy(t *testing.T) {
 	t.Parallel()
 	name, dir := uniqueName(t), t.TempDir()
@@ -305,6 +315,8 @@ func TestRunNamespaceAndProxy(t *testing.T) {
 	require.Equal(t, exitHeld, code, "a plain client on the prefixed name is excluded; stderr: %s", p.stderr.String())
 	waiter := start(t, "--endpoints", proxy, "--namespace", ns, "run", name, "--", "touch", filepath.Join(dir, "ran"))
 	waitKeys(t, ns+name+"/", 2)
+	// It says so, with the keys as it sees them: without the prefix.
+	waiter.stderrLine(t, "waiting for the lock on "+name+": place 1 in the queue, held by "+name+"/")
 	require.NoFileExists(t, filepath.Join(dir, "ran"))
 	touch(t, release)
 	require.Equal(t, 0, holder.wait(t))

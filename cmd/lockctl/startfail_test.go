@@ -91,7 +91,7 @@ func TestCommandArgumentsTooLong(t *testing.T) {
 	name, dir := uniqueName(t), t.TempDir()
 	holder, release := holding(t, dir, "run", name)
 	arg := strings.Repeat("a", 100_000)
-	args := []string{"run", name, "--", "true"}
+	args := []string{"run", "--quiet", name, "--", "true"}
 	for range 10 { // 1 MB in all
 		args = append(args, arg)
 	}
@@ -170,7 +170,7 @@ func TestGuardThatDoesNotStartCommand(t *testing.T) {
 			self := ownLockctl(t, dir)
 			holder, release := holding(t, dir, "run", name)
 			ran := filepath.Join(dir, "ran")
-			p := startWith(t, opts{bin: self}, "run", "--ttl", "2s", name, "--", "touch", ran)
+			p := startWith(t, opts{bin: self}, "run", "--quiet", "--ttl", "2s", name, "--", "touch", ran)
 			waitKeys(t, name+"/", 2)
 			replaceGuard(t, self, tc.script, release, holder)
 			begin := time.Now()
