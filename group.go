@@ -233,9 +233,15 @@ func readGroup(ctx context.Context, cli *clientv3.Client, prefix string) (*clien
 // membersOf returns the members among kvs: the direct children of prefix,
 // in join order (joinOrder).
 func membersOf(prefix string, kvs []*mvccpb.KeyValue) []Entry {
+	return keysIn(prefix, kvs, queue.IsChild)
+}
+
+// keysIn returns the keys of kvs under prefix that keep (given prefix and
+// the key) takes, as members, in join order (joinOrder).
+func keysIn(prefix string, kvs []*mvccpb.KeyValue, keep func(prefix, key string) bool) []Entry {
 	out := []Entry{}
 	for _, kv := range kvs {
-		if queue.IsChild(prefix, string(kv.Key)) {
+		if keep(prefix, string(kv.Key)) {
 			out = append(out, memberOf(kv))
 		}
 	}
@@ -254,15 +260,21 @@ func memberOf(kv *mvccpb.KeyValue) Entry {
 	return Entry{Key: string(kv.Key), Rev: kv.CreateRevision, Lease: clientv3.LeaseID(kv.Lease), Value: kv.Value, Held: true, Kind: "member"}
 }
 
-// watchGroup starts the goroutines of WatchGroup: one keeps the view (read,
-// watch), the other delivers the latest one as the reader takes it, so that
-// neither waits for the other. The deliverer owns ch and closes it once the
-// keeper has returned.
+// watchGroup starts the goroutines of WatchGroup (see watchKeys), with the
+// direct children of prefix as the members.
 func watchGroup(ctx context.Context, cli *clientv3.Client, prefix string) <-chan GroupView {
+	return watchKeys(ctx, cli, prefix, queue.IsChild)
+}
+
+// watchKeys starts the goroutines of a view of the keys under prefix that
+// keep takes: one keeps the view (read, watch), the other delivers the
+// latest one as the reader takes it, so that neither waits for the other.
+// The deliverer owns ch and closes it once the keeper has returned.
+func watchKeys(ctx context.Context, cli *clientv3.Client, prefix string, keep func(prefix, key string) bool) <-chan GroupView {
 	ch := make(chan GroupView)
 	go func() {
 		defer close(ch)
-		gw := groupWatch{cli: cli, prefix: prefix, latest: make(chan GroupView, 1)}
+		gw := groupWatch{cli: cli, prefix: prefix, in: keep, latest: make(chan GroupView, 1)}
 		kept := make(chan struct{})
 		go func() {
 			defer close(kept)
@@ -279,6 +291,7 @@ func watchGroup(ctx context.Context, cli *clientv3.Client, prefix string) <-chan
 type groupWatch struct {
 	cli     *clientv3.Client
 	prefix  string
+	in      func(prefix, key string) bool // which keys under prefix are in the view
 	members []Entry
 	rev     int64 // of the last read or member event applied: members are exact there
 	seen    int64 // of the last event applied: a broken watch resumes after it
@@ -308,7 +321,7 @@ func (gw *groupWatch) read(ctx context.Context) bool {
 	for {
 		resp, err := readGroup(ctx, gw.cli, gw.prefix)
 		if err == nil {
-			gw.members = membersOf(gw.prefix, resp.Kvs)
+			gw.members = keysIn(gw.prefix, resp.Kvs, gw.in)
 			gw.rev, gw.seen = resp.Header.Revision, resp.Header.Revision
 			gw.publish(!first)
 			return true
@@ -345,7 +358,7 @@ func (gw *groupWatch) apply(evs []*clientv3.Event) {
 	for _, ev := range evs {
 		gw.seen = ev.Kv.ModRevision
 		key := string(ev.Kv.Key)
-		if !queue.IsChild(gw.prefix, key) {
+		if !gw.in(gw.prefix, key) {
 			continue
 		}
 		i := slices.IndexFunc(gw.members, func(e Entry) bool { return e.Key == key })

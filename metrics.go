@@ -31,6 +31,7 @@ type Metrics struct {
 	keepaliveRTT    prometheus.Histogram
 	lateness        prometheus.Histogram
 	sessionsExpired *prometheus.CounterVec // cause
+	shardErrors     prometheus.Counter
 	margin          *marginCollector
 }
 
@@ -59,7 +60,9 @@ type Metrics struct {
 //     time left before a live session's local deadline (absent with no
 //     live session); below a third of the TTL, keepalives are late;
 //   - etcdsync_sessions_expired_total{cause}: sessions that ended on their
-//     own (lost_contact, lease_gone), not by Close.
+//     own (lost_contact, lease_gone), not by Close;
+//   - etcdsync_shard_errors_total: errors a Shards' function returned while
+//     its shard was held (it then runs again after a pause).
 //
 // kind is mutex, election, rwmutex, semaphore, multilock (one hold per
 // name) or group (a Group's membership is a hold); there is no per-name
@@ -91,6 +94,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		sessionsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "etcdsync_sessions_expired_total", Help: "Sessions that ended on their own (not by Close), by cause."}, []string{"cause"}),
+		shardErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "etcdsync_shard_errors_total", Help: "Errors a Shards' function returned while its shard was held."}),
 		margin: &marginCollector{sessions: make(map[*queue.Session]struct{}), desc: prometheus.NewDesc(
 			"etcdsync_session_deadline_margin_seconds", "Least time left before a live session's local deadline.", nil, nil)},
 	}
@@ -102,6 +107,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.keepaliveRTT, err = register(reg, m.keepaliveRTT, err)
 	m.lateness, err = register(reg, m.lateness, err)
 	m.sessionsExpired, err = register(reg, m.sessionsExpired, err)
+	m.shardErrors, err = register(reg, m.shardErrors, err)
 	m.margin, err = register(reg, m.margin, err)
 	if err != nil {
 		return nil, err
@@ -252,6 +258,21 @@ func (r *report) ActedLate(s *queue.Session, late time.Duration) {
 	}
 	if late > warnAt && r.logs(slog.LevelWarn) {
 		r.log.Warn("etcdsync: session ran late", "lease", leaseHex(s.Lease()), "late", late, "slack", s.Slack())
+	}
+}
+
+// shardFailed reports a Shards' fn that returned err while its shard was
+// held (Shards.Run runs it again after a pause). A nil report reports
+// nothing.
+func (r *report) shardFailed(name string, shard int, err error) {
+	if r == nil {
+		return
+	}
+	if r.m != nil {
+		r.m.shardErrors.Inc()
+	}
+	if r.logs(slog.LevelWarn) {
+		r.log.Warn("etcdsync: shard function failed", "name", name, "shard", shard, "error", err)
 	}
 }
 

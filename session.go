@@ -24,7 +24,8 @@ import (
 // closes before the server may hand the lock to someone else, even in a
 // process that runs late by up to the slack.
 type Session struct {
-	q *queue.Session // the lease, its keepalive, the keys its primitives use
+	q   *queue.Session // the lease, its keepalive, the keys its primitives use
+	rep *report        // WithLogger, WithMetrics; nil: none
 }
 
 // NewSession grants a lease (or adopts one, see WithLease) and starts keeping
@@ -53,7 +54,8 @@ func NewSession(client *clientv3.Client, opts ...SessionOption) (*Session, error
 	if err != nil {
 		return nil, err
 	}
-	return &Session{q: q}, nil
+	rep, _ := o.Rep.(*report)
+	return &Session{q: q, rep: rep}, nil
 }
 
 // core returns the protocol's session, nil for a nil Session (which the

@@ -1,0 +1,515 @@
+package etcdsync
+
+// Shards: n units of work shared by the members of a name, each run by one
+// member at a time. Which keys block whom:
+//
+//   - NAME/members/<lease-hex>: a Group (group.go); blocks nobody. Its value
+//     says how many shards the member runs ("n=12 max=0"): members that
+//     disagree on n are refused.
+//   - NAME/<i>/<lease-hex>, for shard i in 0..n-1: a Mutex of its own, on
+//     the name NAME/<i> (mutex.go): its holder runs the shard, and it blocks
+//     every other member from that shard. Members only try to lock (TryRun):
+//     nobody queues.
+//
+// No coordinator: each member watches both kinds of keys under NAME/ (one
+// watch), and from that ordered view computes how many shards each member
+// should hold (plan: n spread over the members in join order, the oldest
+// taking the remainder, within each member's cap) and which free shards each
+// member short of its share takes. A member over its share stops the fns of
+// its highest shards and releases them once they returned; a member short of
+// it tries to lock the free shards the plan gives it. A join moves only what
+// the newcomer takes, a leave only the leaver's shards.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync/internal/queue"
+)
+
+// Shards shares n shards, 0 to n-1, among the members of a name: Run calls
+// a function for each shard this member holds, each shard on one member at
+// a time, balanced over the members as they come and go. All methods are
+// safe for concurrent use.
+type Shards struct {
+	s    *Session
+	name string
+	n    int
+	max  int   // WithMaxShards; 0: no cap
+	bad  error // why Run refuses (a bad name, session, n or option)
+}
+
+// ShardsOption configures NewShards.
+type ShardsOption interface{ applyShards(*Shards) }
+
+type shardsOption func(*Shards)
+
+func (f shardsOption) applyShards(sh *Shards) { f(sh) }
+
+// WithMaxShards caps the shards this member holds at k (a small instance
+// takes less): the others then take more, and shards no member has room
+// for stay unheld until one has. The default, 0, is no cap; k < 0 makes
+// Run return an error wrapping ErrInvalidArgument.
+func WithMaxShards(k int) ShardsOption {
+	return shardsOption(func(sh *Shards) {
+		if k < 0 {
+			sh.bad = firstErr(sh.bad, fmt.Errorf("%w: WithMaxShards(%d): a cap below 0", ErrInvalidArgument, k))
+		}
+		sh.max = k
+	})
+}
+
+// firstErr returns the first of errs that is not nil.
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// NewShards returns the shards 0 to n-1 of name for session s. It does not
+// touch etcd. A nil session, an invalid name, n <= 0 or a bad option is
+// reported by Run.
+func NewShards(s *Session, name string, n int, opts ...ShardsOption) *Shards {
+	sh := &Shards{s: s, name: name, n: n}
+	switch {
+	case s == nil:
+		sh.bad = fmt.Errorf("%w: nil session", ErrInvalidArgument)
+	case queue.CheckName(name) != nil:
+		sh.bad = queue.CheckName(name)
+	case n <= 0:
+		sh.bad = fmt.Errorf("%w: shards %s: n = %d, want at least 1", ErrInvalidArgument, name, n)
+	}
+	for _, o := range opts {
+		o.applyShards(sh)
+	}
+	return sh
+}
+
+// ShardName returns the name of shard i's lock under name: NAME/<i>.
+// `lockctl holders NAME/<i>` shows its holder.
+func ShardName(name string, i int) string { return name + "/" + strconv.Itoa(i) }
+
+// membersName is the name of a Shards' Group.
+func membersName(name string) string { return name + "/members" }
+
+// Run joins the members of the shards and, for each shard this member
+// holds, calls fn(ctx, shard) in a goroutine of its own. fn's ctx ends when
+// the shard moves to another member (a join rebalances), when its hold is
+// lost (context.Cause says why, as for every hold), or when Run's ctx ends;
+// HoldFrom(ctx) gives the shard's key and fencing token. A shard is
+// released only after its fn returned: a fn slow to stop delays the move,
+// and no two members ever run one shard at once. When fn returns while the
+// shard is still held, it runs again after a pause that doubles, from 100
+// ms to 30 s, while it keeps failing (each error is logged and counted,
+// WithLogger, WithMetrics).
+//
+// Run blocks. When ctx ends it stops every fn, waits for them, releases
+// the shards, leaves the members, and returns an error wrapping ctx.Err().
+// When the session ends it returns, once every fn returned, an error
+// wrapping ErrSessionExpired (or ErrSessionClosed); when someone deletes
+// this member's key, one wrapping ErrNotHeld. A member whose n differs
+// from a member that joined before it gets an error wrapping
+// ErrInvalidArgument that names both counts, and disturbs nobody. A nil fn
+// or a bad argument of NewShards is an error wrapping ErrInvalidArgument (or
+// ErrInvalidName); nothing is written then.
+func (sh *Shards) Run(ctx context.Context, fn func(ctx context.Context, shard int) error) error {
+	if err := firstErr(sh.bad, nilFn(fn)); err != nil {
+		return err
+	}
+	q := sh.s.core()
+	if err := queue.ClosedClient(q.Client()); err != nil {
+		return err
+	}
+	if q.Err() != nil {
+		return q.EndedErr()
+	}
+	if err := sh.agreed(ctx, 0); err != nil {
+		return err
+	}
+	g := NewGroup(sh.s, membersName(sh.name))
+	if err := g.Join(ctx, sh.value()); err != nil {
+		return fmt.Errorf("etcdsync: shards %s: join: %w", sh.name, err)
+	}
+	r := &shardsRun{sh: sh, fn: fn, me: g.Key(), running: make(map[int]*shardRun), exits: make(chan shardExit, sh.n), tried: make(map[int]int64)}
+	vctx, stopViews := context.WithCancel(ctx)
+	views := watchKeys(vctx, q.Client(), sh.name+"/", sh.inView)
+	err := r.loop(ctx, views, q.Done())
+	stopViews()
+	for range views { // the view's goroutines end with vctx
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.TTL())
+	defer cancel()
+	if lerr := g.Leave(lctx); lerr != nil && q.Err() == nil && !errors.Is(lerr, ErrLockReleased) {
+		err = queue.WithCleanup(err, lerr)
+	}
+	return err
+}
+
+// nilFn reports a nil fn.
+func nilFn(fn func(context.Context, int) error) error {
+	if fn == nil {
+		return fmt.Errorf("%w: nil fn", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// value is this member's value: its n, its cap, and where it runs.
+func (sh *Shards) value() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("n=%d max=%d host=%s pid=%d", sh.n, sh.max, host, os.Getpid())
+}
+
+// memberShards parses a member's value: its n and its cap.
+func memberShards(v []byte) (n, max int, ok bool) {
+	_, err := fmt.Sscanf(string(v), "n=%d max=%d", &n, &max)
+	return n, max, err == nil && n > 0 && max >= 0
+}
+
+// agreed returns an error wrapping ErrInvalidArgument when a member that
+// joined before rev (0: any) runs another n than this one, or has a value
+// that is not a member's.
+func (sh *Shards) agreed(ctx context.Context, rev int64) error {
+	ms, _, err := GroupMembers(ctx, sh.s.core().Client(), membersName(sh.name))
+	if err != nil {
+		return fmt.Errorf("etcdsync: shards %s: %w", sh.name, err)
+	}
+	return sh.agreesWith(ms, rev)
+}
+
+// agreesWith is agreed on the members ms.
+func (sh *Shards) agreesWith(ms []Entry, rev int64) error {
+	for _, m := range ms {
+		if rev > 0 && m.Rev >= rev {
+			break
+		}
+		n, _, ok := memberShards(m.Value)
+		if !ok || n != sh.n {
+			return fmt.Errorf("%w: shards %s: this member asks for %d shards, and member %s runs with %q: changing n is a new name",
+				ErrInvalidArgument, sh.name, sh.n, m.Key, m.Value)
+		}
+	}
+	return nil
+}
+
+// inView reports whether key, under prefix NAME/, is in a Shards' view: a
+// member NAME/members/<hex>, or a shard's key NAME/<i>/<hex>.
+func (sh *Shards) inView(prefix, key string) bool {
+	rest, _ := strings.CutPrefix(key, prefix)
+	dir, _, ok := strings.Cut(rest, "/")
+	if !ok {
+		return false
+	}
+	if dir == "members" {
+		return queue.IsChild(prefix+"members/", key)
+	}
+	i, err := strconv.Atoi(dir)
+	return err == nil && i >= 0 && i < sh.n && strconv.Itoa(i) == dir && queue.IsChild(prefix+dir+"/", key)
+}
+
+// shardsRun is one Run's state, kept by its loop.
+type shardsRun struct {
+	sh      *Shards
+	fn      func(context.Context, int) error
+	me      string            // this member's key
+	running map[int]*shardRun // shards this member holds or tries to
+	exits   chan shardExit
+	tried   map[int]int64 // shard -> the view's revision when its lock was found taken
+	view    GroupView
+	seen    bool // a view has shown this member
+}
+
+// shardRun is one shard's goroutine: it tries to lock the shard and runs
+// fn while it holds it; stop ends it.
+type shardRun struct {
+	stop     context.CancelFunc
+	stopping bool
+}
+
+// shardExit is what a shard's goroutine ends with.
+type shardExit struct {
+	shard int
+	err   error
+}
+
+// loop keeps the plan with each view and each shard's end, until ctx or the
+// session (done) ends, or this member's key goes; then it stops every shard
+// and waits for them.
+func (r *shardsRun) loop(ctx context.Context, views <-chan GroupView, done <-chan struct{}) error {
+	q := r.sh.s.core()
+	var err error
+	for err == nil {
+		select {
+		case <-ctx.Done():
+			err = fmt.Errorf("etcdsync: shards %s: %w", r.sh.name, ctx.Err())
+		case <-done:
+			err = q.EndedErr()
+		case v, ok := <-views:
+			if !ok {
+				err = firstErr(ctx.Err(), q.Err(), fmt.Errorf("%w: shards %s: the members' watch ended (client closed)", ErrInvalidArgument, r.sh.name))
+				continue
+			}
+			r.view = v
+			err = r.rebalance()
+		case e := <-r.exits:
+			r.ended(e)
+			err = r.rebalance()
+		}
+	}
+	for _, sr := range r.running {
+		sr.stop()
+	}
+	for len(r.running) > 0 {
+		r.ended(<-r.exits)
+	}
+	return err
+}
+
+// ended records the end of a shard's goroutine.
+func (r *shardsRun) ended(e shardExit) {
+	delete(r.running, e.shard)
+	if errors.Is(e.err, ErrLocked) {
+		r.tried[e.shard] = r.view.Rev
+	}
+}
+
+// rebalance stops and starts shards as the plan for the current view says.
+// It returns an error when this member must stop: an older member runs
+// another n, or this member's key is gone.
+func (r *shardsRun) rebalance() error {
+	p, err := r.plan()
+	if err != nil || p == nil {
+		return err
+	}
+	live := 0
+	for _, sr := range r.running {
+		if !sr.stopping {
+			live++
+		}
+	}
+	if over := live - p.target; over > 0 {
+		held := make([]int, 0, len(r.running))
+		for i, sr := range r.running {
+			if !sr.stopping {
+				held = append(held, i)
+			}
+		}
+		slices.Sort(held)
+		for _, i := range held[len(held)-over:] {
+			r.running[i].stopping = true
+			r.running[i].stop()
+		}
+	}
+	for _, i := range p.take {
+		if len(r.running) >= p.target {
+			break
+		}
+		if rev, ok := r.tried[i]; ok && rev >= r.view.Rev {
+			continue // found taken at this view: wait for the next
+		}
+		r.start(i)
+	}
+	return nil
+}
+
+// start starts shard i's goroutine: it tries to lock the shard, runs fn
+// while it holds it, and releases it after fn returned.
+func (r *shardsRun) start(i int) {
+	ctx, stop := context.WithCancel(context.Background())
+	r.running[i] = &shardRun{stop: stop}
+	go func() {
+		defer stop()
+		r.exits <- shardExit{shard: i, err: r.sh.serve(ctx, i, r.fn)}
+	}()
+}
+
+// shardPlan is this member's part of the plan for one view: how many shards
+// it should hold, and the free shards it takes, in order.
+type shardPlan struct {
+	target int
+	take   []int
+}
+
+// shardsView splits the keys of a Shards' view (inView), in join order,
+// into its members and each shard's holder: the oldest key of the shard's
+// lock.
+func shardsView(name string, keys []Entry) (members []Entry, holder map[int]Entry) {
+	holder = make(map[int]Entry)
+	for _, e := range keys {
+		dir, _, _ := strings.Cut(strings.TrimPrefix(e.Key, name+"/"), "/")
+		if dir == "members" {
+			members = append(members, e)
+			continue
+		}
+		i, _ := strconv.Atoi(dir)
+		if h, ok := holder[i]; !ok || e.Rev < h.Rev {
+			holder[i] = e
+		}
+	}
+	return members, holder
+}
+
+// ShardOwners returns, for each shard 0 to n-1 of name, its holder: its key,
+// since which revision (Rev, the fencing token), its lease, and the value
+// of the member with that lease (n, cap, host and pid of a Shards.Run); an
+// Entry with Held false when nobody holds the shard. It needs no Session
+// and joins nothing (for dashboards): one linearizable read through cli's
+// KV, bounded by ctx. A nil client, n <= 0 or an invalid name is an error
+// wrapping ErrInvalidArgument or ErrInvalidName.
+func ShardOwners(ctx context.Context, cli *clientv3.Client, name string, n int) ([]Entry, error) {
+	if err := checkGroup(cli, name); err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return nil, fmt.Errorf("%w: shards %s: n = %d, want at least 1", ErrInvalidArgument, name, n)
+	}
+	resp, err := readGroup(ctx, cli, name+"/")
+	if err != nil {
+		return nil, fmt.Errorf("etcdsync: shards %s: %w", name, err)
+	}
+	members, holder := shardsView(name, keysIn(name+"/", resp.Kvs, (&Shards{name: name, n: n}).inView))
+	out := make([]Entry, n)
+	for i := range out {
+		h, ok := holder[i]
+		if !ok {
+			continue
+		}
+		h.Kind, h.Value = "exclusive", nil
+		if j := slices.IndexFunc(members, func(m Entry) bool { return m.Lease == h.Lease }); j >= 0 {
+			h.Value = members[j].Value
+		}
+		out[i] = h
+	}
+	return out, nil
+}
+
+// plan computes this member's part of the plan from the current view; nil
+// while the view does not show this member yet.
+func (r *shardsRun) plan() (*shardPlan, error) {
+	members, holder := shardsView(r.sh.name, r.view.Members)
+	me := slices.IndexFunc(members, func(e Entry) bool { return e.Key == r.me })
+	if me < 0 {
+		if r.seen {
+			return nil, fmt.Errorf("%w: shards %s: this member's key %s is gone", ErrNotHeld, r.sh.name, r.me)
+		}
+		return nil, nil // a view from before the join
+	}
+	r.seen = true
+	if err := r.sh.agreesWith(members[:me], 0); err != nil {
+		return nil, err
+	}
+	held := make([]int, len(members)) // shards each member holds, by the view
+	byLease := make(map[clientv3.LeaseID]int, len(members))
+	for j, m := range members {
+		byLease[m.Lease] = j
+	}
+	var free []int
+	for i := range r.sh.n {
+		h, ok := holder[i]
+		switch {
+		case !ok:
+			if _, mine := r.running[i]; !mine {
+				free = append(free, i)
+			}
+		default:
+			if j, member := byLease[h.Lease]; member {
+				held[j]++
+			}
+		}
+	}
+	held[me] = len(r.running) // this member's own count is the one it keeps
+	caps := make([]int, len(members))
+	for j, m := range members {
+		_, caps[j], _ = memberShards(m.Value)
+	}
+	targets := spread(r.sh.n, caps)
+	return &shardPlan{target: targets[me], take: picks(free, targets, held, me)}, nil
+}
+
+// spread shares n over members with the caps (0: none), in join order: one
+// at a time to each member with room, so that the members with room hold
+// floor or ceil of their share, the oldest the ceil.
+func spread(n int, caps []int) []int {
+	t := make([]int, len(caps))
+	for left := n; left > 0; {
+		gave := false
+		for j := range t {
+			if left > 0 && (caps[j] == 0 || t[j] < caps[j]) {
+				t[j]++
+				left--
+				gave = true
+			}
+		}
+		if !gave {
+			break
+		}
+	}
+	return t
+}
+
+// picks returns the free shards member me takes: the free shards, in order,
+// are dealt to the members short of their target, in join order, each its
+// shortfall; every member computes the same deal from the same view.
+func picks(free []int, targets, held []int, me int) []int {
+	at := 0
+	for j := range targets {
+		short := max(0, targets[j]-held[j])
+		if j == me {
+			return free[min(at, len(free)):min(at+short, len(free))]
+		}
+		at += short
+	}
+	return nil
+}
+
+// serve tries to lock shard i and, while it holds it, runs fn, again after
+// a pause when fn returns (see Run); it releases the shard once fn returned
+// and ctx (the shard's) or the hold ended. It returns an error wrapping
+// ErrLocked when the shard is taken.
+func (sh *Shards) serve(ctx context.Context, i int, fn func(context.Context, int) error) error {
+	m := NewMutex(sh.s, ShardName(sh.name, i))
+	err := m.TryRun(ctx, func(hctx context.Context) error {
+		pause := shardPause
+		for {
+			err := fn(hctx, i)
+			if hctx.Err() != nil {
+				return err
+			}
+			if err != nil {
+				sh.s.rep.shardFailed(sh.name, i, err)
+				pause = min(2*pause, maxShardPause)
+			} else {
+				pause = shardPause
+			}
+			if queue.Sleep(hctx, pause) != nil {
+				return nil
+			}
+		}
+	})
+	for m.Check() == nil { // a release that failed: the shard stays ours until it is done
+		rctx, cancel := context.WithTimeout(context.Background(), sh.s.core().TTL())
+		uerr := m.Unlock(rctx)
+		cancel()
+		if uerr == nil || errors.Is(uerr, ErrLockReleased) || queue.Pause(sh.s.core().Ctx()) != nil {
+			break
+		}
+	}
+	return err
+}
+
+// The pauses before a shard's fn runs again: shardPause after a nil return,
+// doubling after each error up to maxShardPause.
+const (
+	shardPause    = 100 * time.Millisecond
+	maxShardPause = 30 * time.Second
+)

@@ -1,0 +1,325 @@
+package tests
+
+// Shards: every shard runs on exactly one member at a time, balanced over
+// the members (floor or ceil of n/m each), sticky (a join moves only what
+// the newcomer takes, a leave only the leaver's shards), with a fencing
+// token per shard that grows from one owner to the next; a fn slow to stop
+// delays the move and never overlaps its successor; a failing fn runs
+// again; bad arguments and a disagreeing n are refused.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdsync/etcdsync"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
+)
+
+// shardTracker records which member runs which shard, checks that no shard
+// ever runs on two members at once and that each shard's fencing token
+// grows from one run to the next, and counts moves (a shard starting on a
+// member other than its last one).
+type shardTracker struct {
+	t    *testing.T
+	stop time.Duration // how long a fn takes to return once its ctx ended
+
+	mu      sync.Mutex
+	owner   map[int]string // shard -> member running it now
+	last    map[int]string // shard -> member that ran it last
+	token   map[int]int64  // shard -> the last run's fencing token
+	moves   int
+	overlap []string
+	changed chan struct{} // closed and replaced at each change
+}
+
+func newShardTracker(t *testing.T, stop time.Duration) *shardTracker {
+	return &shardTracker{t: t, stop: stop, owner: map[int]string{}, last: map[int]string{}, token: map[int]int64{}, changed: make(chan struct{})}
+}
+
+// fn returns a Shards function for member: it records its run until its
+// ctx ends, then takes tr.stop to return.
+func (tr *shardTracker) fn(member string) func(ctx context.Context, shard int) error {
+	return func(ctx context.Context, shard int) error {
+		key, rev, ok := etcdsync.HoldFrom(ctx)
+		tr.mu.Lock()
+		if o, busy := tr.owner[shard]; busy {
+			tr.overlap = append(tr.overlap, fmt.Sprintf("shard %d on %s and %s", shard, o, member))
+		}
+		if !ok || !strings.Contains(key, fmt.Sprintf("/%d/", shard)) {
+			tr.overlap = append(tr.overlap, fmt.Sprintf("shard %d: HoldFrom gave %q, %v", shard, key, ok))
+		}
+		if rev <= tr.token[shard] {
+			tr.overlap = append(tr.overlap, fmt.Sprintf("shard %d: token %d after %d", shard, rev, tr.token[shard]))
+		}
+		if l, ran := tr.last[shard]; ran && l != member {
+			tr.moves++
+		}
+		tr.owner[shard], tr.last[shard], tr.token[shard] = member, member, rev
+		tr.notifyLocked()
+		tr.mu.Unlock()
+		<-ctx.Done()
+		time.Sleep(tr.stop) // a fn slow to stop: the work it finishes (not a synchronisation)
+		tr.mu.Lock()
+		delete(tr.owner, shard)
+		tr.notifyLocked()
+		tr.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+func (tr *shardTracker) notifyLocked() {
+	close(tr.changed)
+	tr.changed = make(chan struct{})
+}
+
+// counts returns how many shards each member runs now.
+func (tr *shardTracker) countsLocked() map[string]int {
+	c := map[string]int{}
+	for _, m := range tr.owner {
+		c[m]++
+	}
+	return c
+}
+
+// waitBalanced waits, at most d, until all n shards run, on exactly the
+// members named, each with floor or ceil of n/len(members).
+func (tr *shardTracker) waitBalanced(n int, members []string, d time.Duration) {
+	tr.t.Helper()
+	deadline := time.After(d)
+	for {
+		tr.mu.Lock()
+		c, ok := tr.countsLocked(), len(tr.owner) == n
+		for m, k := range c {
+			lo := n / len(members)
+			ok = ok && k >= lo && k <= lo+min(1, n%len(members)) && slices.Contains(members, m)
+		}
+		ok = ok && len(c) == len(members)
+		ch := tr.changed
+		tr.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			tr.t.Fatalf("not balanced over %v within %v: %d of %d shards run, by member %v", members, d, len(tr.owner), n, tr.countsLocked())
+		}
+	}
+}
+
+// check fails the test on an overlap or a token that did not grow.
+func (tr *shardTracker) check() {
+	tr.t.Helper()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	require.Empty(tr.t, tr.overlap)
+}
+
+func (tr *shardTracker) takeMoves() int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	m := tr.moves
+	tr.moves = 0
+	return m
+}
+
+// shardMember is a member's Run in flight.
+type shardMember struct {
+	name   string
+	cancel context.CancelFunc
+	res    <-chan error
+}
+
+func startMember(t *testing.T, cli *clientv3.Client, name, member string, n int, tr *shardTracker, opts ...etcdsync.ShardsOption) *shardMember {
+	ctx, cancel := context.WithCancel(context.Background())
+	sh := etcdsync.NewShards(session(t, cli), name, n, opts...)
+	res := make(chan error, 1)
+	m := &shardMember{name: member, cancel: cancel, res: res}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := sh.Run(ctx, tr.fn(member))
+		if ctx.Err() == nil {
+			t.Logf("%s: Run returned before its context ended: %v", member, err)
+		}
+		res <- err
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return m
+}
+
+// stop ends a member's Run and checks it returned the context's error.
+func (m *shardMember) stopRun(t *testing.T) {
+	t.Helper()
+	m.cancel()
+	require.ErrorIs(t, resultWithin(t, m.res, testTimeout, "Run of "+m.name), context.Canceled)
+}
+
+// Three members share 12 shards 4 each; a fourth joins and takes 3 (only
+// those move), then one leaves and its 3 go to the others (only those
+// move): every shard on one member at a time, tokens growing. Its keys are
+// gone once its Run returned.
+func TestShardsBalanceAndStickyMoves(t *testing.T) {
+	t.Parallel()
+	c, admin, _ := singleClient(t)
+	const name, n = "shards-balance", 12
+	tr := newShardTracker(t, 0)
+	var ms []*shardMember
+	for i := range 3 {
+		ms = append(ms, startMember(t, c.Client(t), name, fmt.Sprintf("m%d", i), n, tr))
+	}
+	tr.waitBalanced(n, []string{"m0", "m1", "m2"}, testTimeout)
+	tr.check()
+	tr.takeMoves()
+	ms = append(ms, startMember(t, c.Client(t), name, "m3", n, tr))
+	tr.waitBalanced(n, []string{"m0", "m1", "m2", "m3"}, testTimeout)
+	require.Equal(t, 3, tr.takeMoves(), "shards moved by a join to 12 shards on 3 members")
+	ms[1].stopRun(t)
+	tr.waitBalanced(n, []string{"m0", "m2", "m3"}, testTimeout)
+	require.Equal(t, 3, tr.takeMoves(), "shards moved by a leave")
+	tr.check()
+	resp, err := admin.Get(ctxT(t), name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 3+n, "3 members and 12 shards' keys")
+	owners, err := etcdsync.ShardOwners(ctxT(t), admin, name, n)
+	require.NoError(t, err)
+	require.Len(t, owners, n)
+	for i, o := range owners {
+		require.True(t, o.Held, "shard %d", i)
+		require.True(t, strings.HasPrefix(o.Key, etcdsync.ShardName(name, i)+"/"), "shard %d's key %s", i, o.Key)
+		require.Contains(t, string(o.Value), "n=12 ", "shard %d's member value", i)
+		tr.mu.Lock()
+		require.Equal(t, tr.token[i], o.Rev, "shard %d's token", i)
+		tr.mu.Unlock()
+	}
+}
+
+// A fn that takes 300 ms to stop delays its shard's move and never
+// overlaps the next owner: members join and leave while every fn is slow.
+func TestShardsSlowFnNeverOverlaps(t *testing.T) {
+	t.Parallel()
+	c, _, _ := singleClient(t)
+	const name, n = "shards-slow", 8
+	tr := newShardTracker(t, 300*time.Millisecond)
+	a := startMember(t, c.Client(t), name, "a", n, tr)
+	tr.waitBalanced(n, []string{"a"}, testTimeout)
+	startMember(t, c.Client(t), name, "b", n, tr)
+	tr.waitBalanced(n, []string{"a", "b"}, testTimeout)
+	startMember(t, c.Client(t), name, "c", n, tr)
+	tr.waitBalanced(n, []string{"a", "b", "c"}, testTimeout)
+	a.stopRun(t)
+	tr.waitBalanced(n, []string{"b", "c"}, testTimeout)
+	tr.check()
+}
+
+// A fn that fails runs again on its member after a pause, and its errors
+// are counted; Run goes on.
+func TestShardsFailingFnRunsAgain(t *testing.T) {
+	t.Parallel()
+	c, _, ctx := singleClient(t)
+	const name = "shards-fail"
+	runs := make(chan int, 16)
+	sh := etcdsync.NewShards(session(t, c.Client(t)), name, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	res := async(func() error {
+		return sh.Run(rctx, func(ctx context.Context, shard int) error {
+			runs <- shard
+			return errors.New("the work failed")
+		})
+	})
+	for range 3 {
+		select {
+		case <-runs:
+		case <-time.After(testTimeout):
+			t.Fatal("the failing fn did not run again")
+		}
+	}
+	cancel()
+	require.ErrorIs(t, resultWithin(t, res, testTimeout, "Run"), context.Canceled)
+}
+
+// Bad arguments are refused with nothing written; a member asking for
+// another n than the running members is refused and disturbs nobody.
+func TestShardsRefuseBadArgumentsAndAnotherN(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	s := session(t, c.Client(t))
+	fn := func(ctx context.Context, shard int) error { <-ctx.Done(); return nil }
+	require.ErrorIs(t, etcdsync.NewShards(s, "shards-bad", 0).Run(ctx, fn), etcdsync.ErrInvalidArgument)
+	require.ErrorIs(t, etcdsync.NewShards(s, "shards-bad", 3).Run(ctx, nil), etcdsync.ErrInvalidArgument)
+	require.ErrorIs(t, etcdsync.NewShards(s, "", 3).Run(ctx, fn), etcdsync.ErrInvalidName)
+	require.ErrorIs(t, etcdsync.NewShards(nil, "shards-bad", 3).Run(ctx, fn), etcdsync.ErrInvalidArgument)
+	require.ErrorIs(t, etcdsync.NewShards(s, "shards-bad", 3, etcdsync.WithMaxShards(-1)).Run(ctx, fn), etcdsync.ErrInvalidArgument)
+	require.Empty(t, keys(t, admin, "shards-bad/"))
+
+	tr := newShardTracker(t, 0)
+	startMember(t, c.Client(t), "shards-n", "four", 4, tr)
+	tr.waitBalanced(4, []string{"four"}, testTimeout)
+	err := etcdsync.NewShards(session(t, c.Client(t)), "shards-n", 5).Run(ctx, fn)
+	require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
+	require.ErrorContains(t, err, "5 shards")
+	require.ErrorContains(t, err, "n=4")
+	tr.waitBalanced(4, []string{"four"}, testTimeout)
+	require.Zero(t, tr.takeMoves())
+}
+
+// A cap: a member WithMaxShards(2) holds 2 of 9, the other two share the
+// remaining 7 (4 and 3).
+func TestShardsCapPerMember(t *testing.T) {
+	t.Parallel()
+	c, _, _ := singleClient(t)
+	const name, n = "shards-cap", 9
+	tr := newShardTracker(t, 0)
+	startMember(t, c.Client(t), name, "small", n, tr, etcdsync.WithMaxShards(2))
+	startMember(t, c.Client(t), name, "b", n, tr)
+	startMember(t, c.Client(t), name, "c", n, tr)
+	deadline := time.After(testTimeout)
+	for {
+		tr.mu.Lock()
+		cnt, all := tr.countsLocked(), len(tr.owner) == n
+		ch := tr.changed
+		tr.mu.Unlock()
+		if all && cnt["small"] == 2 && cnt["b"]+cnt["c"] == 7 && max(cnt["b"], cnt["c"]) == 4 {
+			break
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("shares with a cap of 2: %v", cnt)
+		}
+	}
+	tr.check()
+}
+
+// A member whose link goes silent: its fns end (its session's end) before
+// anyone else starts its shards, its Run returns ErrSessionExpired, and the
+// others take its shards.
+func TestShardsMemberWithSilentLink(t *testing.T) {
+	t.Parallel()
+	etcdtest.SkipSlowInShort(t)
+	c, _, _ := singleClient(t)
+	const name, n = "shards-silent", 6
+	tr := newShardTracker(t, 0)
+	rig := newSilentRig(t, c)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sh := etcdsync.NewShards(session(t, rig.cli, etcdsync.WithTTL(2*time.Second)), name, n)
+	res := async(func() error { return sh.Run(ctx, tr.fn("cut")) })
+	startMember(t, c.Client(t), name, "b", n, tr)
+	tr.waitBalanced(n, []string{"cut", "b"}, testTimeout)
+	rig.proxy.Blackhole(true)
+	require.ErrorIs(t, resultWithin(t, res, testTimeout, "the cut member's Run"), etcdsync.ErrSessionExpired)
+	tr.waitBalanced(n, []string{"b"}, testTimeout)
+	tr.check()
+}
