@@ -104,9 +104,11 @@ func ShardName(name string, i int) string { return name + "/" + strconv.Itoa(i) 
 func membersName(name string) string { return name + "/members" }
 
 // Run joins the members of the shards and, for each shard this member
-// holds, calls fn(ctx, shard) in a goroutine of its own. fn's ctx ends when
-// the shard moves to another member (a join rebalances), when its hold is
-// lost (context.Cause says why, as for every hold), or when Run's ctx ends;
+// holds, calls fn(ctx, shard) in a goroutine of its own. fn's ctx has Run's
+// ctx's values; it ends when the shard moves to another member (a join
+// rebalances; context.Cause then wraps ErrLockReleased), when its hold is
+// lost (context.Cause says why, as for every hold), or when Run ends (the
+// cause is Run's error);
 // HoldFrom(ctx) gives the shard's key and fencing token. A shard is
 // released only after its fn returned: a fn slow to stop delays the move,
 // and no two members ever run one shard at once. When fn returns while the
@@ -141,7 +143,7 @@ func (sh *Shards) Run(ctx context.Context, fn func(ctx context.Context, shard in
 	if err := g.Join(ctx, sh.value()); err != nil {
 		return fmt.Errorf("etcdsync: shards %s: join: %w", sh.name, err)
 	}
-	r := &shardsRun{sh: sh, fn: fn, me: g.Key(), running: make(map[int]*shardRun), exits: make(chan shardExit, sh.n), tried: make(map[int]int64)}
+	r := &shardsRun{sh: sh, ctx: ctx, fn: fn, me: g.Key(), running: make(map[int]*shardRun), exits: make(chan shardExit, sh.n), tried: make(map[int]int64)}
 	vctx, stopViews := context.WithCancel(ctx)
 	views := watchKeys(vctx, q.Client(), sh.name+"/", sh.inView)
 	err := r.loop(ctx, views, q.Done())
@@ -220,6 +222,7 @@ func (sh *Shards) inView(prefix, key string) bool {
 // shardsRun is one Run's state, kept by its loop.
 type shardsRun struct {
 	sh      *Shards
+	ctx     context.Context // Run's: its values reach fn
 	fn      func(context.Context, int) error
 	me      string            // this member's key
 	running map[int]*shardRun // shards this member holds or tries to
@@ -230,9 +233,9 @@ type shardsRun struct {
 }
 
 // shardRun is one shard's goroutine: it tries to lock the shard and runs
-// fn while it holds it; stop ends it.
+// fn while it holds it; stop ends it, with the cause fn's context gets.
 type shardRun struct {
-	stop     context.CancelFunc
+	stop     context.CancelCauseFunc
 	stopping bool
 }
 
@@ -267,7 +270,7 @@ func (r *shardsRun) loop(ctx context.Context, views <-chan GroupView, done <-cha
 		}
 	}
 	for _, sr := range r.running {
-		sr.stop()
+		sr.stop(err)
 	}
 	for len(r.running) > 0 {
 		r.ended(<-r.exits)
@@ -307,7 +310,7 @@ func (r *shardsRun) rebalance() error {
 		slices.Sort(held)
 		for _, i := range held[len(held)-over:] {
 			r.running[i].stopping = true
-			r.running[i].stop()
+			r.running[i].stop(fmt.Errorf("%w: shard %d of %s moves to another member", ErrLockReleased, i, r.sh.name))
 		}
 	}
 	for _, i := range p.take {
@@ -325,10 +328,10 @@ func (r *shardsRun) rebalance() error {
 // start starts shard i's goroutine: it tries to lock the shard, runs fn
 // while it holds it, and releases it after fn returned.
 func (r *shardsRun) start(i int) {
-	ctx, stop := context.WithCancel(context.Background())
+	ctx, stop := context.WithCancelCause(context.WithoutCancel(r.ctx)) // Run's values; ended by stop
 	r.running[i] = &shardRun{stop: stop}
 	go func() {
-		defer stop()
+		defer stop(nil)
 		r.exits <- shardExit{shard: i, err: r.sh.serve(ctx, i, r.fn)}
 	}()
 }

@@ -37,6 +37,7 @@ type shardTracker struct {
 	last    map[int]string // shard -> member that ran it last
 	token   map[int]int64  // shard -> the last run's fencing token
 	moves   int
+	moved   int // runs whose ctx ended with a move's cause (ErrLockReleased)
 	overlap []string
 	changed chan struct{} // closed and replaced at each change
 }
@@ -69,6 +70,9 @@ func (tr *shardTracker) fn(member string) func(ctx context.Context, shard int) e
 		<-ctx.Done()
 		time.Sleep(tr.stop) // a fn slow to stop: the work it finishes (not a synchronisation)
 		tr.mu.Lock()
+		if errors.Is(context.Cause(ctx), etcdsync.ErrLockReleased) {
+			tr.moved++
+		}
 		delete(tr.owner, shard)
 		tr.notifyLocked()
 		tr.mu.Unlock()
@@ -124,6 +128,15 @@ func (tr *shardTracker) check() {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	require.Empty(tr.t, tr.overlap)
+}
+
+// takeMoved returns and resets the count of runs told of a move.
+func (tr *shardTracker) takeMoved() int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	m := tr.moved
+	tr.moved = 0
+	return m
 }
 
 func (tr *shardTracker) takeMoves() int {
@@ -182,9 +195,11 @@ func TestShardsBalanceAndStickyMoves(t *testing.T) {
 	tr.waitBalanced(n, []string{"m0", "m1", "m2"}, testTimeout)
 	tr.check()
 	tr.takeMoves()
+	tr.takeMoved()
 	ms = append(ms, startMember(t, c.Client(t), name, "m3", n, tr))
 	tr.waitBalanced(n, []string{"m0", "m1", "m2", "m3"}, testTimeout)
 	require.Equal(t, 3, tr.takeMoves(), "shards moved by a join to 12 shards on 3 members")
+	require.Equal(t, 3, tr.takeMoved(), "runs told of their shard's move (context.Cause wraps ErrLockReleased)")
 	ms[1].stopRun(t)
 	tr.waitBalanced(n, []string{"m0", "m2", "m3"}, testTimeout)
 	require.Equal(t, 3, tr.takeMoves(), "shards moved by a leave")
@@ -200,8 +215,9 @@ func TestShardsBalanceAndStickyMoves(t *testing.T) {
 		require.True(t, strings.HasPrefix(o.Key, etcdsync.ShardName(name, i)+"/"), "shard %d's key %s", i, o.Key)
 		require.Contains(t, string(o.Value), "n=12 ", "shard %d's member value", i)
 		tr.mu.Lock()
-		require.Equal(t, tr.token[i], o.Rev, "shard %d's token", i)
+		token := tr.token[i]
 		tr.mu.Unlock()
+		require.Equal(t, token, o.Rev, "shard %d's token", i)
 	}
 }
 
