@@ -10,6 +10,7 @@
 //	lockctl observe NAME                      # one line per change of leader
 //	lockctl holders NAME [-o json]            # who holds and who waits, in queue order
 //	lockctl members NAME [-o json] [--watch]  # a Group's members in join order
+//	lockctl shards NAME N -- CMD [ARG...]     # CMD once per shard held (Shards)
 //
 // The command runs without a shell, in a process group of its own, under a
 // guard process that kills the group at the session's local deadline (the
@@ -44,7 +45,7 @@ const (
 
 // Errors lockctl reports by itself.
 var (
-	errNoCommand    = errors.New("missing command: run, elect, observe, holders or members (see 'lockctl --help')")
+	errNoCommand    = errors.New("missing command: run, elect, observe, holders, members or shards (see 'lockctl --help')")
 	errEmptyName    = errors.New("the lock name is empty")
 	errNameNUL      = errors.New("the lock name has a NUL byte")
 	errMissingDash  = errors.New("missing -- before the command")
@@ -161,7 +162,7 @@ plain client's lock on tenant/jobs/x exclude each other.`,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usage(fmt.Errorf("unknown command %q (commands: run, elect, observe, holders, members)", args[0]))
+				return usage(fmt.Errorf("unknown command %q (commands: run, elect, observe, holders, members, shards)", args[0]))
 			}
 			return nil
 		},
@@ -176,7 +177,7 @@ plain client's lock on tenant/jobs/x exclude each other.`,
 		return usage(fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath()))
 	})
 	conn.register(root.PersistentFlags())
-	root.AddCommand(newRunCmd(conn), newElectCmd(conn), newObserveCmd(conn), newHoldersCmd(conn), newMembersCmd(conn))
+	root.AddCommand(newRunCmd(conn), newElectCmd(conn), newObserveCmd(conn), newHoldersCmd(conn), newMembersCmd(conn), newShardsCmd(conn))
 	return root
 }
 

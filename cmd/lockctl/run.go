@@ -65,6 +65,9 @@ stopped or hangs. Processes the command leaves in its group get SIGTERM and
 SIGKILL too before the hold is released. Then lockctl releases the hold and
 revokes its lease, so that nothing is left in etcd.`
 
+// slackHelp is --slack's help.
+const slackHelp = "how long the lease outlives the TTL, so that a lockctl running late (short of CPU) stops its command before anyone else holds (whole seconds; 0: off)"
+
 // holdFlags are the flags of the commands that take a hold.
 type holdFlags struct {
 	ttl         time.Duration
@@ -81,7 +84,7 @@ type holdFlags struct {
 func (f *holdFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL: how long after lost contact with etcd the command is stopped (whole seconds, at least 1s); failover after a crash takes the TTL plus --slack plus --lock-delay")
-	fs.Var(&f.slack, "slack", "how long the lease outlives the TTL, so that a lockctl running late (short of CPU) stops its command before anyone else holds (whole seconds; 0: off)")
+	fs.Var(&f.slack, "slack", slackHelp)
 	fs.DurationVar(&f.timeout, "timeout", 0, "give up waiting after this long (exit 124); 0 waits forever")
 	fs.DurationVar(&f.grace, "grace", 10*time.Second, "after a loss, time between SIGTERM and SIGKILL to the command's group")
 	fs.DurationVar(&f.lockDelay, "lock-delay", 0, "if this lockctl loses contact with etcd while holding, keep the next holder out for this long after it stopped the command (whole seconds; 0: off)")
@@ -537,19 +540,25 @@ func runHeld(cf *connFlags, names []string, f holdFlags, try bool, newHold func(
 // childEnv is lockctl's environment plus the hold's variables; with
 // several names, the first name's, and every name and key.
 func childEnv(names []string, h hold, lease clientv3.LeaseID) []string {
-	key, r := h.Key(), strconv.FormatInt(h.Rev(), 10)
-	env := append(os.Environ(),
-		"ETCDSYNC_NAME="+names[0],
+	env := holdEnv(names[0], h.Key(), h.Rev(), lease)
+	if h.keys != nil {
+		env = append(env, "ETCDSYNC_NAMES="+strings.Join(names, "\n"), "ETCDSYNC_KEYS="+strings.Join(h.keys(), "\n"))
+	}
+	return env
+}
+
+// holdEnv is lockctl's environment plus the variables of one hold on name:
+// its key, its fencing token rev, and the session's lease.
+func holdEnv(name, key string, rev int64, lease clientv3.LeaseID) []string {
+	r := strconv.FormatInt(rev, 10)
+	return append(os.Environ(),
+		"ETCDSYNC_NAME="+name,
 		"ETCDSYNC_KEY="+key,
 		"ETCDSYNC_REV="+r,
 		fmt.Sprintf("ETCDSYNC_LEASE=%x", int64(lease)),
 		"ETCD_LOCK_KEY="+key,
 		"ETCD_LOCK_REV="+r,
 	)
-	if h.keys != nil {
-		env = append(env, "ETCDSYNC_NAMES="+strings.Join(names, "\n"), "ETCDSYNC_KEYS="+strings.Join(h.keys(), "\n"))
-	}
-	return env
 }
 
 // newElectCmd is "lockctl elect".
