@@ -29,8 +29,11 @@ import (
 )
 
 // openWatches counts a client's open Watch gRPC streams: one opened is
-// counted until its context is done (the stream finished: the client's
-// Watcher cancelled it, or the link broke).
+// counted until the context it was opened with ends (the client's Watcher
+// closed its stream), or its own context does, or a receive on it fails
+// (the link broke). Not the stream's context alone: after gRPC retries a
+// stream on a new attempt (a connection dropped as it opened), that
+// context is the first attempt's, which may never end.
 type openWatches struct {
 	open, opened atomic.Int64
 	waits        atomic.Int64 // open streams of waits (etcdsync-wait metadata)
@@ -49,15 +52,36 @@ func (o *openWatches) dial() grpc.DialOption {
 		if wait {
 			o.waits.Add(1)
 		}
+		cs := &countedStream{ClientStream: s, failed: make(chan struct{})}
 		go func() {
-			<-s.Context().Done()
+			select {
+			case <-ctx.Done():
+			case <-s.Context().Done():
+			case <-cs.failed:
+			}
 			o.open.Add(-1)
 			if wait {
 				o.waits.Add(-1)
 			}
 		}()
-		return s, nil
+		return cs, nil
 	})
+}
+
+// countedStream is a Watch stream that openWatches counts: failed closes at
+// its first failed receive.
+type countedStream struct {
+	grpc.ClientStream
+	once   sync.Once
+	failed chan struct{}
+}
+
+func (s *countedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err != nil {
+		s.once.Do(func() { close(s.failed) })
+	}
+	return err
 }
 
 // settleTo waits, at most d, until o has want open Watch streams.
