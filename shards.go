@@ -136,7 +136,7 @@ func (sh *Shards) Run(ctx context.Context, fn func(ctx context.Context, shard in
 	if q.Err() != nil {
 		return q.EndedErr()
 	}
-	if err := sh.agreed(ctx, 0); err != nil {
+	if err := sh.agreed(ctx); err != nil {
 		return err
 	}
 	g := NewGroup(sh.s, membersName(sh.name))
@@ -178,23 +178,19 @@ func memberShards(v []byte) (n, max int, ok bool) {
 	return n, max, err == nil && n > 0 && max >= 0
 }
 
-// agreed returns an error wrapping ErrInvalidArgument when a member that
-// joined before rev (0: any) runs another n than this one, or has a value
-// that is not a member's.
-func (sh *Shards) agreed(ctx context.Context, rev int64) error {
+// agreed returns an error wrapping ErrInvalidArgument when a member runs
+// another n than this one, or has a value that is not a member's.
+func (sh *Shards) agreed(ctx context.Context) error {
 	ms, _, err := GroupMembers(ctx, sh.s.core().Client(), membersName(sh.name))
 	if err != nil {
 		return fmt.Errorf("etcdsync: shards %s: %w", sh.name, err)
 	}
-	return sh.agreesWith(ms, rev)
+	return sh.agreesWith(ms)
 }
 
 // agreesWith is agreed on the members ms.
-func (sh *Shards) agreesWith(ms []Entry, rev int64) error {
+func (sh *Shards) agreesWith(ms []Entry) error {
 	for _, m := range ms {
-		if rev > 0 && m.Rev >= rev {
-			break
-		}
 		n, _, ok := memberShards(m.Value)
 		if !ok || n != sh.n {
 			return fmt.Errorf("%w: shards %s: this member asks for %d shards, and member %s runs with %q: changing n is a new name",
@@ -408,7 +404,7 @@ func (r *shardsRun) plan() (*shardPlan, error) {
 		return nil, nil // a view from before the join
 	}
 	r.seen = true
-	if err := r.sh.agreesWith(members[:me], 0); err != nil {
+	if err := r.sh.agreesWith(members[:me]); err != nil {
 		return nil, err
 	}
 	held := make([]int, len(members)) // shards each member holds, by the view
