@@ -130,21 +130,13 @@ func (tr *shardTracker) check() {
 	require.Empty(tr.t, tr.overlap)
 }
 
-// takeMoved returns and resets the count of runs told of a move.
-func (tr *shardTracker) takeMoved() int {
+// take returns and resets a count of tr (moves, or runs told of a move).
+func (tr *shardTracker) take(count *int) int {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	m := tr.moved
-	tr.moved = 0
-	return m
-}
-
-func (tr *shardTracker) takeMoves() int {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	m := tr.moves
-	tr.moves = 0
-	return m
+	n := *count
+	*count = 0
+	return n
 }
 
 // shardMember is a member's Run in flight.
@@ -194,15 +186,15 @@ func TestShardsBalanceAndStickyMoves(t *testing.T) {
 	}
 	tr.waitBalanced(n, []string{"m0", "m1", "m2"}, testTimeout)
 	tr.check()
-	tr.takeMoves()
-	tr.takeMoved()
+	tr.take(&tr.moves)
+	tr.take(&tr.moved)
 	ms = append(ms, startMember(t, c.Client(t), name, "m3", n, tr))
 	tr.waitBalanced(n, []string{"m0", "m1", "m2", "m3"}, testTimeout)
-	require.Equal(t, 3, tr.takeMoves(), "shards moved by a join to 12 shards on 3 members")
-	require.Equal(t, 3, tr.takeMoved(), "runs told of their shard's move (context.Cause wraps ErrLockReleased)")
+	require.Equal(t, 3, tr.take(&tr.moves), "shards moved by a join to 12 shards on 3 members")
+	require.Equal(t, 3, tr.take(&tr.moved), "runs told of their shard's move (context.Cause wraps ErrLockReleased)")
 	ms[1].stopRun(t)
 	tr.waitBalanced(n, []string{"m0", "m2", "m3"}, testTimeout)
-	require.Equal(t, 3, tr.takeMoves(), "shards moved by a leave")
+	require.Equal(t, 3, tr.take(&tr.moves), "shards moved by a leave")
 	tr.check()
 	resp, err := admin.Get(ctxT(t), name+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	require.NoError(t, err)
@@ -287,7 +279,7 @@ func TestShardsRefuseBadArgumentsAndAnotherN(t *testing.T) {
 	require.ErrorContains(t, err, "5 shards")
 	require.ErrorContains(t, err, "n=4")
 	tr.waitBalanced(4, []string{"four"}, testTimeout)
-	require.Zero(t, tr.takeMoves())
+	require.Zero(t, tr.take(&tr.moves))
 }
 
 // A cap: a member WithMaxShards(2) holds 2 of 9, the other two share the
