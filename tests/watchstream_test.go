@@ -496,14 +496,30 @@ func TestLockEndedWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) {
 	s := session(t, rig.cli, etcdsync.WithTTL(30*time.Second))
 	waiter := etcdsync.NewMutex(s, name)
 	const tries = 3
+	// reaped waits until the streams of the tries before are closed, but
+	// one: in about 1 of 5 full-suite runs one stays open, unexplained yet
+	// (docs/protocol.md, known limits (h)); without the reaper every try
+	// leaves one.
+	reaped := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for rig.ow.waits.Load() > 1 || rig.ow.waits.Load() == 1 && time.Now().Before(deadline) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d Watch streams of waits open after 10s, want at most 1", what, rig.ow.waits.Load())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	for range tries {
+		reaped("before a try") // a stream open next is this wait's, opened once its enqueue was answered
+		before := rig.ow.waits.Load()
 		lctx, cancel := context.WithCancel(ctx)
 		res := async(func() error { return waiter.Lock(lctx) })
-		rig.ow.settleTo(t, 1, testTimeout, "the wait's stream")
+		rig.ow.settleTo(t, before+1, testTimeout, "the wait's stream")
 		waitKeys(t, admin, name+"/", 2)
 		rig.proxy.Blackhole(true)
 		rig.proxy.DropConnections()
-		rig.ow.settleTo(t, 0, testTimeout, "the wait's stream broken") // the Watcher reconnects, on a silent link
+		rig.ow.settleTo(t, before, testTimeout, "the wait's stream broken") // the Watcher reconnects, on a silent link
 		cancel()
 		require.ErrorIs(t, resultWithin(t, res, testTimeout, "the cancelled Lock"), context.Canceled)
 		rig.proxy.Blackhole(false)
@@ -511,16 +527,7 @@ func TestLockEndedWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) {
 	}
 	require.NoError(t, s.Close())
 	t.Logf("Watch streams opened: %d", rig.ow.opened.Load())
-	// One stream is tolerated: in about 1 of 5 full-suite runs one of the
-	// three stays open, unexplained yet (docs/protocol.md, known limits
-	// (h)); without the reaper, each try leaves one.
-	deadline := time.Now().Add(10 * time.Second)
-	for rig.ow.waits.Load() > 1 || rig.ow.waits.Load() == 1 && time.Now().Before(deadline) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after the Locks cancelled while their streams reconnected, and the session's Close: %d Watch streams of waits open after 10s, want at most 1", rig.ow.waits.Load())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	reaped("after the Locks cancelled while their streams reconnected, and the session's Close")
 	if n := rig.ow.waits.Load(); n > 0 {
 		t.Logf("%d Watch stream of a wait left open (known limit (h))", n)
 	}
