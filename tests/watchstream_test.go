@@ -96,6 +96,19 @@ func (o *openWatches) settleTo(t *testing.T, want int64, d time.Duration, what s
 	}
 }
 
+// settleAllTo waits, at most d, until o has want open Watch streams in all
+// (the waits' own and the client's shared ones).
+func (o *openWatches) settleAllTo(t *testing.T, want int64, d time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for o.open.Load() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d Watch streams open after %v, want %d", what, o.open.Load(), d, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // Semaphore of capacity 5, weighted requests from many sessions on one
 // client (one probe-capable client, many waits at once, each wait watching
 // up to several keys ahead), a third of them cancelled at random moments.

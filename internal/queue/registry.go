@@ -225,10 +225,18 @@ func (r *registry) sweepKey(key string) {
 }
 
 // watchCreates unstrays each key created at key from revision from, until the
-// watch fails or the session ends.
+// watch fails or the session ends. A watch the session's end cancelled may
+// have been cancelled before the server created it, which can keep its
+// gRPC stream open with no watch (see stream.add): the session closes it
+// (reapStream).
 func (r *registry) watchCreates(key string, from int64) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(r.s.ctx))
 	defer cancel()
+	defer func() {
+		if r.s.ctx.Err() != nil {
+			r.s.goReap(func(rctx context.Context) { reapStream(rctx, r.s.client, ctx, key) })
+		}
+	}()
 	for wr := range r.s.client.Watch(ctx, key, clientv3.WithRev(from), clientv3.WithFilterDelete()) {
 		if wr.Err() != nil {
 			return

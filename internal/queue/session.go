@@ -309,13 +309,13 @@ func (s *Session) graced() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(s.ctx), CreateGrace)
 }
 
-// goReap runs f, the closing of a wait's gRPC stream (stream.reap), in a
-// goroutine counted in s.reapers, under s.reap: it runs until the stream
-// is closed, Orphan, or the client closes, so that a stream a wait left
-// on a link silent for longer than the session is closed once the link
-// is back. Close waits for the reapers after a revoke that was answered.
-// The caller is a user the session counts (enter): Close and Orphan see
-// this call's reaper counted.
+// goReap runs f, the closing of a gRPC stream a watch may have left open
+// (reapStream: a wait's, a sweep's), in a goroutine counted in s.reapers,
+// under s.reap: it runs until the stream is closed, Orphan, or the client
+// closes, so that a stream left on a link silent for longer than the
+// session is closed once the link is back. Close waits for the reapers
+// after a revoke that was answered. The caller is a user the session
+// counts (enter): Close and Orphan see this call's reaper counted.
 func (s *Session) goReap(f func(ctx context.Context)) {
 	s.reapers.add()
 	go func() {

@@ -120,19 +120,26 @@ func (st *stream) close(err error) {
 }
 
 // reap closes the wait's gRPC stream, should it still be open with no
-// watch: it adds one watch to the stream (the same metadata) and ends it
-// once the server created it. The Watcher drops the empty places in its
-// queue of watches to create as it creates the ones behind them, and it
-// closes a stream whose last watch ends with nothing left to create. On a
-// stream the Watcher had already closed, it opens a stream and closes it.
-// ctx (the session's reap: Orphan, the client's end) bounds it; the
-// stream is then left to the client's Close.
+// watch (reapStream).
 func (st *stream) reap(ctx context.Context) {
-	wctx, cancel := context.WithCancel(context.WithoutCancel(st.ctx))
+	reapStream(ctx, st.t.session.client, st.ctx, st.t.key)
+}
+
+// reapStream closes the gRPC stream of the watches opened under md (by its
+// outgoing metadata), should it still be open with no watch: it adds one
+// watch of key to the stream and ends it once the server created it. The
+// Watcher drops the empty places in its queue of watches to create as it
+// creates the ones behind them, and it closes a stream whose last watch
+// ends with nothing left to create. On a stream the Watcher had already
+// closed, it opens a stream and closes it. ctx (the session's reap:
+// Orphan, the client's end) bounds it; the stream is then left to the
+// client's Close.
+func reapStream(ctx context.Context, cli *clientv3.Client, md context.Context, key string) {
+	wctx, cancel := context.WithCancel(context.WithoutCancel(md))
 	defer cancel()
 	stop := context.AfterFunc(ctx, cancel)
 	defer stop()
-	st.t.session.client.Watch(wctx, st.t.key, clientv3.WithFilterPut())
+	cli.Watch(wctx, key, clientv3.WithFilterPut())
 }
 
 // receive returns the next response of a watch, or ctx's error when ctx
