@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -274,7 +275,7 @@ func watchKeys(ctx context.Context, cli *clientv3.Client, prefix string, keep fu
 	ch := make(chan GroupView)
 	go func() {
 		defer close(ch)
-		gw := groupWatch{cli: cli, prefix: prefix, in: keep, latest: make(chan GroupView, 1)}
+		gw := groupWatch{cli: cli, prefix: prefix, in: keep, changed: make(chan struct{}, 1)}
 		kept := make(chan struct{})
 		go func() {
 			defer close(kept)
@@ -287,15 +288,23 @@ func watchKeys(ctx context.Context, cli *clientv3.Client, prefix string, keep fu
 }
 
 // groupWatch is the state of one WatchGroup: the members at rev, as the
-// keeper knows them, and the latest view not yet taken by the deliverer.
+// keeper knows them (in join order, with each key's create revision to
+// find it: a change costs a binary search), and whether they changed since
+// the deliverer last took a view of them (a copy made only when it is
+// delivered).
 type groupWatch struct {
-	cli     *clientv3.Client
-	prefix  string
-	in      func(prefix, key string) bool // which keys under prefix are in the view
-	members []Entry
-	rev     int64 // of the last read or member event applied: members are exact there
-	seen    int64 // of the last event applied: a broken watch resumes after it
-	latest  chan GroupView
+	cli    *clientv3.Client
+	prefix string
+	in     func(prefix, key string) bool // which keys under prefix are in the view
+	seen   int64                         // of the last event applied: a broken watch resumes after it (the keeper's)
+
+	mu       sync.Mutex       // members, rev, resynced: the keeper changes them, the deliverer takes views
+	members  []Entry          // in join order
+	revs     map[string]int64 // key -> its create revision, for each of members
+	rev      int64            // of the last read or member event applied: members are exact there
+	resynced bool             // a resync not delivered yet
+	dirty    bool             // a change not delivered yet
+	changed  chan struct{}
 }
 
 // keep reads the members, then follows one watch from the read's revision,
@@ -321,9 +330,16 @@ func (gw *groupWatch) read(ctx context.Context) bool {
 	for {
 		resp, err := readGroup(ctx, gw.cli, gw.prefix)
 		if err == nil {
+			gw.mu.Lock()
 			gw.members = keysIn(gw.prefix, resp.Kvs, gw.in)
+			gw.revs = make(map[string]int64, len(gw.members))
+			for _, m := range gw.members {
+				gw.revs[m.Key] = m.Rev
+			}
 			gw.rev, gw.seen = resp.Header.Revision, resp.Header.Revision
-			gw.publish(!first)
+			gw.resynced, gw.dirty = gw.resynced || !first, true
+			gw.mu.Unlock()
+			gw.publish()
 			return true
 		}
 		if gw.cli.Ctx().Err() != nil || queue.Pause(ctx) != nil {
@@ -355,62 +371,83 @@ func (gw *groupWatch) follow(ctx context.Context) (compacted bool) {
 // members.
 func (gw *groupWatch) apply(evs []*clientv3.Event) {
 	changed := false
+	gw.mu.Lock()
 	for _, ev := range evs {
 		gw.seen = ev.Kv.ModRevision
 		key := string(ev.Kv.Key)
 		if !gw.in(gw.prefix, key) {
 			continue
 		}
-		i := slices.IndexFunc(gw.members, func(e Entry) bool { return e.Key == key })
+		rev, in := gw.revs[key]
+		i, _ := slices.BinarySearchFunc(gw.members, Entry{Key: key, Rev: rev}, joinOrder)
 		switch {
-		case ev.Type == mvccpb.DELETE && i < 0:
+		case ev.Type == mvccpb.DELETE && !in:
 			continue
 		case ev.Type == mvccpb.DELETE:
 			gw.members = slices.Delete(gw.members, i, i+1)
-		case i >= 0: // a new value
+			delete(gw.revs, key)
+		case in: // a new value
 			gw.members[i] = memberOf(ev.Kv)
 		default: // a join: the newest key
 			m := memberOf(ev.Kv)
 			j, _ := slices.BinarySearchFunc(gw.members, m, joinOrder)
 			gw.members = slices.Insert(gw.members, j, m)
+			gw.revs[key] = m.Rev
 		}
-		gw.rev, changed = ev.Kv.ModRevision, true
+		gw.rev, changed, gw.dirty = ev.Kv.ModRevision, true, true
 	}
+	gw.mu.Unlock()
 	if changed {
-		gw.publish(false)
+		gw.publish()
 	}
 }
 
-// publish offers the members at gw.rev as the latest view, in place of one
-// the deliverer has not taken (a view that replaces a resynced one is
-// resynced too). It never blocks: only the keeper sends on gw.latest.
-func (gw *groupWatch) publish(resynced bool) {
-	v := GroupView{Rev: gw.rev, Members: slices.Clone(gw.members), Resynced: resynced}
+// publish tells the deliverer that the members changed. It never blocks.
+func (gw *groupWatch) publish() {
 	select {
-	case old := <-gw.latest:
-		v.Resynced = v.Resynced || old.Resynced
-	default:
+	case gw.changed <- struct{}{}:
+	default: // told already
 	}
-	gw.latest <- v
 }
 
-// deliver sends the latest view on ch whenever the reader takes one, until
-// ctx ends or the keeper has returned. A view not taken yet is replaced by a
-// newer one (a view that replaces a resynced one is resynced too).
+// view returns the members at gw.rev in join order, resynced when a resync
+// came since the last view; ok is false when nothing changed since (a
+// change the last view already had).
+func (gw *groupWatch) view() (v GroupView, ok bool) {
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	if !gw.dirty {
+		return GroupView{}, false
+	}
+	v = GroupView{Rev: gw.rev, Members: append([]Entry{}, gw.members...), Resynced: gw.resynced}
+	gw.resynced, gw.dirty = false, false
+	return v, true
+}
+
+// deliver sends a view on ch after each change, made as the reader is
+// ready to take it, until ctx ends or the keeper has returned. Changes
+// while the reader is busy make one view (the one after the last of them):
+// a view the reader takes may be older than the members by the changes
+// that came while it was offered, and the next view follows at once.
 func (gw *groupWatch) deliver(ctx context.Context, ch chan<- GroupView, kept <-chan struct{}) {
-	var v GroupView
-	var out chan<- GroupView // nil while there is nothing to send
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-kept:
 			return
-		case nv := <-gw.latest:
-			nv.Resynced = nv.Resynced || out != nil && v.Resynced
-			v, out = nv, ch
-		case out <- v:
-			out = nil
+		case <-gw.changed:
+		}
+		v, ok := gw.view()
+		if !ok {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-kept:
+			return
+		case ch <- v:
 		}
 	}
 }

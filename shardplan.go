@@ -24,10 +24,10 @@ type shardPlan struct {
 }
 
 // shardsView splits the keys of a Shards' view (inView), in join order,
-// into its members and each shard's holder: the oldest key of the shard's
-// lock.
-func shardsView(name string, keys []Entry) (members []Entry, holder map[int]Entry) {
-	holder = make(map[int]Entry)
+// into its members and each shard's holder (by shard, 0 to n-1): the oldest
+// key of the shard's lock; Held is false when it has none.
+func shardsView(name string, n int, keys []Entry) (members, holder []Entry) {
+	holder = make([]Entry, n)
 	for _, e := range keys {
 		dir, _, _ := strings.Cut(strings.TrimPrefix(e.Key, name+"/"), "/")
 		if dir == "members" {
@@ -35,8 +35,9 @@ func shardsView(name string, keys []Entry) (members []Entry, holder map[int]Entr
 			continue
 		}
 		i, _ := strconv.Atoi(dir)
-		if h, ok := holder[i]; !ok || e.Rev < h.Rev {
+		if h := holder[i]; !h.Held || e.Rev < h.Rev {
 			holder[i] = e
+			holder[i].Held = true
 		}
 	}
 	return members, holder
@@ -60,11 +61,10 @@ func ShardOwners(ctx context.Context, cli *clientv3.Client, name string, n int) 
 	if err != nil {
 		return nil, fmt.Errorf("etcdsync: shards %s: %w", name, err)
 	}
-	members, holder := shardsView(name, keysIn(name+"/", resp.Kvs, (&Shards{name: name, n: n}).inView))
+	members, holder := shardsView(name, n, keysIn(name+"/", resp.Kvs, (&Shards{name: name, n: n}).inView))
 	out := make([]Entry, n)
-	for i := range out {
-		h, ok := holder[i]
-		if !ok {
+	for i, h := range holder {
+		if !h.Held {
 			continue
 		}
 		h.Kind, h.Value = "exclusive", nil
@@ -79,7 +79,7 @@ func ShardOwners(ctx context.Context, cli *clientv3.Client, name string, n int) 
 // plan computes this member's part of the plan from the current view; nil
 // while the view does not show this member yet.
 func (r *shardsRun) plan() (*shardPlan, error) {
-	members, holder := shardsView(r.sh.name, r.view.Members)
+	members, holder := shardsView(r.sh.name, r.sh.n, r.view.Members)
 	me := slices.IndexFunc(members, func(e Entry) bool { return e.Key == r.me })
 	if me < 0 {
 		if r.seen {
@@ -97,10 +97,9 @@ func (r *shardsRun) plan() (*shardPlan, error) {
 		byLease[m.Lease] = j
 	}
 	var free []int
-	for i := range r.sh.n {
-		h, ok := holder[i]
+	for i, h := range holder {
 		switch {
-		case !ok:
+		case !h.Held:
 			if _, mine := r.running[i]; !mine {
 				free = append(free, i)
 			}

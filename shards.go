@@ -141,7 +141,7 @@ func (sh *Shards) Run(ctx context.Context, fn func(ctx context.Context, shard in
 	if err := g.Join(ctx, sh.value()); err != nil {
 		return fmt.Errorf("etcdsync: shards %s: join: %w", sh.name, err)
 	}
-	r := &shardsRun{sh: sh, ctx: ctx, fn: fn, me: g.Key(), running: make(map[int]*shardRun), exits: make(chan shardExit, sh.n), tried: make(map[int]int64)}
+	r := &shardsRun{sh: sh, ctx: ctx, fn: fn, me: g.Key(), running: make(map[int]*shardRun), exits: make(chan shardExit, sh.n), held: make(chan int, sh.n), tried: make(map[int]int64)}
 	vctx, stopViews := context.WithCancel(ctx)
 	views := watchKeys(vctx, q.Client(), sh.name+"/", sh.inView)
 	err := r.loop(ctx, views, q.Done())
@@ -221,6 +221,8 @@ type shardsRun struct {
 	me      string            // this member's key
 	running map[int]*shardRun // shards this member holds or tries to
 	exits   chan shardExit
+	held    chan int      // shards whose lock was just taken (serve)
+	tries   int           // shards of running still trying to lock (at most maxShardTries)
 	tried   map[int]int64 // shard -> the view's revision when its lock was found taken
 	view    GroupView
 	seen    bool // a view has shown this member
@@ -231,6 +233,7 @@ type shardsRun struct {
 type shardRun struct {
 	stop     context.CancelCauseFunc
 	stopping bool
+	trying   bool // its lock is not taken yet
 }
 
 // shardExit is what a shard's goroutine ends with.
@@ -260,6 +263,11 @@ func (r *shardsRun) loop(ctx context.Context, views <-chan GroupView, done <-cha
 			err = r.rebalance()
 		case e := <-r.exits:
 			r.ended(e)
+			r.drain()
+			err = r.rebalance()
+		case i := <-r.held:
+			r.taken(i)
+			r.drain()
 			err = r.rebalance()
 		}
 	}
@@ -267,13 +275,42 @@ func (r *shardsRun) loop(ctx context.Context, views <-chan GroupView, done <-cha
 		sr.stop(err)
 	}
 	for len(r.running) > 0 {
-		r.ended(<-r.exits)
+		select {
+		case e := <-r.exits:
+			r.ended(e)
+		case i := <-r.held:
+			r.taken(i)
+		}
 	}
 	return err
 }
 
+// drain records the ends and the locks taken that the shards' goroutines
+// have reported since, so that one plan follows a burst of them.
+func (r *shardsRun) drain() {
+	for {
+		select {
+		case e := <-r.exits:
+			r.ended(e)
+		case i := <-r.held:
+			r.taken(i)
+		default:
+			return
+		}
+	}
+}
+
+// taken records that shard i's lock was taken: the next shard may be tried.
+func (r *shardsRun) taken(i int) {
+	if sr, ok := r.running[i]; ok && sr.trying {
+		sr.trying = false
+		r.tries--
+	}
+}
+
 // ended records the end of a shard's goroutine.
 func (r *shardsRun) ended(e shardExit) {
+	r.taken(e.shard)
 	delete(r.running, e.shard)
 	if errors.Is(e.err, ErrLocked) {
 		r.tried[e.shard] = r.view.Rev
@@ -311,6 +348,9 @@ func (r *shardsRun) rebalance() error {
 		if len(r.running) >= p.target {
 			break
 		}
+		if r.tries >= maxShardTries {
+			break // the next ones once a try is over (taken, ended)
+		}
 		if rev, ok := r.tried[i]; ok && rev >= r.view.Rev {
 			continue // found taken at this view: wait for the next
 		}
@@ -319,24 +359,40 @@ func (r *shardsRun) rebalance() error {
 	return nil
 }
 
-// start starts shard i's goroutine: it tries to lock the shard, runs fn
-// while it holds it, and releases it after fn returned.
+// maxShardTries is how many shards a member tries to lock at once: a
+// start or a join takes its shards a few at a time, so that the server's
+// queue of writes stays short (etcd renews a lease only once it has applied
+// what it committed before), and members that start together share the
+// shards before one has taken them all.
+const maxShardTries = 8
+
+// start starts shard i's goroutine: it tries to lock the shard (reporting
+// on r.held when it took it), runs fn while it holds it, and releases it
+// after fn returned.
 func (r *shardsRun) start(i int) {
 	ctx, stop := context.WithCancelCause(context.WithoutCancel(r.ctx)) // Run's values; ended by stop
-	r.running[i] = &shardRun{stop: stop}
+	r.running[i] = &shardRun{stop: stop, trying: true}
+	r.tries++
 	go func() {
 		defer stop(nil)
-		r.exits <- shardExit{shard: i, err: r.sh.serve(ctx, i, r.fn)}
+		took := func() {
+			select {
+			case r.held <- i:
+			case <-ctx.Done(): // the loop stopped it, and reads held no longer for it
+			}
+		}
+		r.exits <- shardExit{shard: i, err: r.sh.serve(ctx, i, took, r.fn)}
 	}()
 }
 
-// serve tries to lock shard i and, while it holds it, runs fn, again after
-// a pause when fn returns (see Run); it releases the shard once fn returned
-// and ctx (the shard's) or the hold ended. It returns an error wrapping
-// ErrLocked when the shard is taken.
-func (sh *Shards) serve(ctx context.Context, i int, fn func(context.Context, int) error) error {
+// serve tries to lock shard i and, once it holds it (it calls took), runs
+// fn, again after a pause when fn returns (see Run); it releases the shard
+// once fn returned and ctx (the shard's) or the hold ended. It returns an
+// error wrapping ErrLocked when the shard is taken.
+func (sh *Shards) serve(ctx context.Context, i int, took func(), fn func(context.Context, int) error) error {
 	m := NewMutex(sh.s, ShardName(sh.name, i))
 	err := m.TryRun(ctx, func(hctx context.Context) error {
+		took()
 		pause := shardPause
 		for {
 			err := fn(hctx, i)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,14 +29,17 @@ import (
 // other), read- and write-lock an RWMutex on another, take permits of a
 // Semaphore on a third, and, while they hold, read and write a register
 // through their guard (writers only, on the RWMutex's; none on the
-// Semaphore's, whose holders share it), while a seeded random schedule of
+// Semaphore's, whose holders share it), and each runs a member of a Shards
+// that leaves and joins again, whose fns write their shard's register
+// through the shard's fencing token, while a seeded random schedule of
 // faults strikes. Each name's history is checked against a model of how
 // much may hold at once: a mutex, readers sharing and a writer alone,
-// permits within the capacity. Every operation
-// is recorded with its invocation and response times, and the histories are
-// checked with porcupine: the lock's (a mutex: no two holds at once, as the
-// library reported them) and the register's (each hold's read-then-write
-// takes effect on the value it read: a lost update means two writers).
+// permits within the capacity, each shard's fn on one member at a time.
+// Every operation is recorded with its invocation and response times, and
+// the histories are checked with porcupine: the lock's (a mutex: no two
+// holds at once, as the library reported them) and the register's (each
+// hold's read-then-write takes effect on the value it read: a lost update
+// means two writers).
 // Fencing tokens never go back in the order writes committed, and the holds
 // are checked against the server's revisions as in the fault suite.
 
@@ -54,6 +58,9 @@ const (
 	robustRW      = "robust/rw"
 	robustRWReg   = "robust/rw-register"
 	robustSem     = "robust/sem"
+	robustShards  = "robust/shards"
+	robustShardsN = 4                        // shards of robustShards
+	robustShardRg = "robust/shard-register/" // + i: shard i's register
 )
 
 func TestRobustness(t *testing.T) {
@@ -98,6 +105,10 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 	admin := c.Client(t)
 	_, err := admin.Put(ctx, robustReg, "init")
 	require.NoError(t, err)
+	for i := range robustShardsN {
+		_, err := admin.Put(ctx, robustShardRg+strconv.Itoa(i), "init")
+		require.NoError(t, err)
+	}
 	put, err := admin.Put(ctx, robustRWReg, "init")
 	require.NoError(t, err)
 	h := &history{base: time.Now(), admin: make(map[int64]bool), fams: []*family{
@@ -105,6 +116,11 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 		{name: robustRW, reg: robustRWReg, capacity: robustWorkers},
 		{name: robustSem, capacity: faultPermits},
 	}}
+	for i := range robustShardsN { // after the others, which robustPrimitive finds by index
+		f := &family{name: etcdsync.ShardName(robustShards, i), reg: robustShardRg + strconv.Itoa(i), capacity: 1}
+		h.shards = append(h.shards, f)
+		h.fams = append(h.fams, f)
+	}
 	for _, f := range h.fams {
 		f.log = watchDeletes(ctx, admin, f.name+"/", put.Header.Revision+1)
 	}
@@ -116,10 +132,14 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for i, w := range workers {
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			robustWork(t, ctx, wctx, w, rand.New(rand.NewPCG(seed, uint64(i)+1)), h)
+		}()
+		go func() {
+			defer wg.Done()
+			robustShardsMember(t, ctx, wctx, w, seed, rand.New(rand.NewPCG(seed, uint64(robustWorkers+i)+1)), h)
 		}()
 	}
 	driveFaults(t, ctx, c, admin, workers, log, h, rand.New(rand.NewPCG(seed, 0)), length)
@@ -131,6 +151,7 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 
 	// Every key goes with its session (a session that lost contact leaves
 	// its lease to expire), and every delete is seen before the checks.
+	waitCount(t, admin, robustShards+"/", faultTTL+testTimeout, func(have int) bool { return have == 0 }) // the members too
 	for _, f := range h.fams {
 		waitCount(t, admin, f.name+"/", faultTTL+testTimeout, func(have int) bool { return have == 0 })
 		resp, err := admin.Get(ctx, f.name+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -183,15 +204,17 @@ func robustRun(t *testing.T, seed uint64, length time.Duration) int {
 		ops += len(f.acquires) + len(f.releases) + len(f.regOps)
 	}
 	require.NotEmpty(t, h.fams[0].writes, "no guarded write succeeded")
+	require.True(t, slices.ContainsFunc(h.shards, func(f *family) bool { return len(f.writes) > 0 }), "no shard's fn made a guarded write")
 	return ops
 }
 
 // history is what the workers did, with times in nanoseconds since base.
 type history struct {
-	base  time.Time
-	mu    sync.Mutex
-	admin map[int64]bool // revisions of the admin's deletes and revokes
-	fams  []*family      // the lock's, the RWMutex's, the Semaphore's
+	base   time.Time
+	mu     sync.Mutex
+	admin  map[int64]bool // revisions of the admin's deletes and revokes
+	fams   []*family      // the lock's, the RWMutex's, the Semaphore's, then the shards'
+	shards []*family      // each shard's of the Shards, by shard (also in fams)
 }
 
 // family is one name the workers contend on, and its history (h.mu).
@@ -387,7 +410,7 @@ func robustWork(t *testing.T, ctx, work context.Context, w *faultWorker, rng *ra
 				gcancel()
 				continue
 			}
-			robustGuarded(w, p, f, rec.rev, p.role != readRole && rng.IntN(3) > 0, fmt.Sprintf("w%d-%d", w.id, seq), h)
+			robustGuarded(context.Background(), w, p.Do, f, rec.rev, p.role != readRole && rng.IntN(3) > 0, fmt.Sprintf("w%d-%d", w.id, seq), h)
 		}
 		release := h.now()
 		w.unlock(ctx, p)
@@ -427,20 +450,20 @@ func robustPrimitive(rng *rand.Rand, s *etcdsync.Session, h *history) (*family, 
 	}
 }
 
-// robustGuarded reads the register through p's guard and, if write, writes
-// val through it in the same hold (whose fencing token is token), and
-// records what it saw.
-func robustGuarded(w *faultWorker, p primitive, f *family, token int64, write bool, val string, h *history) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*faultTTL)
+// robustGuarded reads the register through a hold's guard (do: its Do)
+// and, if write, writes val through it in the same hold (whose fencing
+// token is token), within ctx, and records what it saw.
+func robustGuarded(ctx context.Context, w *faultWorker, do func(context.Context, ...clientv3.Op) (*clientv3.TxnResponse, error), f *family, token int64, write bool, val string, h *history) {
+	ctx, cancel := context.WithTimeout(ctx, 2*faultTTL)
 	defer cancel()
 	call := h.now()
-	resp, err := p.Do(ctx, clientv3.OpGet(f.reg))
+	resp, err := do(ctx, clientv3.OpGet(f.reg))
 	if err != nil {
 		return
 	}
 	op := regOp{read: string(resp.Responses[0].GetResponseRange().Kvs[0].Value)}
 	if write {
-		tr, err := p.Do(ctx, clientv3.OpPut(f.reg, val))
+		tr, err := do(ctx, clientv3.OpPut(f.reg, val))
 		switch {
 		case err == nil:
 			op.wrote = val
@@ -458,6 +481,84 @@ func robustGuarded(w *faultWorker, p primitive, f *family, token int64, write bo
 		ret = -1
 	}
 	h.add(&f.regOps, porcupine.Operation{ClientId: w.id, Input: op, Call: call, Return: ret})
+}
+
+// robustShardsMember is worker w's member of the Shards: it runs them for
+// 2 to 8 s (then leaves), pauses, and joins again, until work ends (ctx
+// bounds the rest); a session that ended (a fault) is replaced.
+func robustShardsMember(t *testing.T, ctx, work context.Context, w *faultWorker, seed uint64, rng *rand.Rand, h *history) {
+	runs, expired := 0, 0
+	for work.Err() == nil {
+		s, err := w.session(ctx)
+		if err != nil {
+			continue
+		}
+		run, cancel := context.WithTimeout(work, time.Duration(2000+rng.IntN(6001))*time.Millisecond)
+		err = etcdsync.NewShards(s, robustShards, robustShardsN).Run(run, robustShard(t, w, run, seed, h))
+		cancel()
+		runs++
+		switch {
+		case errors.Is(err, etcdsync.ErrSessionExpired):
+			expired++
+		case errors.Is(err, etcdsync.ErrInvalidArgument): // every member runs robustShardsN
+			t.Errorf("worker %d: Shards.Run: %v", w.id, err)
+			return
+		}
+		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond) // away for a while, not a synchronisation
+	}
+	t.Logf("worker %d: %d Runs of %s (%d ended with their session)", w.id, runs, robustShards, expired)
+}
+
+// robustShard returns worker w's fn for a Run of the Shards whose context
+// is run. A run of shard i is a hold of shard i's family from the moment
+// fn starts to the moment it returns (both seen in this process: two runs
+// of a shard at once fail the lock history's check, whatever the server
+// says), in which fn reads and writes the shard's register through the
+// fencing token HoldFrom gives, every 50 to 200 ms, until its context
+// ends; then it takes up to 300 ms to stop.
+func robustShard(t *testing.T, w *faultWorker, run context.Context, seed uint64, h *history) func(context.Context, int) error {
+	return func(ctx context.Context, shard int) error {
+		start := h.now()
+		f := h.shards[shard]
+		key, rev, ok := etcdsync.HoldFrom(ctx)
+		if !ok || !strings.HasPrefix(key, f.name+"/") {
+			t.Errorf("worker %d: shard %d: HoldFrom gave %q, %v", w.id, shard, key, ok)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		h.add(&f.acquires, porcupine.Operation{ClientId: w.id, Input: lockOp{acquire: true, rev: rev, weight: 1}, Call: start, Return: start})
+		rng := rand.New(rand.NewPCG(seed, uint64(rev)))
+		guard := clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
+		do := func(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+			tr, err := w.cli.Txn(ctx).If(guard).Then(ops...).Commit()
+			if err == nil && !tr.Succeeded {
+				err = etcdsync.ErrNotHeld
+			}
+			return tr, err
+		}
+		for seq := 0; ctx.Err() == nil; seq++ {
+			select {
+			case <-time.After(time.Duration(50+rng.IntN(151)) * time.Millisecond): // the pace of its work
+				robustGuarded(ctx, w, do, f, rev, true, fmt.Sprintf("w%d-%d-%d", w.id, rev, seq), h)
+			case <-ctx.Done():
+			}
+		}
+		// Shards only try to lock: the hold began with its key. Moved or
+		// left (Run's context ended, its cause) is not lost.
+		cause := context.Cause(ctx)
+		left := run.Err() != nil && errors.Is(cause, run.Err())
+		rec := holdRec{worker: w.id, start: rev, rev: rev, weight: 1, doneAt: time.Now(),
+			lost: !errors.Is(cause, etcdsync.ErrLockReleased) && !left, contact: errors.Is(cause, etcdsync.ErrLostContact)}
+		time.Sleep(time.Duration(rng.IntN(301)) * time.Millisecond) // a fn slow to stop: its last work, not a synchronisation
+		end := h.now()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		f.holds = append(f.holds, rec)
+		// Returned before anyone else may run the shard, lost or not (the
+		// slack rule), but for an admin's revoke (releaseOps).
+		f.releases = append(f.releases, releaseRec{worker: w.id, rev: rev, weight: 1, acquire: start, call: end, ret: end})
+		return ctx.Err()
+	}
 }
 
 // driveFaults strikes one fault at a time, chosen by rng, until length has

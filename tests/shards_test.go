@@ -29,7 +29,7 @@ import (
 // grows from one run to the next, and counts moves (a shard starting on a
 // member other than its last one).
 type shardTracker struct {
-	t    *testing.T
+	t    testing.TB
 	stop time.Duration // how long a fn takes to return once its ctx ended
 
 	mu      sync.Mutex
@@ -42,7 +42,7 @@ type shardTracker struct {
 	changed chan struct{} // closed and replaced at each change
 }
 
-func newShardTracker(t *testing.T, stop time.Duration) *shardTracker {
+func newShardTracker(t testing.TB, stop time.Duration) *shardTracker {
 	return &shardTracker{t: t, stop: stop, owner: map[int]string{}, last: map[int]string{}, token: map[int]int64{}, changed: make(chan struct{})}
 }
 
@@ -94,8 +94,9 @@ func (tr *shardTracker) countsLocked() map[string]int {
 	return c
 }
 
-// waitBalanced waits, at most d, until all n shards run, on exactly the
-// members named, each with floor or ceil of n/len(members).
+// waitBalanced waits, at most d, until all n shards run, on the members
+// named (all of them when there are as many shards), each with floor or
+// ceil of n/len(members).
 func (tr *shardTracker) waitBalanced(n int, members []string, d time.Duration) {
 	tr.t.Helper()
 	deadline := time.After(d)
@@ -106,7 +107,7 @@ func (tr *shardTracker) waitBalanced(n int, members []string, d time.Duration) {
 			lo := n / len(members)
 			ok = ok && k >= lo && k <= lo+min(1, n%len(members)) && slices.Contains(members, m)
 		}
-		ok = ok && len(c) == len(members)
+		ok = ok && len(c) == min(n, len(members)) // with fewer shards than members, some run none
 		ch := tr.changed
 		tr.mu.Unlock()
 		if ok {
@@ -146,9 +147,9 @@ type shardMember struct {
 	res    <-chan error
 }
 
-func startMember(t *testing.T, cli *clientv3.Client, name, member string, n int, tr *shardTracker, opts ...etcdsync.ShardsOption) *shardMember {
+func startMember(t testing.TB, s *etcdsync.Session, name, member string, n int, tr *shardTracker, opts ...etcdsync.ShardsOption) *shardMember {
 	ctx, cancel := context.WithCancel(context.Background())
-	sh := etcdsync.NewShards(session(t, cli), name, n, opts...)
+	sh := etcdsync.NewShards(s, name, n, opts...)
 	res := make(chan error, 1)
 	m := &shardMember{name: member, cancel: cancel, res: res}
 	done := make(chan struct{})
@@ -182,13 +183,13 @@ func TestShardsBalanceAndStickyMoves(t *testing.T) {
 	tr := newShardTracker(t, 0)
 	var ms []*shardMember
 	for i := range 3 {
-		ms = append(ms, startMember(t, c.Client(t), name, fmt.Sprintf("m%d", i), n, tr))
+		ms = append(ms, startMember(t, session(t, c.Client(t)), name, fmt.Sprintf("m%d", i), n, tr))
 	}
 	tr.waitBalanced(n, []string{"m0", "m1", "m2"}, testTimeout)
 	tr.check()
 	tr.take(&tr.moves)
 	tr.take(&tr.moved)
-	ms = append(ms, startMember(t, c.Client(t), name, "m3", n, tr))
+	ms = append(ms, startMember(t, session(t, c.Client(t)), name, "m3", n, tr))
 	tr.waitBalanced(n, []string{"m0", "m1", "m2", "m3"}, testTimeout)
 	require.Equal(t, 3, tr.take(&tr.moves), "shards moved by a join to 12 shards on 3 members")
 	require.Equal(t, 3, tr.take(&tr.moved), "runs told of their shard's move (context.Cause wraps ErrLockReleased)")
@@ -220,11 +221,11 @@ func TestShardsSlowFnNeverOverlaps(t *testing.T) {
 	c, _, _ := singleClient(t)
 	const name, n = "shards-slow", 8
 	tr := newShardTracker(t, 300*time.Millisecond)
-	a := startMember(t, c.Client(t), name, "a", n, tr)
+	a := startMember(t, session(t, c.Client(t)), name, "a", n, tr)
 	tr.waitBalanced(n, []string{"a"}, testTimeout)
-	startMember(t, c.Client(t), name, "b", n, tr)
+	startMember(t, session(t, c.Client(t)), name, "b", n, tr)
 	tr.waitBalanced(n, []string{"a", "b"}, testTimeout)
-	startMember(t, c.Client(t), name, "c", n, tr)
+	startMember(t, session(t, c.Client(t)), name, "c", n, tr)
 	tr.waitBalanced(n, []string{"a", "b", "c"}, testTimeout)
 	a.stopRun(t)
 	tr.waitBalanced(n, []string{"b", "c"}, testTimeout)
@@ -272,7 +273,7 @@ func TestShardsRefuseBadArgumentsAndAnotherN(t *testing.T) {
 	require.Empty(t, keys(t, admin, "shards-bad/"))
 
 	tr := newShardTracker(t, 0)
-	startMember(t, c.Client(t), "shards-n", "four", 4, tr)
+	startMember(t, session(t, c.Client(t)), "shards-n", "four", 4, tr)
 	tr.waitBalanced(4, []string{"four"}, testTimeout)
 	err := etcdsync.NewShards(session(t, c.Client(t)), "shards-n", 5).Run(ctx, fn)
 	require.ErrorIs(t, err, etcdsync.ErrInvalidArgument)
@@ -289,9 +290,9 @@ func TestShardsCapPerMember(t *testing.T) {
 	c, _, _ := singleClient(t)
 	const name, n = "shards-cap", 9
 	tr := newShardTracker(t, 0)
-	startMember(t, c.Client(t), name, "small", n, tr, etcdsync.WithMaxShards(2))
-	startMember(t, c.Client(t), name, "b", n, tr)
-	startMember(t, c.Client(t), name, "c", n, tr)
+	startMember(t, session(t, c.Client(t)), name, "small", n, tr, etcdsync.WithMaxShards(2))
+	startMember(t, session(t, c.Client(t)), name, "b", n, tr)
+	startMember(t, session(t, c.Client(t)), name, "c", n, tr)
 	deadline := time.After(testTimeout)
 	for {
 		tr.mu.Lock()
@@ -324,10 +325,111 @@ func TestShardsMemberWithSilentLink(t *testing.T) {
 	defer cancel()
 	sh := etcdsync.NewShards(session(t, rig.cli, etcdsync.WithTTL(2*time.Second)), name, n)
 	res := async(func() error { return sh.Run(ctx, tr.fn("cut")) })
-	startMember(t, c.Client(t), name, "b", n, tr)
+	startMember(t, session(t, c.Client(t)), name, "b", n, tr)
 	tr.waitBalanced(n, []string{"cut", "b"}, testTimeout)
 	rig.proxy.Blackhole(true)
 	require.ErrorIs(t, resultWithin(t, res, testTimeout, "the cut member's Run"), etcdsync.ErrSessionExpired)
 	tr.waitBalanced(n, []string{"b"}, testTimeout)
+	tr.check()
+}
+
+// How long n shards over m members take to settle (every shard running,
+// each member with floor or ceil of its share) after a member joins, after
+// it leaves again (its Run's context ends), and after a member running
+// shards dies (its link goes silent: the server ends its session 10 to 15 s
+// later, within the TTL and the slack of its last renewal), and what all
+// members' clients spend on each: unary RPCs and watch events. One client
+// and one session per member; the members that may die (the first, and the
+// one that replaces each dead one) reach etcd through a proxy of their own,
+// the others directly (30 busy proxies in one process starve each other's
+// keepalives: the proxy is test code).
+func BenchmarkShardsSettle(b *testing.B) {
+	for _, n := range []int{12, 256, 4096} {
+		for _, m := range []int{3, 30} {
+			b.Run(fmt.Sprintf("n=%d/m=%d", n, m), func(b *testing.B) { benchShardsSettle(b, n, m) })
+		}
+	}
+}
+
+func benchShardsSettle(b *testing.B, n, m int) {
+	const (
+		name  = "bench-shards"
+		ttl   = 15 * time.Second // 60 s (the default) makes the dead case slow; with 5 s, 30 members starting on 4096 shards lost sessions here
+		bound = time.Minute      // a settle that takes longer fails the benchmark
+	)
+	c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+	tr := newShardTracker(b, 0)
+	var cnt counter
+	var members []string // in join order
+	links := map[string]*etcdtest.Proxy{}
+	running := map[string]*shardMember{}
+	memberSession := func(member string, proxied bool) *etcdsync.Session {
+		cli := c.Client(b, cnt.dial()...)
+		if proxied {
+			links[member] = etcdtest.NewProxy(b, strings.TrimPrefix(c.Member(0).Endpoint(), "http://"))
+			cli = etcdtest.NewClient(b, []string{links[member].Endpoint()}, cnt.dial()...)
+		}
+		return session(b, cli, etcdsync.WithTTL(ttl))
+	}
+	join := func(member string, s *etcdsync.Session) {
+		members = append(members, member)
+		running[member] = startMember(b, s, name, member, n, tr)
+	}
+	without := func(member string) {
+		members = slices.DeleteFunc(members, func(x string) bool { return x == member })
+	}
+	first := make([]*etcdsync.Session, m) // the sessions first: the members' start loads the server
+	for i := range m {
+		first[i] = memberSession(fmt.Sprintf("m%d", i), i == 0)
+	}
+	for i, s := range first {
+		join(fmt.Sprintf("m%d", i), s)
+	}
+	tr.waitBalanced(n, members, bound)
+	const joined, left, died = 0, 1, 2
+	var took [3]time.Duration
+	var rpcs, events [3]int64
+	measure := func(k int, act func()) {
+		cnt.take()
+		e := cnt.events.Load()
+		start := time.Now()
+		act()
+		tr.waitBalanced(n, members, bound)
+		took[k] += time.Since(start)
+		r, _ := cnt.take()
+		rpcs[k] += r
+		events[k] += cnt.events.Load() - e
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		newcomer := fmt.Sprintf("j%d", i)
+		s := memberSession(newcomer, false)
+		measure(joined, func() { join(newcomer, s) })
+		measure(left, func() { without(newcomer); running[newcomer].cancel() })
+		tr.mu.Lock()
+		counts := tr.countsLocked()
+		tr.mu.Unlock()
+		victim := ""
+		for _, x := range members {
+			if links[x] != nil && counts[x] > 0 {
+				victim = x
+			}
+		}
+		if victim == "" {
+			b.Fatalf("no member that may die runs a shard: %v", counts)
+		}
+		measure(died, func() { without(victim); links[victim].Blackhole(true) })
+		b.StopTimer()
+		links[victim].Blackhole(false)
+		join(fmt.Sprintf("r%d", i), memberSession(fmt.Sprintf("r%d", i), true)) // back to m members
+		tr.waitBalanced(n, members, bound)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	for k, what := range []string{"join", "leave", "dead"} {
+		b.ReportMetric(float64(took[k].Milliseconds())/float64(b.N), "ms/"+what)
+		b.ReportMetric(float64(rpcs[k])/float64(b.N), "rpcs/"+what)
+		b.ReportMetric(float64(events[k])/float64(b.N), "events/"+what)
+	}
 	tr.check()
 }
