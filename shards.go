@@ -114,6 +114,9 @@ func membersName(name string) string { return name + "/members" }
 // ms to 30 s, while it keeps failing (each error is logged and counted,
 // WithLogger, WithMetrics).
 //
+// A member tries to lock at most 8 shards at once: its start or a join
+// takes its shards a few at a time.
+//
 // Run blocks. When ctx ends it stops every fn, waits for them, releases
 // the shards, leaves the members, and returns an error wrapping ctx.Err().
 // When the session ends it returns, once every fn returned, an error

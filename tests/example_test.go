@@ -2,7 +2,7 @@ package tests
 
 // Runnable examples of every primitive, checked by their // Output: lines:
 // Mutex, RWMutex, Semaphore, MultiLock, Election, Observer terms, handover,
-// Barrier, DoubleBarrier and Group.
+// Barrier, DoubleBarrier, Group and Shards.
 
 import (
 	"context"
@@ -564,4 +564,62 @@ func ExampleMutex_TryRun() {
 	// Output:
 	// locked: true
 	// reindexing
+}
+
+// Four shards of work (say, partitions of a queue) shared by the members
+// that run them: each shard on one member at a time, its fn's context
+// carrying the shard's fencing token. Here one member runs them all; a
+// second member's Run would take two of them over.
+func ExampleShards() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	s, err := etcdsync.NewSession(cli, etcdsync.WithTTL(10*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+
+	var mu sync.Mutex
+	ran := map[int]bool{}
+	all := make(chan struct{})
+	work := func(ctx context.Context, shard int) error {
+		// Fence the shard's writes with its token: a write commits only
+		// while this member holds the shard.
+		key, token, _ := etcdsync.HoldFrom(ctx)
+		_, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", token)).
+			Then(clientv3.OpPut(fmt.Sprintf("/reports/%d", shard), "done")).Commit()
+		if err != nil {
+			return err // logged and counted; the shard's fn runs again after a pause
+		}
+		mu.Lock()
+		if !ran[shard] {
+			if ran[shard] = true; len(ran) == 4 {
+				close(all)
+			}
+		}
+		mu.Unlock()
+		<-ctx.Done() // work until the shard moves to another member, or Run ends
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- etcdsync.NewShards(s, "/jobs/partitions", 4).Run(ctx, work) }()
+	<-all
+
+	// A dashboard needs no Session to see who holds which shard.
+	owners, err := etcdsync.ShardOwners(context.Background(), cli, "/jobs/partitions", 4)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i, o := range owners {
+		fmt.Printf("shard %d held by this member: %v\n", i, o.Held && o.Lease == s.Lease())
+	}
+	cancel()
+	fmt.Println("Run returned with its context:", errors.Is(<-done, context.Canceled))
+	// Output:
+	// shard 0 held by this member: true
+	// shard 1 held by this member: true
+	// shard 2 held by this member: true
+	// shard 3 held by this member: true
+	// Run returned with its context: true
 }

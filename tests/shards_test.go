@@ -384,6 +384,9 @@ func benchShardsSettle(b *testing.B, n, m int) {
 	}
 	for i, s := range first {
 		join(fmt.Sprintf("m%d", i), s)
+		if i == 0 { // the first in join order, so that it runs a shard (the one that may die)
+			tr.waitBalanced(n, members, bound)
+		}
 	}
 	tr.waitBalanced(n, members, bound)
 	const joined, left, died = 0, 1, 2

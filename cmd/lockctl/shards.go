@@ -194,6 +194,13 @@ func (r *shardsRun) exit(err error) error {
 		r.mu.Lock()
 		killed := r.killed
 		r.mu.Unlock()
+		// Past the session's deadline (lockctl stopped or starved, then
+		// run again), Run may report what followed first, the member's key
+		// gone with the expired lease, before the keepalive loop ends the
+		// session: the deadline is the cause.
+		if lost := r.s.Check(); errors.Is(lost, etcdsync.ErrLostContact) && !errors.Is(err, etcdsync.ErrLostContact) {
+			err = lost
+		}
 		code := exitSignal + int(syscall.SIGTERM)
 		if killed || errors.Is(err, etcdsync.ErrLostContact) {
 			code = exitSignal + int(syscall.SIGKILL)
@@ -264,7 +271,7 @@ func (r *shardsRun) serve(ctx context.Context, i int) error {
 		return err
 	}
 	code := out.code()
-	if out.stopped == syscall.SIGKILL && r.s.Err() != nil {
+	if out.stopped == syscall.SIGKILL && r.s.Check() != nil { // Check: Err lags a passed deadline
 		r.mu.Lock()
 		r.killed = true
 		r.mu.Unlock()
@@ -283,7 +290,7 @@ func (r *shardsRun) serve(ctx context.Context, i int) error {
 func (r *shardsRun) stopping(ctx context.Context) (why string, sig syscall.Signal) {
 	var se signalError
 	var ee *exitError
-	cause, ended := context.Cause(ctx), r.s.Err()
+	cause, ended := context.Cause(ctx), r.s.Check() // past the deadline before the keepalive loop ends the session too
 	switch {
 	case errors.As(context.Cause(r.ctx), &se):
 		return fmt.Sprintf("lockctl is stopping (%s); the command's group got %s", se, unix.SignalName(se.sig)), se.sig

@@ -17,6 +17,7 @@ import (
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
 )
 
 // shardScript is a shard's command: it appends "SHARD REV LEASE PID start"
@@ -42,12 +43,15 @@ type shardLog struct {
 	open  map[int]shardCmd // running now, by shard
 	runs  []shardCmd       // every start, in order
 	stops int
+	gones int // runs that ended with the test's "gone" line, not their own "stop"
 }
 
 // readShardLog reads log and checks, line by line, that no shard runs on
 // two members at once (a start only while the shard's last run stopped),
 // that a stop is its run's, and that a shard's revision grows from one
-// member to the next.
+// member to the next. Besides the commands' lines, it reads the test's
+// "gone" lines (see markGone): a run still open ends there; one that
+// logged its stop first is left as it is.
 func readShardLog(t *testing.T, log string) shardLog {
 	t.Helper()
 	b, err := os.ReadFile(log)
@@ -82,6 +86,13 @@ func readShardLog(t *testing.T, log string) shardLog {
 			require.Equal(t, l.open[shard], r, "shard %d: a stop (%q) of another run\n%s", shard, line, b)
 			delete(l.open, shard)
 			l.stops++
+		case "gone":
+			if o, running := l.open[shard]; running && o == r {
+				delete(l.open, shard)
+				l.gones++
+				break
+			}
+			require.Equal(t, last[shard], r, "shard %d: a gone line (%q) of another run\n%s", shard, line, b)
 		default:
 			t.Fatalf("line %q", line)
 		}
@@ -202,46 +213,118 @@ func TestShardsSpreadOverMembers(t *testing.T) {
 	leaseGone(t, lb)
 }
 
-// A member killed with SIGKILL: its guards stop its commands at once, and
-// the other member takes its shards once its lease expires (the TTL plus
-// the slack), never while they ran; then it runs all 4.
+// markGone appends a "gone" line to log for each run of runs (by shard)
+// whose command has ended, and drops it from runs; it returns how many are
+// left. A command killed with SIGKILL logs no stop: the line, written once
+// the test sees its process gone, stands for it, so that readShardLog finds
+// a start of its shard elsewhere before it as two runs at once.
+func markGone(t *testing.T, log string, runs map[int]shardCmd) int {
+	t.Helper()
+	for i, r := range runs {
+		if !gone(r.pid) {
+			continue
+		}
+		f, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND, 0)
+		require.NoError(t, err)
+		_, err = fmt.Fprintf(f, "%d %d %s %d gone\n", i, r.rev, r.lease, r.pid) // one write: whole among the commands' lines
+		require.NoError(t, firstNonNil(err, f.Close()))
+		delete(runs, i)
+	}
+	return len(runs)
+}
+
+// A member killed with SIGKILL or frozen with SIGSTOP: its guards end its
+// commands, and the other member takes its shards once its lease expires
+// (the TTL plus the slack), never while they ran; then it runs all 4.
+// Killed, the member's guards send its commands SIGTERM at once (they log
+// their stop). Frozen, its guards kill its commands' groups (SIGKILL, no
+// stop logged) at the session's deadline, before the lease can expire; once
+// continued, the member runs no shard again, and exits 137 (contact lost:
+// its session's deadline passed) saying so in its last line, while the
+// other goes on with all 4.
 func TestShardsFailoverAfterKill(t *testing.T) {
 	etcdtest.SkipSlowInShort(t)
 	t.Parallel()
 	const ttl, slack = 2 * time.Second, 2 * time.Second // --slack's default for a TTL of 2s
-	name, log := uniqueName(t), filepath.Join(t.TempDir(), "log")
-	a := startShards(t, log, name, 4, "--ttl", "2s")
-	var la string
-	waitShards(t, log, onlyLease(&la, 4), "the first member runs all 4")
-	b := startShards(t, log, name, 4, "--ttl", "2s")
-	waitShards(t, log, func(m map[string]int) bool { return len(m) == 2 && m[la] == 2 }, "2 shards on each member")
-
-	a.signal(t, syscall.SIGKILL)
-	killed := time.Now()
-	var lb string
-	l := waitShards(t, log, func(m map[string]int) bool {
-		for lease := range m {
-			if lease != la {
-				lb = lease
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		term bool // the guards' SIGTERM reaches the commands (else SIGKILL at the deadline)
+	}{
+		{syscall.SIGKILL, true},
+		{syscall.SIGSTOP, false},
+	} {
+		t.Run(unix.SignalName(tc.sig), func(t *testing.T) {
+			t.Parallel()
+			name, log := uniqueName(t), filepath.Join(t.TempDir(), "log")
+			a := startShards(t, log, name, 4, "--ttl", "2s")
+			var la string
+			waitShards(t, log, onlyLease(&la, 4), "the first member runs all 4")
+			b := startShards(t, log, name, 4, "--ttl", "2s")
+			l := waitShards(t, log, func(m map[string]int) bool { return len(m) == 2 && m[la] == 2 }, "2 shards on each member")
+			if tc.sig == syscall.SIGSTOP {
+				t.Cleanup(func() { a.cmd.Process.Signal(syscall.SIGCONT) }) // nothing left stopped
 			}
-		}
-		return onlyLease(&lb, 4)(m)
-	}, "the second member runs all 4")
-	took := time.Since(killed)
-	t.Logf("the second member ran all 4 shards %v after the first was killed", took)
-	require.GreaterOrEqual(t, took, ttl, "before the first member's lease could expire")
-	require.Less(t, took, ttl+slack+5*time.Second*slowdown)
-	for _, r := range l.runs {
-		if r.lease == la {
-			require.True(t, gone(r.pid), "command %d of the killed member left running", r.pid)
-		}
-	}
-	checkOwners(t, name, 4, l)
+			left := map[int]shardCmd{} // the first member's commands still running
+			for i, r := range l.open {
+				if r.lease == la {
+					left[i] = r
+				}
+			}
 
-	b.signal(t, syscall.SIGTERM)
-	require.Equal(t, 0, b.wait(t), "stderr: %s", b.stderr.String())
-	require.Empty(t, readShardLog(t, log).open, "commands still running")
-	noKeys(t, name)
+			a.signal(t, tc.sig)
+			signalled := time.Now()
+			var lb string
+			var ended time.Duration // from the signal until the first member's commands had all ended
+			eventually(t, func() bool {
+				if len(left) > 0 && markGone(t, log, left) == 0 {
+					ended = time.Since(signalled)
+				}
+				l = readShardLog(t, log)
+				for lease := range l.perLease() {
+					if lease != la {
+						lb = lease
+					}
+				}
+				return onlyLease(&lb, 4)(l.perLease())
+			}, "the second member runs all 4 (log: %+v)", &l)
+			took := time.Since(signalled)
+			require.Empty(t, left, "the first member's commands still running")
+			t.Logf("the first member's commands ended %v, and the second member ran all 4 shards %v, after %v", ended, took, unix.SignalName(tc.sig))
+			require.Less(t, ended, ttl+slack, "the first member's commands outlived its lease")
+			require.GreaterOrEqual(t, took, ttl, "before the first member's lease could expire")
+			require.Less(t, took, ttl+slack+5*time.Second*slowdown)
+			gones := 0
+			if !tc.term {
+				gones = 2
+			}
+			require.Equal(t, gones, l.gones, "the first member's commands killed at the deadline (not told to stop)")
+			checkOwners(t, name, 4, l)
+
+			if tc.sig == syscall.SIGSTOP {
+				a.signal(t, syscall.SIGCONT)
+				require.Equal(t, 137, a.wait(t), "stderr: %s", a.stderr.String())
+				lines := strings.Split(strings.TrimSuffix(a.stderr.String(), "\n"), "\n")
+				require.Contains(t, lines[len(lines)-1], "lockctl: lost the shards of "+name+": ")
+				require.Contains(t, lines[len(lines)-1], "lost contact")
+				runs := len(l.runs)
+				l = readShardLog(t, log)
+				require.Len(t, l.runs, runs, "a run after the first member was continued")
+				require.Equal(t, map[string]int{lb: 4}, l.perLease(), "the second member runs all 4")
+				checkOwners(t, name, 4, l)
+			} else {
+				a.wait(t)
+			}
+
+			b.signal(t, syscall.SIGTERM)
+			require.Equal(t, 0, b.wait(t), "stderr: %s", b.stderr.String())
+			l = readShardLog(t, log)
+			require.Empty(t, l.open, "commands still running")
+			for _, r := range l.runs {
+				require.True(t, gone(r.pid), "command %d left running", r.pid)
+			}
+			noKeys(t, name)
+		})
+	}
 }
 
 // An admin revokes a member's lease: its commands get SIGTERM, and it
