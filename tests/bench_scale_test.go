@@ -363,7 +363,7 @@ func waitWatches(b *testing.B, cnt *counter, k int, failed <-chan struct{}, fail
 // scaleFull runs the scale benchmarks at their full sizes (10k waiters,
 // 100k holds: minutes, and about 14 GB at 10k waiters); without -scale they
 // run at a smoke size, as CI's one-iteration pass over every benchmark does.
-var scaleFull = flag.Bool("scale", false, "scale benchmarks at full size (10k waiters, 100k held locks); without it, a smoke size")
+var scaleFull = flag.Bool("scale", false, "scale benchmarks at full size (10k waiters, 100k held locks, Shards settling at 3 sizes by 2); without it, a smoke size")
 
 // scaleSizes returns full with -scale, else smoke.
 func scaleSizes[T any](smoke, full []T) []T {
