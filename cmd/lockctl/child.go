@@ -365,10 +365,10 @@ type lossHooks struct {
 // started, and closes the deadlines pipe, before returning.
 func (c *child) supervise(s *etcdsync.Session, sigs <-chan os.Signal, lost <-chan struct{}, grace time.Duration, hooks lossHooks) outcome {
 	stopFeed, fed := make(chan struct{}), make(chan struct{})
-	go func() {
+	go func(lost <-chan struct{}) { // a copy: the loop below sets its lost to nil
 		defer close(fed)
 		c.feed(s, lost, stopFeed)
-	}()
+	}(lost)
 	defer func() {
 		close(stopFeed)
 		<-fed

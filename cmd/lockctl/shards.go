@@ -300,7 +300,7 @@ func (r *shardsRun) stopping(ctx context.Context) (why string, sig syscall.Signa
 		return fmt.Sprintf("lost: %v; the command's group got SIGKILL", firstNonNil(ended, cause)), syscall.SIGKILL
 	case ended != nil:
 		return fmt.Sprintf("lost: %v; the command's group got SIGTERM", ended), syscall.SIGTERM
-	case errors.Is(cause, context.Canceled):
+	case errors.Is(cause, etcdsync.ErrLockReleased), errors.Is(cause, context.Canceled): // a move
 		return "the shard moves to another member; the command's group got SIGTERM", syscall.SIGTERM
 	}
 	return fmt.Sprintf("lost: %v; the command's group got SIGTERM", cause), syscall.SIGTERM

@@ -192,7 +192,7 @@ func TestShardsSpreadOverMembers(t *testing.T) {
 		want := fmt.Sprintf("lockctl: shard %d of %s: running, revision %d\n", i, name, r.rev)
 		eventually(t, func() bool { return strings.Contains(on.stderr.String(), want) }, "%q on stderr", want)
 	}
-	require.Equal(t, 2, strings.Count(a.stderr.String(), "moves to another member"), "stderr: %s", a.stderr.String())
+	require.Equal(t, 2, strings.Count(a.stderr.String(), ": the shard moves to another member; the command's group got SIGTERM"), "stderr: %s", a.stderr.String())
 
 	b.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, b.wait(t), "stderr: %s", b.stderr.String())
