@@ -91,6 +91,11 @@ func (r *shardsRun) plan() (*shardPlan, error) {
 	if err := r.sh.agreesWith(members[:me]); err != nil {
 		return nil, err
 	}
+	members = slices.DeleteFunc(members, func(m Entry) bool { // a newer member with another n is refused, and leaves
+		n, _, ok := memberShards(m.Value)
+		return !ok || n != r.sh.n
+	})
+	me = slices.IndexFunc(members, func(e Entry) bool { return e.Key == r.me })
 	held := make([]int, len(members)) // shards each member holds, by the view
 	byLease := make(map[clientv3.LeaseID]int, len(members))
 	for j, m := range members {

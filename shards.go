@@ -121,9 +121,10 @@ func membersName(name string) string { return name + "/members" }
 // the shards, leaves the members, and returns an error wrapping ctx.Err().
 // When the session ends it returns, once every fn returned, an error
 // wrapping ErrSessionExpired (or ErrSessionClosed); when someone deletes
-// this member's key, one wrapping ErrNotHeld. A member whose n differs
-// from a member that joined before it gets an error wrapping
-// ErrInvalidArgument that names both counts, and disturbs nobody. A nil fn
+// this member's key, one wrapping ErrNotHeld. The name's n is its oldest
+// member's: a member whose n differs gets an error wrapping
+// ErrInvalidArgument that names both counts, and disturbs nobody (the
+// others leave it out of their plans while it is listed). A nil fn
 // or a bad argument of NewShards is an error wrapping ErrInvalidArgument (or
 // ErrInvalidName); nothing is written then.
 func (sh *Shards) Run(ctx context.Context, fn func(ctx context.Context, shard int) error) error {
@@ -179,8 +180,9 @@ func memberShards(v []byte) (n, max int, ok bool) {
 	return n, max, err == nil && n > 0 && max >= 0
 }
 
-// agreed returns an error wrapping ErrInvalidArgument when a member runs
-// another n than this one, or has a value that is not a member's.
+// agreed returns an error wrapping ErrInvalidArgument when the oldest
+// member runs another n than this one, or has a value that is not a
+// member's.
 func (sh *Shards) agreed(ctx context.Context) error {
 	ms, _, err := GroupMembers(ctx, sh.s.core().Client(), membersName(sh.name))
 	if err != nil {
@@ -189,14 +191,16 @@ func (sh *Shards) agreed(ctx context.Context) error {
 	return sh.agreesWith(ms)
 }
 
-// agreesWith is agreed on the members ms.
+// agreesWith is agreed on the members ms, in join order: the name's n is
+// its oldest member's (a newer member with another n is refused, and the
+// others leave it out of their plans).
 func (sh *Shards) agreesWith(ms []Entry) error {
-	for _, m := range ms {
-		n, _, ok := memberShards(m.Value)
-		if !ok || n != sh.n {
-			return fmt.Errorf("%w: shards %s: this member asks for %d shards, and member %s runs with %q: changing n is a new name",
-				ErrInvalidArgument, sh.name, sh.n, m.Key, m.Value)
-		}
+	if len(ms) == 0 {
+		return nil
+	}
+	if n, _, ok := memberShards(ms[0].Value); !ok || n != sh.n {
+		return fmt.Errorf("%w: shards %s: this member asks for %d shards, and member %s runs with %q: changing n is a new name",
+			ErrInvalidArgument, sh.name, sh.n, ms[0].Key, ms[0].Value)
 	}
 	return nil
 }
@@ -226,7 +230,7 @@ type shardsRun struct {
 	exits   chan shardExit
 	held    chan int      // shards whose lock was just taken (serve)
 	tries   int           // shards of running still trying to lock (at most maxShardTries)
-	tried   map[int]int64 // shard -> the view's revision when its lock was found taken
+	tried   map[int]int64 // shard -> the revision of the view its try that found it taken started from
 	view    GroupView
 	seen    bool // a view has shown this member
 }
@@ -236,7 +240,8 @@ type shardsRun struct {
 type shardRun struct {
 	stop     context.CancelCauseFunc
 	stopping bool
-	trying   bool // its lock is not taken yet
+	trying   bool  // its lock is not taken yet
+	from     int64 // the revision of the view it started from
 }
 
 // shardExit is what a shard's goroutine ends with.
@@ -314,10 +319,10 @@ func (r *shardsRun) taken(i int) {
 // ended records the end of a shard's goroutine.
 func (r *shardsRun) ended(e shardExit) {
 	r.taken(e.shard)
-	delete(r.running, e.shard)
-	if errors.Is(e.err, ErrLocked) {
-		r.tried[e.shard] = r.view.Rev
+	if errors.Is(e.err, ErrLocked) { // tried again once a view newer than its start still shows it free
+		r.tried[e.shard] = r.running[e.shard].from
 	}
+	delete(r.running, e.shard)
 }
 
 // rebalance stops and starts shards as the plan for the current view says.
@@ -355,7 +360,7 @@ func (r *shardsRun) rebalance() error {
 			break // the next ones once a try is over (taken, ended)
 		}
 		if rev, ok := r.tried[i]; ok && rev >= r.view.Rev {
-			continue // found taken at this view: wait for the next
+			continue // found taken since this view: wait for a newer one
 		}
 		r.start(i)
 	}
@@ -374,7 +379,7 @@ const maxShardTries = 8
 // after fn returned.
 func (r *shardsRun) start(i int) {
 	ctx, stop := context.WithCancelCause(context.WithoutCancel(r.ctx)) // Run's values; ended by stop
-	r.running[i] = &shardRun{stop: stop, trying: true}
+	r.running[i] = &shardRun{stop: stop, trying: true, from: r.view.Rev}
 	r.tries++
 	go func() {
 		defer stop(nil)
@@ -391,7 +396,8 @@ func (r *shardsRun) start(i int) {
 // serve tries to lock shard i and, once it holds it (it calls took), runs
 // fn, again after a pause when fn returns (see Run); it releases the shard
 // once fn returned and ctx (the shard's) or the hold ended. It returns an
-// error wrapping ErrLocked when the shard is taken.
+// error wrapping ErrLocked when the shard is taken; after another failure it
+// pauses first (queue.Pause), so that a member does not retry at once.
 func (sh *Shards) serve(ctx context.Context, i int, took func(), fn func(context.Context, int) error) error {
 	m := NewMutex(sh.s, ShardName(sh.name, i))
 	err := m.TryRun(ctx, func(hctx context.Context) error {
@@ -420,6 +426,9 @@ func (sh *Shards) serve(ctx context.Context, i int, took func(), fn func(context
 		if uerr == nil || errors.Is(uerr, ErrLockReleased) || queue.Pause(sh.s.core().Ctx()) != nil {
 			break
 		}
+	}
+	if err != nil && !errors.Is(err, ErrLocked) && ctx.Err() == nil {
+		_ = queue.Pause(ctx) // a try or hold that failed otherwise (etcd refusing writes, say) is not tried again at once
 	}
 	return err
 }
