@@ -329,9 +329,13 @@ func (r *shardsRun) ended(e shardExit) {
 // It returns an error when this member must stop: an older member runs
 // another n, or this member's key is gone.
 func (r *shardsRun) rebalance() error {
+	first := !r.seen
 	p, err := r.plan()
 	if err != nil || p == nil {
 		return err
+	}
+	if first {
+		r.dropStale()
 	}
 	live := 0
 	for _, sr := range r.running {
@@ -373,6 +377,24 @@ func (r *shardsRun) rebalance() error {
 // what it committed before), and members that start together share the
 // shards before one has taken them all.
 const maxShardTries = 8
+
+// dropStale deletes the shards' keys with this member's lease, which it does
+// not run yet (its first plan): a process that adopted its lease from one
+// that stopped (Orphan, then WithLease) finds the old process's holds, which
+// nobody runs and nobody else may take. Each is deleted at its create
+// revision (bounded by CreateGrace), so that it is free again, with a new
+// fencing token once taken; a delete that fails leaves the key to the lease.
+func (r *shardsRun) dropStale() {
+	lease := r.sh.s.Lease()
+	for _, e := range r.view.Members {
+		if e.Lease != lease || strings.HasPrefix(e.Key, membersName(r.sh.name)+"/") {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), queue.CreateGrace)
+		_ = queue.DeleteAtRev(ctx, r.sh.s.core().Client(), e.Key, e.Rev)
+		cancel()
+	}
+}
 
 // start starts shard i's goroutine: it tries to lock the shard (reporting
 // on r.held when it took it), runs fn while it holds it, and releases it

@@ -1265,3 +1265,24 @@ func TestShardsOneShardRunsOnTheOldestMember(t *testing.T) {
 	require.Equal(t, 1, tr.take(&tr.moves))
 	tr.check()
 }
+
+// A process restarted with its old lease (Orphan, then WithLease: the
+// documented hand-over) runs the shards it held: it deletes the old holds
+// of its lease, which nobody else may take, and takes them again, with new
+// fencing tokens.
+func TestShardsRestartWithAdoptedLeaseRunsItsShards(t *testing.T) {
+	t.Parallel()
+	c, admin, _ := singleClient(t)
+	const name, n = "shards-adopt", 4
+	tr := newShardTracker(t, 0)
+	s1 := session(t, c.Client(t), etcdsync.WithTTL(10*time.Second))
+	a := startMember(t, s1, name, "a", n, tr)
+	tr.waitBalanced(n, []string{"a"}, testTimeout)
+	s1.Orphan() // the process hands over: its lease and keys live on
+	require.ErrorIs(t, resultWithin(t, a.res, testTimeout, "Run"), etcdsync.ErrSessionClosed)
+	require.Len(t, keys(t, admin, name+"/"), n+1, "the shards' holds and the member's key, left to the lease")
+	s2 := session(t, c.Client(t), etcdsync.WithLease(s1.Lease()))
+	startMember(t, s2, name, "a2", n, tr)
+	tr.waitBalanced(n, []string{"a2"}, testTimeout)
+	tr.check()
+}
