@@ -152,6 +152,16 @@ func (sh *Shards) Run(ctx context.Context, fn func(ctx context.Context, shard in
 	stopViews()
 	for range views { // the view's goroutines end with vctx
 	}
+	if errors.Is(err, ErrNotHeld) && q.Err() == nil { // the member's key went: with its lease (revoked)?
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.TTL())
+		if ttl, terr := q.Client().TimeToLive(tctx, q.Lease()); terr == nil && ttl.TTL <= 0 {
+			err = fmt.Errorf("%w: shards %s: its lease 0x%x is gone (revoked or expired)", ErrSessionExpired, sh.name, int64(q.Lease()))
+		}
+		cancel()
+	}
+	if errors.Is(err, ErrNotHeld) && q.Err() != nil {
+		err = q.EndedErr()
+	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.TTL())
 	defer cancel()
 	if lerr := g.Leave(lctx); lerr != nil && q.Err() == nil && !errors.Is(lerr, ErrLockReleased) {
@@ -350,7 +360,15 @@ func (r *shardsRun) rebalance() error {
 				held = append(held, i)
 			}
 		}
-		slices.Sort(held)
+		slices.SortFunc(held, func(a, b int) int { // tries first, then the highest shards
+			if ta, tb := r.running[a].trying, r.running[b].trying; ta != tb {
+				if ta {
+					return 1
+				}
+				return -1
+			}
+			return a - b
+		})
 		for _, i := range held[len(held)-over:] {
 			r.running[i].stopping = true
 			r.running[i].stop(fmt.Errorf("%w: shard %d of %s moves to another member", ErrLockReleased, i, r.sh.name))

@@ -1286,3 +1286,54 @@ func TestShardsRestartWithAdoptedLeaseRunsItsShards(t *testing.T) {
 	tr.waitBalanced(n, []string{"a2"}, testTimeout)
 	tr.check()
 }
+
+// A member over its share after a join stops its in-flight tries before
+// any running shard: here its try of shard 0 (which an operator takes back
+// meanwhile, so the try fails) is in flight when a newcomer joins; the
+// member must stop only the one run the newcomer takes, not also a running
+// shard that it then takes again.
+func TestShardsOverShareStopsTriesFirst(t *testing.T) {
+	c, admin, ctx := singleClient(t)
+	const name, n = "shards-stop-tries-first", 4
+	shard0 := etcdsync.ShardName(name, 0)
+	foreign := heldMutex(t, ctx, admin, shard0) // an operator holds shard 0
+	cli := c.Client(t)
+	kv := &hookedKV{KV: cli.KV}
+	cli.KV = kv
+	tr := newShardTracker(t, 0)
+	startMember(t, session(t, cli), name, "p", n, tr)
+	tr.waitRuns("p", 3, testTimeout)
+	trying, resume := make(chan struct{}), make(chan struct{})
+	kv.arm(shard0+"/", func() { close(trying); <-resume }, nil)
+	tr.take(&tr.moved)
+	require.NoError(t, foreign.Unlock(ctx))
+	within(t, trying, testTimeout, "p's try of shard 0")
+	again := etcdsync.NewMutex(session(t, admin), shard0)
+	require.NoError(t, again.Lock(ctx))                       // the operator takes it back: p's try will fail
+	startMember(t, session(t, c.Client(t)), name, "b", n, tr) // targets 2, 2
+	deadline := time.AfterFunc(testTimeout, func() { close(resume) })
+	tr.waitRuns("b", 1, testTimeout)
+	if deadline.Stop() {
+		close(resume)
+	}
+	tr.waitCounts(testTimeout, "p 2, b 1 (shard 0 is the operator's)", func(c map[string]int, running int) bool {
+		return c["p"] == 2 && c["b"] == 1 && running == 3
+	})
+	tr.check()
+	require.Equal(t, 1, tr.take(&tr.moved), "runs stopped for b's join (b takes 1 of p's 3)")
+}
+
+// A member whose lease an admin revokes: its session ended, so its Run
+// returns an error wrapping ErrSessionExpired (as Run's doc says), not
+// ErrNotHeld (someone deleted its member key).
+func TestShardsRevokedLeaseEndsRunWithSessionExpired(t *testing.T) {
+	c, admin, ctx := singleClient(t)
+	const name, n = "shards-revoked-err", 4
+	tr := newShardTracker(t, 0)
+	s := session(t, c.Client(t))
+	m := startMember(t, s, name, "m", n, tr)
+	tr.waitBalanced(n, []string{"m"}, testTimeout)
+	_, err := admin.Revoke(ctx, s.Lease())
+	require.NoError(t, err)
+	require.ErrorIs(t, resultWithin(t, m.res, testTimeout, "Run"), etcdsync.ErrSessionExpired)
+}
