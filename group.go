@@ -370,7 +370,6 @@ func (gw *groupWatch) follow(ctx context.Context) (compacted bool) {
 // the result when they changed. Only direct children of the prefix are
 // members.
 func (gw *groupWatch) apply(evs []*clientv3.Event) {
-	changed := false
 	gw.mu.Lock()
 	for _, ev := range evs {
 		gw.seen = ev.Kv.ModRevision
@@ -394,12 +393,10 @@ func (gw *groupWatch) apply(evs []*clientv3.Event) {
 			gw.members = slices.Insert(gw.members, j, m)
 			gw.revs[key] = m.Rev
 		}
-		gw.rev, changed, gw.dirty = ev.Kv.ModRevision, true, true
+		gw.rev, gw.dirty = ev.Kv.ModRevision, true
 	}
 	gw.mu.Unlock()
-	if changed {
-		gw.publish()
-	}
+	gw.publish() // a view only when one changed them (view)
 }
 
 // publish tells the deliverer that the members changed. It never blocks.

@@ -1,6 +1,6 @@
 package etcdsync
 
-// The plan of a Shards (shards.go): the ordered view of its members and
+// The plan of a Shards (shards.go, shardsrun.go): the ordered view of its members and
 // shard holders (shardsView, also read by ShardOwners), how many shards
 // each member should hold (spread) and which free shards each member short
 // of its share takes (picks). Pure functions of one view: every member
@@ -74,53 +74,6 @@ func ShardOwners(ctx context.Context, cli *clientv3.Client, name string, n int) 
 		out[i] = h
 	}
 	return out, nil
-}
-
-// plan computes this member's part of the plan from the current view; nil
-// while the view does not show this member yet.
-func (r *shardsRun) plan() (*shardPlan, error) {
-	members, holder := shardsView(r.sh.name, r.sh.n, r.view.Members)
-	me := slices.IndexFunc(members, func(e Entry) bool { return e.Key == r.me })
-	if me < 0 {
-		if r.seen {
-			return nil, fmt.Errorf("%w: shards %s: this member's key %s is gone", ErrNotHeld, r.sh.name, r.me)
-		}
-		return nil, nil // a view from before the join
-	}
-	r.seen = true
-	if err := r.sh.agreesWith(members[:me]); err != nil {
-		return nil, err
-	}
-	members = slices.DeleteFunc(members, func(m Entry) bool { // a newer member with another n is refused, and leaves
-		n, _, ok := memberShards(m.Value)
-		return !ok || n != r.sh.n
-	})
-	me = slices.IndexFunc(members, func(e Entry) bool { return e.Key == r.me })
-	held := make([]int, len(members)) // shards each member holds, by the view
-	byLease := make(map[clientv3.LeaseID]int, len(members))
-	for j, m := range members {
-		byLease[m.Lease] = j
-	}
-	var free []int
-	for i, h := range holder {
-		switch {
-		case !h.Held:
-			if _, mine := r.running[i]; !mine {
-				free = append(free, i)
-			}
-		default:
-			if j, member := byLease[h.Lease]; member {
-				held[j]++
-			}
-		}
-	}
-	held[me] = len(r.running) // this member's own count is the one it keeps
-	caps := make([]int, len(members))
-	for j, m := range members {
-		_, caps[j], _ = memberShards(m.Value)
-	}
-	targets := spread(r.sh.n, caps)
-	return &shardPlan{target: targets[me], take: picks(free, targets, held, me)}, nil
 }
 
 // spread shares n over members with the caps (0: none), in join order: one

@@ -54,35 +54,7 @@ func newShardTracker(t testing.TB, stop time.Duration) *shardTracker {
 // fn returns a Shards function for member: it records its run until its
 // ctx ends, then takes tr.stop to return.
 func (tr *shardTracker) fn(member string) func(ctx context.Context, shard int) error {
-	return func(ctx context.Context, shard int) error {
-		key, rev, ok := etcdsync.HoldFrom(ctx)
-		tr.mu.Lock()
-		if o, busy := tr.owner[shard]; busy {
-			tr.overlap = append(tr.overlap, fmt.Sprintf("shard %d on %s and %s", shard, o, member))
-		}
-		if !ok || !strings.Contains(key, fmt.Sprintf("/%d/", shard)) {
-			tr.overlap = append(tr.overlap, fmt.Sprintf("shard %d: HoldFrom gave %q, %v", shard, key, ok))
-		}
-		if rev <= tr.token[shard] {
-			tr.overlap = append(tr.overlap, fmt.Sprintf("shard %d: token %d after %d", shard, rev, tr.token[shard]))
-		}
-		if l, ran := tr.last[shard]; ran && l != member {
-			tr.moves++
-		}
-		tr.owner[shard], tr.last[shard], tr.token[shard] = member, member, rev
-		tr.notifyLocked()
-		tr.mu.Unlock()
-		<-ctx.Done()
-		time.Sleep(tr.stop) // a fn slow to stop: the work it finishes (not a synchronisation)
-		tr.mu.Lock()
-		if errors.Is(context.Cause(ctx), etcdsync.ErrLockReleased) {
-			tr.moved++
-		}
-		delete(tr.owner, shard)
-		tr.notifyLocked()
-		tr.mu.Unlock()
-		return ctx.Err()
-	}
+	return tr.fnStopping(member, func(int) time.Duration { return tr.stop })
 }
 
 func (tr *shardTracker) notifyLocked() {
@@ -153,21 +125,7 @@ type shardMember struct {
 }
 
 func startMember(t testing.TB, s *etcdsync.Session, name, member string, n int, tr *shardTracker, opts ...etcdsync.ShardsOption) *shardMember {
-	ctx, cancel := context.WithCancel(context.Background())
-	sh := etcdsync.NewShards(s, name, n, opts...)
-	res := make(chan error, 1)
-	m := &shardMember{name: member, cancel: cancel, res: res}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		err := sh.Run(ctx, tr.fn(member))
-		if ctx.Err() == nil {
-			t.Logf("%s: Run returned before its context ended: %v", member, err)
-		}
-		res <- err
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return m
+	return startMemberFn(t, s, name, member, n, tr.fn(member), opts...)
 }
 
 // stop ends a member's Run and checks it returned the context's error.
