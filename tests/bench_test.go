@@ -9,6 +9,7 @@ package tests
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -64,7 +65,7 @@ type lib struct {
 var libs = []lib{
 	{
 		name:    "etcdsync",
-		watches: func(ahead int) int { return waits(ahead, 2) }, // the prefix, or own key, predecessor and the one before
+		watches: func(ahead int) int { return waits(ahead, 1) }, // the prefix, or own key and the third key ahead
 		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
 			return etcdsync.NewMutex(session(b, cli), name)
 		},
@@ -483,39 +484,56 @@ func BenchmarkFloorClientWatch(b *testing.B) {
 // then each new holder unlocks at once, and the first half of the chain is
 // sampled (so the queue is between N and N/2 long), round after round. The
 // holder and the waiters are made once (sessions, keepalive streams and
-// connections warm) and lock again in every round.
+// connections warm) and lock again in every round. Counted over each
+// round's whole chain (N handoffs, not only the sampled half):
+//   - events/release: the watch events the waiters' client received from
+//     the holder's Unlock start to the last waiter's Lock return, over the
+//     N releases in it (the holder's and N-1 waiters').
+//   - total-rpcs/handoff: the unary RPCs the waiters' client made from the
+//     holder's Unlock start to the chain's end, per handoff: each waiter's
+//     Unlock once it held (1 RPC) and what waiting took once the release
+//     came (our waiter's read when a key it watches goes and it is not yet
+//     at the front; etcd's waiter's reads of the keys ahead and of its own).
+//   - rpcs/handoff: the same without the Unlocks (total less 1 per handoff).
 func BenchmarkHandoff(b *testing.B) {
 	for _, n := range []int{1, 10, 100, 500, 1000} {
 		for _, l := range libs {
 			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
 				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
-				benchHandoff(b, l, n, c.Client(b), c.Endpoints())
+				benchHandoff(b, l, n, 0, c.Client(b), c.Endpoints())
 			})
 		}
 	}
 }
 
-// Handoff as in BenchmarkHandoff, the waiters' client reaching etcd through
-// etcd's gRPC proxy (served in process). The first round is not sampled: it
-// is where a client learns that the proxy does not answer progress requests
-// (first-handoff-ms).
+// Handoff as in BenchmarkHandoff (the same figures), the waiters' client
+// reaching etcd through etcd's gRPC proxy (served in process). The first
+// round is neither sampled nor counted: it is where a client learns that
+// the proxy does not answer progress requests (first-handoff-ms).
 func BenchmarkHandoffProxy(b *testing.B) {
 	for _, n := range []int{1, 10} {
 		for _, l := range libs {
 			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
 				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
-				benchHandoff(b, l, n, c.Client(b), []string{etcdtest.StartGRPCProxy(b, c.Endpoints())})
+				benchHandoff(b, l, n, 0, c.Client(b), []string{etcdtest.StartGRPCProxy(b, c.Endpoints())})
 			})
 		}
 	}
 }
 
-// benchHandoff runs BenchmarkHandoff's rounds: the holder on admin, n waiters
-// on one counted client of endpoints. Through a proxy (endpoints other than
-// admin's) one round goes first, unsampled.
-func benchHandoff(b *testing.B, l lib, n int, admin *clientv3.Client, endpoints []string) {
-	cnt := counter{created: make(chan struct{}, queueWatches(l, n)+16)}
+// benchHandoff runs BenchmarkHandoff's rounds and reports its figures: the
+// holder on admin, n waiters on one counted client of endpoints, all on the
+// name bench-handoff of l's lock. stay more of l's locks (a Semaphore's
+// other permits) are taken on admin first and held throughout, so that
+// the holder's key and stay keys are ahead of the first waiter. Through a
+// proxy (endpoints other than admin's) one round goes first, unsampled and
+// uncounted.
+func benchHandoff(b *testing.B, l lib, n, stay int, admin *clientv3.Client, endpoints []string) {
+	cnt := counter{created: make(chan struct{}, queueWatchesBehind(l, stay+1, n)+16)}
 	cli := etcdtest.NewClient(b, endpoints, cnt.dial()...)
+	for range stay {
+		must(b, l.newMutex(b, admin, "bench-handoff").Lock(context.Background()))
+	}
 	holder := l.newMutex(b, admin, "bench-handoff")
 	waiters := make([]benchMutex, n)
 	for i := range waiters {
@@ -523,15 +541,21 @@ func benchHandoff(b *testing.B, l lib, n int, admin *clientv3.Client, endpoints 
 	}
 	var first []time.Duration
 	if !slices.Equal(endpoints, admin.Endpoints()) {
-		first = handoffQueue(b, admin, holder, waiters, &cnt, l)
+		first = handoffQueue(b, admin, holder, waiters, &cnt, l, stay).samples
 	}
 	var samples []time.Duration
+	var events, rpcs, handoffs int64
 	b.ResetTimer() // it drops metrics reported before
 	for len(samples) < b.N {
-		samples = append(samples, handoffQueue(b, admin, holder, waiters, &cnt, l)...)
+		r := handoffQueue(b, admin, holder, waiters, &cnt, l, stay)
+		samples = append(samples, r.samples...)
+		events, rpcs, handoffs = events+r.events, rpcs+r.rpcs, handoffs+int64(n)
 	}
 	b.StopTimer()
 	reportLatency(b, samples[:b.N], "handoff-")
+	b.ReportMetric(float64(events)/float64(handoffs), "events/release")
+	b.ReportMetric(float64(rpcs)/float64(handoffs), "total-rpcs/handoff")
+	b.ReportMetric(float64(rpcs-handoffs)/float64(handoffs), "rpcs/handoff")
 	if first != nil {
 		b.ReportMetric(float64(first[0])/float64(time.Millisecond), "first-handoff-ms")
 	}
@@ -557,23 +581,36 @@ func pollKeys(b *testing.B, cli *clientv3.Client, prefix string, n int) {
 }
 
 // queueWatches is the number of watches n waiters queued behind a holder create.
-func queueWatches(l lib, n int) int {
+func queueWatches(l lib, n int) int { return queueWatchesBehind(l, 1, n) }
+
+// queueWatchesBehind is the number of watches n waiters queued behind held
+// keys that block them create (the i-th, from 0, lists held+i keys ahead).
+func queueWatchesBehind(l lib, held, n int) int {
 	total := 0
-	for i := 1; i <= n; i++ {
-		total += l.watches(i)
+	for i := range n {
+		total += l.watches(held + i)
 	}
 	return total
 }
 
-// handoffQueue queues the waiters behind the holder, releases the holder and
-// lets the chain run, each new holder unlocking after -hold (at once by
-// default); it returns the first max(1, n/2) handoff latencies.
+// handoffRound is what one round of handoffQueue measured.
+type handoffRound struct {
+	samples []time.Duration // the first max(1, n/2) handoff latencies
+	events  int64           // watch events to the waiters' client, the holder's Unlock start to the last waiter's Lock return
+	rpcs    int64           // unary RPCs of the waiters' client, the holder's Unlock start to the chain's end (the waiters' Unlocks included)
+}
+
+// handoffQueue queues the waiters behind the holder (and stay keys held
+// before it), releases the holder and lets the chain run, each new holder
+// unlocking after -hold (at once by default); it returns the first
+// max(1, n/2) handoff latencies and the chain's counts (handoffRound).
 // It calls no timer method (b.StartTimer reads the memory statistics, which
 // stops the world, the embedded server's goroutines included: in
 // BenchmarkHandoffParts, timer calls in a round raised its handoff's p50
-// from 0.24 to 0.43 ms with fsync off), and it waits for the queue by
-// reading (pollKeys), not watching.
-func handoffQueue(b *testing.B, admin *clientv3.Client, holder benchMutex, waiters []benchMutex, cnt *counter, l lib) []time.Duration {
+// from 0.24 to 0.43 ms with fsync off), it waits for the queue by reading
+// (pollKeys), not watching, and during the chain it counts with atomic
+// loads alone.
+func handoffQueue(b *testing.B, admin *clientv3.Client, holder benchMutex, waiters []benchMutex, cnt *counter, l lib, stay int) handoffRound {
 	ctx := context.Background()
 	n := len(waiters)
 	must(b, holder.Lock(ctx))
@@ -585,6 +622,8 @@ func handoffQueue(b *testing.B, admin *clientv3.Client, holder benchMutex, waite
 		samples   []time.Duration
 		lastStart time.Time
 		wg        sync.WaitGroup
+		locked    atomic.Int64 // waiters whose Lock returned
+		events    atomic.Int64 // cnt.events when the last one's did
 	)
 	for i, m := range waiters {
 		wg.Add(1)
@@ -595,6 +634,9 @@ func handoffQueue(b *testing.B, admin *clientv3.Client, holder benchMutex, waite
 				return
 			}
 			held := time.Now()
+			if locked.Add(1) == int64(n) {
+				events.Store(cnt.events.Load())
+			}
 			if *benchHold > 0 {
 				time.Sleep(*benchHold) // the holder's work
 			}
@@ -607,18 +649,20 @@ func handoffQueue(b *testing.B, admin *clientv3.Client, holder benchMutex, waite
 			}
 		}()
 		if i < 10 || i%50 == 0 {
-			pollKeys(b, admin, "bench-handoff/", i+2) // queue in order
+			pollKeys(b, admin, "bench-handoff/", stay+i+2) // queue in order
 		}
 	}
-	for w := 0; w < queueWatches(l, n); w++ { // every waiter in its watch
-		<-cnt.created
-	}
+	// every waiter in its watch
+	waitWatches(b, cnt, queueWatchesBehind(l, stay+1, n), nil, nil)
+	cnt.take()
+	events0 := cnt.events.Load()
 	mu.Lock()
 	lastStart = time.Now()
 	mu.Unlock()
 	must(b, holder.Unlock(ctx))
 	wg.Wait()
-	return samples[:max(1, n/2)]
+	rpcs, _ := cnt.take()
+	return handoffRound{samples: samples[:max(1, n/2)], events: events.Load() - events0, rpcs: rpcs}
 }
 
 // Handoff under steady contention: N+1 contenders loop Lock, Unlock, Lock
@@ -1044,18 +1088,46 @@ func (r recipeRW) RUnlock(context.Context) error { return r.rw.RUnlock() }
 func (r recipeRW) Lock(context.Context) error    { return r.rw.Lock() }
 func (r recipeRW) Unlock(context.Context) error  { return r.rw.Unlock() }
 
-var rwLibs = []struct {
+// rwLib is an RWMutex implementation under benchmark, and the watches its
+// waiters create.
+type rwLib struct {
 	name          string
-	readerWatches int // watches a reader queued behind one writer creates
+	readerWatches func(n int) int     // watches n readers queued behind one writer create
+	writerWatches func(ahead int) int // watches a writer with ahead writers' keys listed before its own creates
 	newRW         func(b *testing.B, cli *clientv3.Client, name string) benchRW
-}{
-	{"etcdsync", 1, func(b *testing.B, cli *clientv3.Client, name string) benchRW { // the prefix: the writer is all it waits for
-		return etcdsync.NewRWMutex(session(b, cli), name)
-	}},
-	{"recipe", 1, func(b *testing.B, cli *clientv3.Client, name string) benchRW {
-		return recipeRW{recipe.NewRWMutex(theirSession(b, cli), name)}
-	}},
 }
+
+var rwLibs = []rwLib{
+	{"etcdsync",
+		func(n int) int { return waits(1, 1)*min(n, 2) + 2*max(0, n-2) }, // the first two the prefix, the others their own key and the writer's
+		func(ahead int) int { return waits(ahead, 1) },                   // as a Mutex's waiter
+		func(b *testing.B, cli *clientv3.Client, name string) benchRW {
+			return etcdsync.NewRWMutex(session(b, cli), name)
+		}},
+	{"recipe",
+		func(n int) int { return n },     // the last writer's key before its own
+		func(ahead int) int { return 1 }, // the last key before its own
+		func(b *testing.B, cli *clientv3.Client, name string) benchRW {
+			return recipeRW{recipe.NewRWMutex(theirSession(b, cli), name)}
+		}},
+}
+
+// writers is l's write side as a lib, for benchHandoff.
+func (l rwLib) writers() lib {
+	return lib{
+		name:    l.name,
+		watches: l.writerWatches,
+		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
+			return writeSide{l.newRW(b, cli, name)}
+		},
+	}
+}
+
+// writeSide is an RWMutex's Lock and Unlock as a benchMutex. It has no
+// TryLock (etcd's recipe has none; the handoff benchmarks make no try).
+type writeSide struct{ benchRW }
+
+func (writeSide) TryLock(context.Context) error { return errors.New("writeSide: no TryLock") }
 
 // Uncontended read and write holds: RPCs and writes per lock+unlock.
 func BenchmarkRWMutexUncontended(b *testing.B) {
@@ -1085,125 +1157,114 @@ func BenchmarkRWMutexUncontended(b *testing.B) {
 	}
 }
 
-// A writer's release with N readers queued behind it: from the writer's
-// Unlock start to the last reader's RLock return; the watch events the
-// readers' client receives, and its RPCs after the release, per release.
+// RWMutex handoffs, ours beside etcd's recipe.
+//   - readers/N: a writer's release with N readers queued behind it (each in
+//     its watch): all-readers-p50/p90 from the writer's Unlock start to the
+//     last reader's RLock return; events/release, the watch events the
+//     readers' client received meanwhile; after-release-rpcs/op, its unary
+//     RPCs meanwhile.
+//   - writers/N: BenchmarkHandoff's chain (its figures: handoff-p50/p90,
+//     events/release, rpcs/handoff, total-rpcs/handoff) on the write side:
+//     N writers queued behind a writer, each new holder unlocking at once.
 func BenchmarkRWHandoff(b *testing.B) {
-	for _, n := range []int{1, 10, 100} {
+	for _, n := range []int{1, 10, 100, 1000} {
 		for _, l := range rwLibs {
-			b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+			b.Run(fmt.Sprintf("readers/N=%d/%s", n, l.name), func(b *testing.B) { benchRWReaders(b, l, n) })
+		}
+	}
+	for _, n := range []int{1, 10, 100, 500, 1000} {
+		for _, l := range rwLibs {
+			b.Run(fmt.Sprintf("writers/N=%d/%s", n, l.name), func(b *testing.B) {
 				c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
-				admin := c.Client(b)
-				cnt := counter{created: make(chan struct{}, n*l.readerWatches+16)}
-				cli := c.Client(b, cnt.dial()...)
-				ctx := context.Background()
-				w := l.newRW(b, admin, "bench-rwh")
-				readers := make([]benchRW, n)
-				for i := range readers {
-					readers[i] = l.newRW(b, cli, "bench-rwh")
-				}
-				var samples []time.Duration
-				var events, rpcs int64
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					b.StopTimer()
-					must(b, w.Lock(ctx))
-					var wg sync.WaitGroup
-					for _, r := range readers {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							if err := r.RLock(ctx); err != nil {
-								b.Error(err)
-							}
-						}()
-					}
-					for range n * l.readerWatches { // every reader in its watch
-						<-cnt.created
-					}
-					cnt.take()
-					ev := cnt.events.Load()
-					b.StartTimer()
-					start := time.Now()
-					must(b, w.Unlock(ctx))
-					wg.Wait()
-					samples = append(samples, time.Since(start))
-					b.StopTimer()
-					events += cnt.events.Load() - ev
-					k, _ := cnt.take()
-					rpcs += k
-					for _, r := range readers {
-						must(b, r.RUnlock(ctx))
-					}
-					b.StartTimer()
-				}
-				b.StopTimer()
-				reportLatency(b, samples, "all-readers-")
-				b.ReportMetric(float64(events)/float64(b.N), "events/release")
-				b.ReportMetric(float64(rpcs)/float64(b.N), "after-release-rpcs/op")
+				benchHandoff(b, l.writers(), n, 0, c.Client(b), c.Endpoints())
 			})
 		}
 	}
 }
 
-// Semaphore: watch events per release with N waiters queued behind
-// capacity holders (one permit each), holders releasing oldest first.
-func BenchmarkSemaphoreEventsPerRelease(b *testing.B) {
-	const capacity = 4
-	for _, n := range []int{10, 100, 1000} {
-		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
-			c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
-			admin := c.Client(b)
-			// A waiter watches its own key, the nearest capacity keys (their
-			// permits exceed its room of capacity-1) and one behind them.
-			watches := 0
-			for i := 0; i < n; i++ {
-				watches += waits(capacity+i, capacity+1)
-			}
-			cnt := counter{created: make(chan struct{}, watches+16)}
-			cli := c.Client(b, cnt.dial()...)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			held := make(chan *etcdsync.Semaphore, n+capacity)
-			for i := 0; i < capacity; i++ {
-				sm := etcdsync.NewSemaphore(session(b, admin), "bench-sem", capacity)
-				must(b, sm.Acquire(ctx, 1))
-				held <- sm
-			}
-			var wg sync.WaitGroup
-			for i := 0; i < n; i++ {
-				sm := etcdsync.NewSemaphore(session(b, cli), "bench-sem", capacity)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if sm.Acquire(ctx, 1) == nil {
-						held <- sm
-					}
-				}()
-				if i < 10 || i%50 == 0 {
-					waitKeys(b, admin, "bench-sem/", capacity+i+1) // queue in order
+// benchRWReaders runs BenchmarkRWHandoff's readers/N rounds. Like
+// handoffQueue it calls no timer method in a round (ns/op is the whole
+// round, set-up included).
+func benchRWReaders(b *testing.B, l rwLib, n int) {
+	c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+	admin := c.Client(b)
+	cnt := counter{created: make(chan struct{}, l.readerWatches(n)+16)}
+	cli := c.Client(b, cnt.dial()...)
+	ctx := context.Background()
+	w := l.newRW(b, admin, "bench-rwh")
+	readers := make([]benchRW, n)
+	for i := range readers {
+		readers[i] = l.newRW(b, cli, "bench-rwh")
+	}
+	var samples []time.Duration
+	var events, rpcs int64
+	b.ResetTimer()
+	for range b.N {
+		must(b, w.Lock(ctx))
+		for len(cnt.created) > 0 { // the last round's later watches
+			<-cnt.created
+		}
+		var wg sync.WaitGroup
+		for _, r := range readers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := r.RLock(ctx); err != nil {
+					b.Error(err)
 				}
-			}
-			for range watches { // every waiter in its watch
-				<-cnt.created
-			}
-			before := cnt.events.Load()
-			releases := 0
-			b.ResetTimer()
-			for ; releases < b.N && releases < n; releases++ {
-				must(b, (<-held).Release(context.Background()))
-			}
-			b.StopTimer()
-			// The last release's waiter holds once its event arrived.
-			for i := 0; i < capacity; i++ {
-				must(b, (<-held).Release(context.Background()))
-			}
-			b.ReportMetric(float64(cnt.events.Load()-before)/float64(releases+capacity), "events/release")
-			cancel()
-			wg.Wait()
+			}()
+		}
+		waitWatches(b, &cnt, l.readerWatches(n), nil, nil) // every reader in its watch
+		cnt.take()
+		ev := cnt.events.Load()
+		start := time.Now()
+		must(b, w.Unlock(ctx))
+		wg.Wait()
+		samples = append(samples, time.Since(start))
+		events += cnt.events.Load() - ev
+		k, _ := cnt.take()
+		rpcs += k
+		for _, r := range readers {
+			must(b, r.RUnlock(ctx))
+		}
+	}
+	b.StopTimer()
+	reportLatency(b, samples, "all-readers-")
+	b.ReportMetric(float64(events)/float64(b.N), "events/release")
+	b.ReportMetric(float64(rpcs)/float64(b.N), "after-release-rpcs/op")
+}
+
+// Semaphore handoff with N waiters queued: BenchmarkHandoff's chain and
+// figures (handoff-p50/p90 from a Release start to the next Acquire return,
+// events/release, rpcs/handoff, total-rpcs/handoff) on a Semaphore of
+// capacity 4, one permit each: 4 holders (3 of them hold throughout), N
+// waiters queued behind them, then the newest holder releases and each
+// admitted waiter releases at once. etcd's client has no Semaphore: compare
+// with BenchmarkFloor of the same run. (It replaces
+// BenchmarkSemaphoreEventsPerRelease: its events/release is that figure.)
+func BenchmarkSemaphoreHandoff(b *testing.B) {
+	const capacity = 4
+	l := lib{
+		name:    "etcdsync",
+		watches: func(ahead int) int { return waits(ahead, capacity) }, // the prefix, or own key and a run of capacity keys
+		newMutex: func(b *testing.B, cli *clientv3.Client, name string) benchMutex {
+			return permit{etcdsync.NewSemaphore(session(b, cli), name, capacity)}
+		},
+	}
+	for _, n := range []int{1, 10, 100, 500, 1000} {
+		b.Run(fmt.Sprintf("N=%d/%s", n, l.name), func(b *testing.B) {
+			c := etcdtest.Start(b, etcdtest.Options{Fsync: *benchFsync})
+			benchHandoff(b, l, n, capacity-1, c.Client(b), c.Endpoints())
 		})
 	}
 }
+
+// permit is one permit of a Semaphore as a benchMutex.
+type permit struct{ sm *etcdsync.Semaphore }
+
+func (p permit) Lock(ctx context.Context) error    { return p.sm.Acquire(ctx, 1) }
+func (p permit) TryLock(ctx context.Context) error { return p.sm.TryAcquire(ctx, 1) }
+func (p permit) Unlock(ctx context.Context) error  { return p.sm.Release(ctx) }
 
 // BenchmarkMultiLock: the cost of holding k names at once, a MultiLock
 // beside k Mutexes of one session taken one after the other (in name

@@ -33,7 +33,7 @@ type queued struct {
 }
 
 // enqueue starts n waiters on name behind a holder, one at a time (each on a
-// client of one member, the members in turn), each in its watches (its own key and the two nearest keys ahead) before the next
+// client of one member, the members in turn), each in its watches (the prefix, or its own key and the third key ahead) before the next
 // starts, so that nobody writes between a waiter's read and its watches.
 // Waiter i's Lock runs under ctxFor(i); once it holds, held runs.
 func enqueue(t *testing.T, c *etcdtest.Cluster, name string, n int, ctxFor func(i int) context.Context, held func(q *queued) error) []*queued {
@@ -53,7 +53,7 @@ func enqueue(t *testing.T, c *etcdtest.Cluster, name string, n int, ctxFor func(
 			}
 			q.err <- err
 		}()
-		for range waits(i+1, 2) {
+		for range waits(i+1, 1) {
 			within(t, q.cnt.created, testTimeout, fmt.Sprintf("waiter %d's watch created", i))
 		}
 		for len(q.cnt.returned) > 0 { // its session's grant and its enqueue
@@ -74,8 +74,8 @@ func enqueueBehind(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin
 
 // Once a waiter's predecessor releases, the waiter owns the lock with no
 // RPC, at every position of the queue: the read a waiter needs when keys
-// it does not watch were listed ahead of it happens when its second-nearest
-// key goes, while its predecessor still holds.
+// it does not watch were listed ahead of it happens when its third key
+// ahead goes, while the key before its predecessor holds.
 func TestNoRPCOnTheCriticalPath(t *testing.T) {
 	t.Parallel()
 	clusters(t, func(t *testing.T, c *etcdtest.Cluster) {
@@ -250,10 +250,10 @@ func TestWaiterWakesAfterRefusedWatchCreate(t *testing.T) {
 }
 
 // refusedWatch queues a and b behind a holder and c behind them, runs
-// invalidate while c waits (watching its own key, a's and b's), makes b
-// give up (so that c, which then lists all it waits for, must create a
-// watch of the prefix on its stream), releases the holder and a, and
-// expects c to acquire.
+// invalidate while c waits (watching its own key and the holder's, the
+// third ahead of it), releases the holder (so that c, which then lists all
+// it waits for, must create a watch of the prefix on its stream), makes b
+// give up, releases a, and expects c to acquire.
 func refusedWatch(t *testing.T, connect func(user string, dial ...grpc.DialOption) *clientv3.Client, invalidate func()) {
 	ctx := ctxT(t)
 	root := connect("root")
@@ -261,7 +261,7 @@ func refusedWatch(t *testing.T, connect func(user string, dial ...grpc.DialOptio
 	require.NoError(t, holder.Lock(ctx))
 
 	// a and b queue behind the holder; c behind them, watching its own
-	// key, a's and b's (the holder's is one it does not watch).
+	// key and the holder's.
 	a := etcdsync.NewMutex(session(t, connect("rw")), "locks/r9-auth")
 	agot := async(func() error { return a.Lock(ctx) })
 	waitKeys(t, root, "locks/r9-auth/", 2)
@@ -273,19 +273,19 @@ func refusedWatch(t *testing.T, connect func(user string, dial ...grpc.DialOptio
 	cnt := counter{created: make(chan struct{}, 16)}
 	c := etcdsync.NewMutex(session(t, connect("rw", cnt.dial()...)), "locks/r9-auth")
 	cgot := async(func() error { return c.Lock(ctx) })
-	for range 3 {
+	for range 2 {
 		within(t, cnt.created, testTimeout, "c's watch created")
 	}
 
 	invalidate()
 
-	// b gives up: c reads the queue, then watches the prefix, on its old
-	// stream.
-	bcancel()
-	require.ErrorIs(t, <-berr, context.Canceled)
-	within(t, cnt.created, testTimeout, "c asked for a watch of the prefix")
+	// The holder's release: a holds; c rereads a and b, is at the front,
+	// and watches the prefix, on its old stream.
 	require.NoError(t, holder.Unlock(ctx))
 	require.NoError(t, resultWithin(t, agot, 5*time.Second, "a's Lock after the release"))
+	within(t, cnt.created, testTimeout, "c asked for a watch of the prefix")
+	bcancel()
+	require.ErrorIs(t, <-berr, context.Canceled)
 	require.NoError(t, a.Unlock(ctx))
 	require.NoError(t, resultWithin(t, cgot, 5*time.Second, fmt.Sprintf("c's Lock after the releases; keys %v", keys(t, root, "locks/r9-auth/"))))
 	require.NoError(t, c.Unlock(ctx))
@@ -402,10 +402,10 @@ func TestPrefixDeleteNeverHandsTheTurnPerServer(t *testing.T) {
 	})
 }
 
-// A Mutex's third waiter watches per key (keys it does not watch were
-// listed); once its second-nearest goes it reads and moves to the prefix
-// watch; then its predecessor's release hands it the turn with no RPC.
-// Exclusion holds across the move.
+// A Mutex's third waiter watches per key: its own and the third key ahead
+// (the holder); once that goes it rereads the two keys it keeps and moves
+// to the prefix watch, one handoff before its turn; then its predecessor's
+// release hands it the turn with no RPC. Exclusion holds across the move.
 func TestThirdWaiterMovesToThePrefixThenNeedsNoRPC(t *testing.T) {
 	t.Parallel()
 	c, admin, ctx := singleClient(t)
@@ -421,7 +421,7 @@ func TestThirdWaiterMovesToThePrefixThenNeedsNoRPC(t *testing.T) {
 	cli := c.Client(t, cnt.dial()...)
 	w3 := etcdsync.NewMutex(session(t, cli), name)
 	g3 := async(func() error { return w3.Lock(ctx) })
-	awaitCreated(t, cnt.created, 3, testTimeout, "w3's watches: own key and two nearest")
+	awaitCreated(t, cnt.created, 2, testTimeout, "w3's watches: own key and the third ahead")
 	require.NoError(t, h.Unlock(ctx))
 	require.NoError(t, resultWithin(t, g1, testTimeout, "w1"))
 	notYet(t, g3, 200*time.Millisecond, "w3 while w1 holds")

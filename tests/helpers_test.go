@@ -452,14 +452,15 @@ func waitCount(t testing.TB, cli *clientv3.Client, prefix string, d time.Duratio
 }
 
 // waits is how many watches a waiter with listed keys ahead of it that
-// block it creates, when it watches the nearest of them (rule): one of the
-// whole prefix when it lists and watches them all (listed <= nearest),
-// else one of its own key and one of each of the nearest.
-func waits(listed, nearest int) int {
-	if listed <= nearest {
+// block it (one permit each) creates, under a rule that lets run-1 of them
+// remain when it holds (a Mutex: run 1): one of the whole prefix at the
+// front of its queue (listed <= run+1: two behind the keys that may hold),
+// else one of its own key and one of each key of the run it watches.
+func waits(listed, run int) int {
+	if listed <= run+1 {
 		return 1
 	}
-	return 1 + nearest
+	return 1 + run
 }
 
 // contendMutexes has each mutex Lock, hold for a moment, Unlock, rounds

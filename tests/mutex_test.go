@@ -204,9 +204,8 @@ func TestFIFOAndHerdFree(t *testing.T) {
 				}
 			}()
 			// The prefix while it has at most two keys ahead; else its own
-			// key, its predecessor and the key before that (nobody else
-			// writes meanwhile).
-			for range waits(i+1, 2) {
+			// key and the third key ahead (nobody else writes meanwhile).
+			for range waits(i+1, 1) {
 				within(t, cnt.created, testTimeout, "waiter's watch created")
 			}
 		}
@@ -220,11 +219,14 @@ func TestFIFOAndHerdFree(t *testing.T) {
 			got = append(got, i)
 		}
 		require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, got)
-		// Each release reaches the next waiter and the one behind it (a
-		// waiter whose read already showed its turn needs no event). A
-		// waiter's own key's delete, reaching it when its Unlock overtook
-		// the cancel of that watch, is not counted (ownApart).
-		require.LessOrEqual(t, cnt.events.Load()-before, int64(2*n-1), "watch events delivered to waiters for %d releases", n)
+		// Each release reaches the next waiter, the one behind it (the two
+		// at the front) and the one three places behind the released key,
+		// which watches it (a waiter whose read already showed its turn
+		// needs no event): at most 3 for each of the n releases, fewer for
+		// the last three. A waiter's own key's delete, reaching it when its
+		// Unlock overtook the cancel of that watch, is not counted
+		// (ownApart).
+		require.LessOrEqual(t, cnt.events.Load()-before, int64(3*n-3), "watch events delivered to waiters for %d releases", n)
 		// The first two waiters listed only watched keys; each later one
 		// listed the holder, which it does not watch, so it reads once:
 		// serializable, then linearizable when the member was behind.
@@ -621,6 +623,126 @@ func TestQueueSurvivesGiveUps(t *testing.T) {
 	}
 	require.Len(t, keys(t, cli, "giveup/"), 2)
 	handOver(t, ctx, holder, last, got)
+}
+
+// queueToGiveUp starts acquire under a context of its own and waits until
+// prefix has n keys (acquire's key the n-th); the returned giveUp ends that
+// context and requires acquire to return context.Canceled, its key
+// withdrawn (one delete under prefix). Every wait is bounded by testTimeout.
+func queueToGiveUp(t *testing.T, cli *clientv3.Client, prefix string, n int, acquire func(ctx context.Context) error) (giveUp func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctxT(t))
+	errc := async(func() error { return acquire(ctx) })
+	waitKeys(t, cli, prefix, n)
+	return func() {
+		t.Helper()
+		cancel()
+		require.ErrorIs(t, resultWithin(t, errc, testTimeout, "an acquire given up"), context.Canceled)
+	}
+}
+
+// giveUpNewestFirst runs giveUps newest first, each leaving one key fewer
+// of the queued+len(giveUps) under prefix.
+func giveUpNewestFirst(t *testing.T, cli *clientv3.Client, prefix string, queued int, giveUps []func()) {
+	t.Helper()
+	for j := len(giveUps) - 1; j >= 0; j-- {
+		giveUps[j]()
+		require.Len(t, keys(t, cli, prefix), queued+j)
+	}
+}
+
+// heardAtMost waits until cnt heard at least least watch events since
+// since (those that must come: the first two waiters hear every delete),
+// then a moment for any that must not come with them, and requires at
+// most most (what says whose).
+func heardAtMost(t *testing.T, cnt *counter, since, least, most int64, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return cnt.events.Load()-since >= least }, testTimeout, time.Millisecond,
+		"%s: the first two waiters hear every delete", what)
+	time.Sleep(50 * time.Millisecond)
+	heard := cnt.events.Load() - since
+	t.Logf("%s: %d events", what, heard)
+	require.LessOrEqual(t, heard, most, what)
+}
+
+// Invariant "FIFO and herd-free" with give-ups behind the first waiters: a
+// waiter that queues and gives up deletes its key, and that delete reaches
+// the first two waiters of the queue (they watch the whole prefix) and the
+// one waiter three places behind the key (it watches that key, then reads
+// and watches its new third key ahead), never the waiters behind those: at
+// most three of the queue's 20 waiters per delete (it was every waiter
+// behind the key with a herd). Ten waiters queue behind the first five,
+// fifteen more behind them, and the ten give up oldest first; then the 20
+// hold in queue order and leave no key.
+func TestMutexGiveUpReachesTheFrontAndItsWatcherOnly(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := kitSingleClient(t)
+	const name, prefix = "mgiveup", "mgiveup/"
+	const n, first, quitters = 20, 5, 10
+	holder := heldMutex(t, ctx, admin, name)
+	cnt := counter{created: make(chan struct{}, 4*n)}
+	cli := kitClient(t, c, cnt.dial()...)
+	order := make(chan int, n)
+	ms := make([]*etcdsync.Mutex, n)
+	queued := 1
+	// Waiter i queues, and its watches are created, before the next key is
+	// written (else it reads the gap): the prefix while at most two keys
+	// are ahead, else its own key and the third key ahead.
+	wait := func(i int) {
+		ms[i] = etcdsync.NewMutex(session(t, cli), name)
+		go func() {
+			if err := ms[i].Lock(ctx); err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			order <- i
+		}()
+		queued++
+		waitKeys(t, admin, prefix, queued)
+		for range waits(queued-1, 1) {
+			within(t, cnt.created, testTimeout, fmt.Sprintf("waiter %d's watch created", i))
+		}
+	}
+	for i := range first {
+		wait(i)
+	}
+	giveUps := make([]func(), quitters)
+	for j := range giveUps {
+		m := etcdsync.NewMutex(session(t, admin), name)
+		queued++
+		giveUps[j] = queueToGiveUp(t, admin, prefix, queued, m.Lock)
+	}
+	for i := first; i < n; i++ {
+		wait(i)
+	}
+	events := cnt.events.Load()
+	for j, giveUp := range giveUps { // oldest first
+		giveUp()
+		queued--
+		require.Len(t, keys(t, admin, prefix), queued)
+		// The last three are the third key ahead of the waiters behind
+		// them (the others are of those that give up): the waiter that
+		// watched the key reads, on a watch of the prefix, and watches
+		// its own key and its new third key ahead (three watches), before
+		// the next delete.
+		if j >= quitters-3 {
+			awaitCreated(t, cnt.created, 3, testTimeout, fmt.Sprintf("the watches of the waiter behind give-up %d", j))
+		}
+	}
+	heardAtMost(t, &cnt, events, 2*quitters, 3*quitters,
+		fmt.Sprintf("%d give-ups behind the first %d of %d waiters, each heard by the first two and the one watching it", quitters, first, n))
+
+	require.NoError(t, holder.Unlock(ctx))
+	for i := range n {
+		select {
+		case j := <-order:
+			require.Equal(t, i, j, "FIFO")
+		case <-time.After(testTimeout):
+			t.Fatalf("waiter %d did not hold", i)
+		}
+		require.NoError(t, ms[i].Unlock(ctx))
+	}
+	require.Empty(t, keys(t, admin, prefix))
 }
 
 // A Lock whose context ends just as its turn comes either holds (it

@@ -253,9 +253,9 @@ func TestRWMutexInteropWithRecipe(t *testing.T) {
 	require.NoError(t, ours.Unlock(ctx))
 }
 
-// A writer's release reaches exactly the readers behind it, who then hold
-// with no RPC; the readers behind the next writer read once when that
-// writer goes. N = 10 and 100 readers.
+// A writer's release reaches exactly the readers behind it: the first two
+// hold with no RPC, the others with one read each; the readers behind the
+// next writer hold only when it goes. N = 10 and 100 readers.
 func TestRWMutexHerd(t *testing.T) {
 	t.Parallel()
 	for _, group := range []int{5, 50} {
@@ -288,28 +288,31 @@ func testRWMutexHerd(t *testing.T, group int) {
 	}
 	// Each reader queues, and its watches are created, before the next
 	// one writes: none is created past the reader's enqueue (which would
-	// make it read the gap, at any moment, the release's included). A
-	// reader behind the first writer alone watches the prefix (all it
-	// waits for); one behind the second, its own key and that writer.
+	// make it read the gap, at any moment, the release's included). The
+	// first two readers behind the first writer watch the prefix (the
+	// front of the queue); each other one its own key and its nearest
+	// writer's.
 	queued := 1
-	for range group {
-		startReader()
-		queued++
-		waitKeys(t, admin, "rwherd/", queued)
-		within(t, cnt.created, testTimeout, "reader's watch of the prefix created")
+	readers := func(front int) {
+		for i := range group {
+			startReader()
+			queued++
+			waitKeys(t, admin, "rwherd/", queued)
+			watches := 2 // its own key and its nearest writer's
+			if i < front {
+				watches = 1 // the prefix
+			}
+			for range watches {
+				within(t, cnt.created, testTimeout, "reader's watch created")
+			}
+		}
 	}
+	readers(2)
 	w2 := etcdsync.NewRWMutex(session(t, admin), "rwherd")
 	w2got := doneAsync(t, "Lock", func() error { return w2.Lock(ctx) })
 	queued++
 	waitKeys(t, admin, "rwherd/", queued)
-	for range group {
-		startReader()
-		queued++
-		waitKeys(t, admin, "rwherd/", queued)
-		for range 2 {
-			within(t, cnt.created, testTimeout, "reader's watch created")
-		}
-	}
+	readers(0)
 	cnt.take()
 	events := cnt.events.Load()
 	require.NoError(t, w1.Unlock(ctx))
@@ -323,9 +326,15 @@ func testRWMutexHerd(t *testing.T, group int) {
 		}
 	}
 	time.Sleep(50 * time.Millisecond) // an event to the second group would have come with the first's
+	// The release reaches the readers it lets in, no other.
 	require.Equal(t, int64(group), cnt.events.Load()-events, "events of the first writer's release")
+	// The first two take their turn on the event; each other one reads its
+	// key once (one transaction).
 	n, methods := cnt.take()
-	require.Zero(t, n, "RPCs of readers after the first writer's release: %v", methods)
+	require.Equal(t, int64(group-2), n, "RPCs of readers after the first writer's release: %v", methods)
+	for _, m := range methods {
+		require.Equal(t, "/etcdserverpb.KV/Txn", m)
+	}
 	for _, rw := range first {
 		require.NoError(t, rw.RUnlock(ctx))
 	}
@@ -339,6 +348,68 @@ func testRWMutexHerd(t *testing.T, group int) {
 		require.NoError(t, rw.RUnlock(ctx))
 	}
 	require.Empty(t, keys(t, admin, "rwherd/"))
+}
+
+// Readers queued behind a held writer hear of waiters that come and go
+// behind them only at the front (design, "No herd behind a writer"): the
+// first two readers watch the whole prefix, every other one its own key
+// and the writer, so a give-up behind them (its key's delete) reaches two
+// readers, not all 20 (before, every reader behind one writer watched the
+// prefix: 20 events per give-up). Fifteen waiters (ten writers, five
+// readers) queue behind the readers on another client, and give up newest
+// first; then the writer's release lets the 20 in, and no key is left.
+func TestRWMutexGiveUpsBehindQueuedReadersReachOnlyTheFrontTwo(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := kitSingleClient(t)
+	const name, prefix = "rwgiveup", "rwgiveup/"
+	const readers, quitters = 20, 15
+	w := etcdsync.NewRWMutex(session(t, admin), name)
+	require.NoError(t, w.Lock(ctx))
+	cnt := counter{created: make(chan struct{}, 2*readers+16)}
+	cli := kitClient(t, c, cnt.dial()...)
+	in := make(chan *etcdsync.RWMutex, readers)
+	for i := range readers {
+		rw := etcdsync.NewRWMutex(session(t, cli), name)
+		go func() {
+			if err := rw.RLock(ctx); err != nil {
+				t.Errorf("reader %d: %v", i, err)
+				return
+			}
+			in <- rw
+		}()
+		// Queued, and in its watches, before the next key is written.
+		waitKeys(t, admin, prefix, 2+i)
+		for range 1 + min(1, i/2) { // the prefix, or its own key and the writer's
+			within(t, cnt.created, testTimeout, fmt.Sprintf("reader %d's watch created", i))
+		}
+	}
+	queued := 1 + readers
+	giveUps := make([]func(), quitters)
+	for j := range giveUps {
+		q := etcdsync.NewRWMutex(session(t, admin), name)
+		acquire := q.Lock
+		if j%3 == 2 {
+			acquire = q.RLock
+		}
+		giveUps[j] = queueToGiveUp(t, admin, prefix, queued+j+1, acquire)
+	}
+	events := cnt.events.Load()
+	giveUpNewestFirst(t, admin, prefix, queued, giveUps)
+	// Nothing else is deleted under the name meanwhile, and a reader's
+	// watch of the prefix sees deletes alone: no slack.
+	heardAtMost(t, &cnt, events, 2*quitters, 2*quitters,
+		fmt.Sprintf("%d give-ups behind %d readers, heard by the first two alone", quitters, readers))
+
+	require.NoError(t, w.Unlock(ctx))
+	for i := range readers {
+		select {
+		case rw := <-in:
+			require.NoError(t, rw.RUnlock(ctx))
+		case <-time.After(testTimeout):
+			t.Fatalf("%d of %d readers hold after the writer's release", i, readers)
+		}
+	}
+	require.Empty(t, keys(t, admin, prefix))
 }
 
 // Bad input is an error wrapping a sentinel, and leaves nothing in etcd;

@@ -139,17 +139,37 @@ func TestSemaphoreReleaseOrderAndHerd(t *testing.T) {
 func testSemaphoreHerd(t *testing.T, waiters int) {
 	c, admin, ctx := kitSingleClient(t)
 	const capacity = 3
-	holders := make([]*etcdsync.Semaphore, capacity)
+	holders, ws, got, cnt := semaphoreQueue(t, ctx, c, admin, "semherd", capacity, waiters)
+	events := cnt.events.Load()
+	// Release the holders newest first: the first waiter holds at the
+	// first release although it does not wait for that key alone.
+	releaseNewestFirst(t, ctx, holders, got)
+	require.LessOrEqual(t, cnt.events.Load()-events, int64(capacity*(capacity+1)), "events for %d releases", capacity)
+	// The rest hand over one by one, in order.
+	releaseInOrder(t, ctx, ws, got, capacity)
+	require.Empty(t, keys(t, admin, "semherd/"))
+}
+
+// semaphoreQueue has capacity holders on admin take one permit each of a
+// Semaphore on name, then queues n waiters for one permit each on a
+// counted client, in order, each in its watches before the next queues:
+// the prefix at the front (at most capacity+1 keys ahead), else its own
+// key and a run of capacity keys past the nearest two (their permits
+// exceed its room of capacity-1). got delivers the number of each waiter
+// that holds.
+func semaphoreQueue(t *testing.T, ctx context.Context, c *etcdsynctest.Cluster, admin *clientv3.Client, name string, capacity, n int) (holders, ws []*etcdsync.Semaphore, got chan int, cnt *counter) {
+	t.Helper()
+	holders = make([]*etcdsync.Semaphore, capacity)
 	for i := range holders {
-		holders[i] = etcdsync.NewSemaphore(session(t, admin), "semherd", capacity)
+		holders[i] = etcdsync.NewSemaphore(session(t, admin), name, int64(capacity))
 		require.NoError(t, holders[i].Acquire(ctx, 1))
 	}
-	cnt := counter{created: make(chan struct{}, 8*waiters)}
+	cnt = &counter{created: make(chan struct{}, (capacity+1)*n+16)}
 	cli := kitClient(t, c, cnt.dial()...)
-	got := make(chan int, waiters)
-	ws := make([]*etcdsync.Semaphore, waiters)
+	got = make(chan int, n)
+	ws = make([]*etcdsync.Semaphore, n)
 	for i := range ws {
-		ws[i] = etcdsync.NewSemaphore(session(t, cli), "semherd", capacity)
+		ws[i] = etcdsync.NewSemaphore(session(t, cli), name, int64(capacity))
 		go func() {
 			if err := ws[i].Acquire(ctx, 1); err != nil {
 				t.Errorf("waiter %d: %v", i, err)
@@ -157,31 +177,21 @@ func testSemaphoreHerd(t *testing.T, waiters int) {
 			}
 			got <- i
 		}()
-		waitKeys(t, admin, "semherd/", capacity+i+1) // queue in order
-		// The nearest keys whose permits exceed the room (capacity-1 = 2,
-		// so 3 keys) and one behind them: the prefix while those are all
-		// the keys ahead, else its own key and each of them.
-		for range waits(capacity+i, capacity+1) {
-			within(t, cnt.created, testTimeout, "waiter's watch created")
+		waitKeys(t, admin, name+"/", capacity+i+1) // queue in order
+		for range waits(capacity+i, capacity) {
+			within(t, cnt.created, testTimeout, fmt.Sprintf("waiter %d's watch created", i))
 		}
 	}
-	events := cnt.events.Load()
-	// Release the holders newest first: the first waiter holds at the
-	// first release although it does not wait for that key alone.
-	for k := capacity - 1; k >= 0; k-- {
-		require.NoError(t, holders[k].Release(ctx))
-		select {
-		case i := <-got:
-			require.Equal(t, capacity-1-k, i, "FIFO")
-		case <-time.After(testTimeout):
-			t.Fatalf("no waiter held after release %d", capacity-k)
-		}
-	}
-	require.LessOrEqual(t, cnt.events.Load()-events, int64(capacity*(capacity+1)), "events for %d releases", capacity)
-	// The rest hand over one by one, in order.
-	for i := 0; i < waiters; i++ {
+	return holders, ws, got, cnt
+}
+
+// releaseInOrder releases the waiters ws in queue order, holding; each
+// release lets in the waiter capacity places behind (got), in FIFO order.
+func releaseInOrder(t *testing.T, ctx context.Context, ws []*etcdsync.Semaphore, got <-chan int, capacity int) {
+	t.Helper()
+	for i := range ws {
 		require.NoError(t, ws[i].Release(ctx))
-		if i+capacity < waiters {
+		if i+capacity < len(ws) {
 			select {
 			case j := <-got:
 				require.Equal(t, i+capacity, j, "FIFO")
@@ -190,7 +200,53 @@ func testSemaphoreHerd(t *testing.T, waiters int) {
 			}
 		}
 	}
-	require.Empty(t, keys(t, admin, "semherd/"))
+}
+
+// Waiters that queue behind a full Semaphore's waiters and give up reach
+// only the front of the queue: each give-up deletes a key behind all 20
+// waiters (one permit each, capacity 3 held), and only the first two
+// waiters, which watch the whole prefix (at most capacity+1 keys ahead),
+// hear it; every other waiter watches a run of keys ahead of it, none
+// behind. So at most two events per give-up, not one per waiter. Ten
+// waiters of one or two permits queue behind them and give up newest
+// first; then the 20 hold in queue order and leave no key.
+func TestSemaphoreGiveUpsBehindWaitersReachOnlyTheFrontTwo(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := kitSingleClient(t)
+	const name, prefix = "semgiveup", "semgiveup/"
+	const capacity, n, quitters = 3, 20, 10
+	holders, ws, got, cnt := semaphoreQueue(t, ctx, c, admin, name, capacity, n)
+	queued := capacity + n
+	giveUps := make([]func(), quitters)
+	for j := range giveUps {
+		q := etcdsync.NewSemaphore(session(t, admin), name, capacity)
+		permits := int64(1 + j%2)
+		giveUps[j] = queueToGiveUp(t, admin, prefix, queued+j+1, func(ctx context.Context) error { return q.Acquire(ctx, permits) })
+	}
+	events := cnt.events.Load()
+	giveUpNewestFirst(t, admin, prefix, queued, giveUps)
+	// Nothing else is deleted under the name meanwhile, and a waiter's
+	// watch of the prefix sees deletes alone: no slack.
+	heardAtMost(t, cnt, events, 2*quitters, 2*quitters,
+		fmt.Sprintf("%d give-ups behind %d waiters, heard by the first two alone", quitters, n))
+	releaseNewestFirst(t, ctx, holders, got)
+	releaseInOrder(t, ctx, ws, got, capacity)
+	require.Empty(t, keys(t, admin, prefix))
+}
+
+// releaseNewestFirst releases the holders newest first; each release lets
+// in the next waiter (got delivers waiters' numbers), in FIFO order.
+func releaseNewestFirst(t *testing.T, ctx context.Context, holders []*etcdsync.Semaphore, got <-chan int) {
+	t.Helper()
+	for k := len(holders) - 1; k >= 0; k-- {
+		require.NoError(t, holders[k].Release(ctx))
+		select {
+		case i := <-got:
+			require.Equal(t, len(holders)-1-k, i, "FIFO")
+		case <-time.After(testTimeout):
+			t.Fatalf("no waiter held after release %d", len(holders)-k)
+		}
+	}
 }
 
 // Bad input and another capacity: errors wrapping sentinels, no key left.

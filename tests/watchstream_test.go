@@ -206,7 +206,7 @@ func TestLockCancelledAtEveryStepLeavesNoWatchStream(t *testing.T) {
 	}
 	require.NoError(t, holders[0].Lock(ctx))
 	q := make([]<-chan error, 0, 2)
-	for i, h := range holders[1:] { // two queued ahead, in order: the waiter watches the two nearest
+	for i, h := range holders[1:] { // two queued ahead, in order: the waiter watches its key and the third ahead
 		q = append(q, async(func() error { return h.Lock(ctx) }))
 		waitKeys(t, admin, name+"/", i+2)
 	}
@@ -549,8 +549,8 @@ func TestLockEndedWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.T) {
 
 // A Lock whose own key is deleted while its wait's stream reconnects
 // returns ErrSessionExpired; no Watch stream of a wait stays open after.
-// The waiter has three keys ahead, so it watches its own key and the two
-// nearest (three watches on its stream); the link is slow (slowReplies),
+// The waiter has three keys ahead, so it watches its own key and the third
+// ahead (two watches on its stream); the link is slow (slowReplies),
 // so the resumed watches are created one a round trip apart and the
 // delete of the own key, resumed from its revision, reaches the wait while
 // the others are still to be created (unless its own watch resumes last).
@@ -574,9 +574,9 @@ func TestLockLosingItsKeyWhileItsStreamReconnectsLeavesNoWatchStream(t *testing.
 	for try := range tries {
 		s := session(t, rig.cli, etcdsync.WithTTL(30*time.Second))
 		waiter := etcdsync.NewMutex(s, name)
-		rig.sw.arm("", 3, 0, 0) // ready once its three watches are created
+		rig.sw.arm("", 2, 0, 0) // ready once its two watches are created
 		res := async(func() error { return waiter.Lock(ctx) })
-		within(t, rig.sw.ready, testTimeout, "the wait's three watches")
+		within(t, rig.sw.ready, testTimeout, "the wait's two watches")
 		rig.ow.settleTo(t, 1, testTimeout, "the wait's stream")
 		rig.proxy.Blackhole(true)
 		rig.proxy.DropConnections()
@@ -687,9 +687,9 @@ func TestLockWhoseStreamResumesPastACompactionWaitsOnAndLeavesNoWatchStream(t *t
 	require.NoError(t, resultWithin(t, locked[0], testTimeout, "the first Lock"))
 	s := session(t, rig.cli, etcdsync.WithTTL(30*time.Second))
 	waiter := etcdsync.NewMutex(s, name)
-	rig.sw.arm("", 3, 0, 0) // ready once its three watches are created
+	rig.sw.arm("", 2, 0, 0) // ready once its two watches are created
 	res := async(func() error { return waiter.Lock(ctx) })
-	within(t, rig.sw.ready, testTimeout, "the wait's three watches")
+	within(t, rig.sw.ready, testTimeout, "the wait's two watches")
 	rig.proxy.Blackhole(true)
 	rig.proxy.DropConnections()
 	rig.ow.settleTo(t, 0, testTimeout, "the wait's stream broken")
@@ -836,14 +836,16 @@ type silentStep struct {
 
 var silentSteps = []silentStep{
 	{name: "first", ahead: 1, arm: func(w *silencingWatcher, _ string) { w.arm("", 0, 1, 0) }},
-	// Three ahead: the waiter watches its key and the two nearest (calls 1
-	// to 3); the nearest's delete moves it to the prefix (call 4).
-	{name: "toPrefix", ahead: 3, arm: func(w *silencingWatcher, _ string) { w.arm("", 3, 4, 0) },
+	// Three ahead: the waiter watches its key and the third ahead, the
+	// holder (calls 1 and 2); the holder's delete makes it reread the two
+	// it keeps and moves it to the prefix (call 3).
+	{name: "toPrefix", ahead: 3, arm: func(w *silencingWatcher, _ string) { w.arm("", 2, 3, 0) },
+		trigger: deleteNth(0)},
+	// Five ahead: the third ahead's delete moves it to the prefix (call 3),
+	// a read that lists three of the four left, and its own key's watch
+	// again (call 4).
+	{name: "afterRead", ahead: 5, arm: func(w *silencingWatcher, _ string) { w.arm("", 2, 4, 0) },
 		trigger: deleteNth(2)},
-	// Five ahead: the move to the prefix (call 4), a read that lists three
-	// of the five, and its own key's watch again (call 5).
-	{name: "afterRead", ahead: 5, arm: func(w *silencingWatcher, _ string) { w.arm("", 3, 5, 0) },
-		trigger: deleteNth(4)},
 	// The first watch fails: the wait reads and watches the prefix again
 	// on a new stream (the second call on the prefix).
 	{name: "retry", ahead: 1, arm: func(w *silencingWatcher, name string) { w.arm(name+"/", 0, 2, 1) }},

@@ -28,9 +28,14 @@ type turn struct {
 	ahead []*mvccpb.KeyValue
 	// far and farN are the weight and number of blocking keys listed
 	// ahead that a waiter does not keep in ahead (see keepNearest): it
-	// watches only the nearest, so it keeps only those.
+	// watches only a few, so it keeps only the nearest.
 	far  int64
 	farN int
+	// peers is how many keys like ours that do not block us (readers, to
+	// a reader) lie between the nearest key that blocks us and ours, as
+	// the last list showed (unknownPeers when the nearest went since): a
+	// waiter with frontKeys of them ahead is not at the front (turn.front).
+	peers int
 	// unlisted: a limited list (Rule.newest) did not reach the oldest key:
 	// older keys may block us too. far and farN then count one such key,
 	// unseen, so that only a read that lists them lets the turn come.
@@ -148,7 +153,7 @@ func (t *turn) queued(ctx context.Context, rs []*pb.ResponseOp, val string) erro
 }
 
 // needs is how many blocking keys a limited list of an enqueue must show
-// to be enough: a waiter watches the nearest two; a try that wrote nothing
+// to be enough: a waiter's first two (turn.front); a try that wrote nothing
 // needs one (the name is taken).
 func (t *turn) needs() int {
 	if !t.wrote {
@@ -169,9 +174,17 @@ func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
 	if err != nil {
 		return err
 	}
-	t.ahead, t.far, t.farN, t.unlisted = ahead, 0, 0, t.rule.newest && more
+	t.ahead, t.far, t.farN, t.peers, t.unlisted = ahead, 0, 0, 0, t.rule.newest && more
 	if t.unlisted && len(ahead) > 0 {
 		t.far, t.farN = 1, 1
+	}
+	if t.rule.peers && len(ahead) > 0 {
+		near := ahead[len(ahead)-1].CreateRevision
+		for _, kv := range kvs {
+			if kv.CreateRevision > near && kv.CreateRevision < t.rev && t.rule.In(t.prefix, kv) {
+				t.peers++
+			}
+		}
 	}
 	return nil
 }

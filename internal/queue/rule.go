@@ -27,10 +27,10 @@ type Rule struct {
 	room   int64                                    // blocking weight that may remain ahead
 	free   string                                   // under the prefix: what must be empty for a try to write at once
 	shared bool                                     // holds of one session share the key (counted)
-	// exact: watch only the keys that keep us out, not also the one behind
-	// them, so that a release reaches only waiters it may let in; a waiter
-	// whose nearest key goes while older ones were listed then reads once.
-	exact bool
+	// peers: keys under dir do not block each other (readers), so a
+	// waiter counts those between the nearest key that blocks it and its
+	// own (turn.peers), and is at the front only behind one blocking key.
+	peers bool
 	// newest: every direct child blocks with weight 1 and none may remain,
 	// so the newest few keys up to ours tell a waiter all it watches:
 	// lists are limited to those (listLimit), not the whole queue.
@@ -113,10 +113,11 @@ func addWeights(a, b int64) int64 {
 
 // ReadRule: a reader waits for the writers created before it, and its key
 // is shared by the session's read holds; TryRLock writes at once when no
-// writer key exists. A reader watches only the nearest writer, so that a
-// writer's release reaches only the readers it lets in (those behind the
-// next writer read once when their turn comes).
-var ReadRule = Rule{dir: "read/", blocks: inDirs("write/"), free: "write/", shared: true, exact: true}
+// writer key exists. Readers do not block each other, so only the first
+// two behind a writer, when that writer is all that blocks them, watch the
+// whole prefix (turn.front); the others watch their nearest writer, and
+// read once when it goes.
+var ReadRule = Rule{dir: "read/", blocks: inDirs("write/"), free: "write/", shared: true, peers: true}
 
 // WriteRule: a writer waits for every reader and writer created before it.
 var WriteRule = Rule{dir: "write/", blocks: inDirs("read/", "write/")}

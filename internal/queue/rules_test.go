@@ -1,6 +1,6 @@
 package queue
 
-// The blocking rules, weights, the nearest keys a waiter watches and name
+// The blocking rules, weights, the front of a queue, the keys a waiter watches and name
 // validation, without a server: each case is a queue of keys as etcd lists
 // them (sorted by create revision).
 
@@ -96,36 +96,76 @@ func TestRulesWeightsSaturate(t *testing.T) {
 	}
 }
 
-func TestRulesNearestKeysWatched(t *testing.T) {
+// Only the first waiters of a queue watch the whole prefix: two behind the
+// keys that hold; for readers the first two behind a writer, when that
+// writer is all that blocks them.
+func TestRulesFrontIsTheFirstTwo(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		r     *Rule
+		ahead []string
+		peers int
+		farN  int
+		want  bool
+	}{
+		{"a mutex's first waiter", &Exclusive, []string{"1a"}, 0, 0, true},
+		{"a mutex's second waiter", &Exclusive, []string{"1a", "2b"}, 0, 0, true},
+		{"a mutex's third waiter", &Exclusive, []string{"1a", "2b", "3c"}, 0, 0, false},
+		{"a waiter with keys ahead it does not keep", &Exclusive, []string{"1a"}, 0, 1, false},
+		{"a reader second behind a writer", &ReadRule, []string{"write/1a"}, 1, 0, true},
+		{"a reader third behind a writer", &ReadRule, []string{"write/1a"}, 2, 0, false},
+		{"a reader whose nearest writer went unread", &ReadRule, []string{"write/1a"}, unknownPeers, 0, false},
+		{"a reader behind two writers", &ReadRule, []string{"write/1a", "write/2b"}, 0, 0, false},
+		{"a semaphore's second waiter behind a full capacity", Permits(4, 1), []string{"1a=1/4", "2b=1/4", "3c=1/4", "4d=1/4", "5e=1/4"}, 0, 0, true},
+		{"a semaphore's third waiter", Permits(4, 1), []string{"1a=1/4", "2b=1/4", "3c=1/4", "4d=1/4", "5e=1/4", "6f=1/4"}, 0, 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tn := &turn{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...), peers: c.peers, farN: c.farN}
+			if got := tn.front(); got != c.want {
+				t.Fatalf("front = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// A waiter away from the front watches a run of keys whose weight exceeds
+// its room, past the nearest two when it can: it wakes when it may have
+// come to the front, and no earlier.
+func TestRulesKeysWatched(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		r     *Rule
 		ahead []string
 		want  []string
 	}{
-		{"a mutex watches its predecessor and the one before it", &Exclusive, []string{"1a", "2b", "3c", "4d"}, []string{"3c", "4d"}},
+		{"a mutex's waiter watches the third key ahead", &Exclusive, []string{"1a", "2b", "3c", "4d"}, []string{"2b"}},
 		{"with one key ahead, that key", &Exclusive, []string{"1a"}, []string{"1a"}},
-		{"a reader (exact) watches only the nearest writer", &ReadRule, []string{"write/1a", "write/2b"}, []string{"write/2b"}},
-		{"a semaphore watches the nearest keys whose weight fills the room, and the one behind", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}},
-		{"a semaphore with room for the nearest two", Permits(4, 2), []string{"1a=2/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=2/4", "2b=2/4", "3c=1/4", "4d=1/4"}},
-		{"a large request watches few", Permits(4, 4), []string{"1a=1/4", "2b=1/4", "3c=1/4"}, []string{"2b=1/4", "3c=1/4"}},
+		{"a reader among many behind two writers watches the nearest", &ReadRule, []string{"write/1a", "write/2b"}, []string{"write/2b"}},
+		{"a reader behind four writers watches the third", &ReadRule, []string{"write/1a", "write/2b", "write/3c", "write/4d"}, []string{"write/2b"}},
+		{"a semaphore watches a run past the nearest two whose weight exceeds the room", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=1/4", "2b=2/4"}},
+		{"behind a full capacity", Permits(4, 1), []string{"1a=1/4", "2b=1/4", "3c=1/4", "4d=1/4", "5e=1/4", "6f=1/4"}, []string{"1a=1/4", "2b=1/4", "3c=1/4", "4d=1/4"}},
+		{"when those past the nearest two leave room, the nearest run", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4"}, []string{"2b=2/4", "3c=1/4"}},
+		{"a large request watches one", Permits(4, 4), []string{"1a=1/4", "2b=1/4", "3c=1/4"}, []string{"1a=1/4"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tn := &turn{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
-			if got, want := keyNames(tn.nearest()), keyNames(queue(c.want...)); !slices.Equal(got, want) {
-				t.Fatalf("nearest = %v, want %v", got, want)
+			if got, want := keyNames(tn.watched()), keyNames(queue(c.want...)); !slices.Equal(got, want) {
+				t.Fatalf("watched = %v, want %v", got, want)
 			}
 		})
 	}
 }
 
-// A waiter keeps only the keys it watches, and the weight and number of
-// the others: its memory does not grow with the queue ahead, and it stays
-// blocked by what it no longer keeps.
+// A waiter keeps only the nearest keys (its watched run, and a weight of
+// its room and four more), and the weight and number of the others: its memory does not grow with the queue
+// ahead, and it stays blocked by what it no longer keeps. At the front it
+// keeps them all.
 func TestRulesWaiterKeepsOnlyNearest(t *testing.T) {
 	long := make([]string, 1000)
+	sems := make([]string, 1000)
 	for i := range long {
 		long[i] = fmt.Sprintf("%x", i+1)
+		sems[i] = long[i] + "=1/4"
 	}
 	for _, c := range []struct {
 		name    string
@@ -135,8 +175,10 @@ func TestRulesWaiterKeepsOnlyNearest(t *testing.T) {
 		far     int64
 		blocked bool
 	}{
-		{"a mutex behind 1000 keeps 2", &Exclusive, long, long[998:], 998, true},
-		{"a semaphore keeps what fills the room and one behind", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, []string{"2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, 1, true},
+		{"a mutex behind 1000 keeps 5", &Exclusive, long, long[995:], 995, true},
+		{"a mutex's second waiter keeps both", &Exclusive, long[:2], long[:2], 0, true},
+		{"a semaphore keeps a weight of its room and four more", Permits(4, 1), sems[:20], sems[12:20], 12, true},
+		{"a semaphore keeps its watched run", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4", "5e=1/4"}, 0, true},
 		{"room left over the far keys", Permits(4, 1), []string{"1a=1/4", "2b=1/4"}, []string{"1a=1/4", "2b=1/4"}, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -2,9 +2,9 @@ package queue
 
 // A wait's watches (type stream): all through the client's Watcher, on one
 // gRPC stream of the wait's own (waitContext): one of the whole prefix while
-// the waiter lists and watches every key that blocks it (waitQueue: the turn
-// on a delete's event alone), else one of its own key and one of each of
-// the nearest keys ahead (next); responses matched to watches by the
+// the waiter is at the front of its queue (waitQueue: the turn on a
+// delete's event alone), else one of its own key and one of each key ahead
+// it watches (turn.watched, next); responses matched to watches by the
 // channel they came on, never by watch IDs.
 
 import (
@@ -35,7 +35,7 @@ type watchOf struct {
 }
 
 // stream is a waiter's watches: one of the whole prefix (queue), or one of
-// its own key and one of each of the nearest keys that block it; all through the client's Watcher, from the
+// its own key and one of each key ahead it watches (turn.watched); all through the client's Watcher, from the
 // serving member's current revision, on one gRPC stream of the wait's own
 // (see waitContext). A response is matched to its key by the channel it
 // came on, never by a watch ID; the wait reads the channels itself (no
@@ -219,14 +219,36 @@ func (st *stream) watchQueue() {
 	st.own, st.queue = st.add(st.t.prefix, clientv3.WithPrefix()), true
 }
 
-// toQueue reads what is left ahead after a key it watched went at gone (it
-// has keys ahead it does not watch), moving to the watch of the whole
-// prefix first: the read comes once that watch is created, at or past the
-// revision it starts from, so that the watch misses nothing the read does
-// not show. (Read first and watch after, and a write between the two, such
-// as the predecessor's release, would need a second read.) When the read
-// leaves the waiter with keys ahead it does not list, turn.watch goes back
-// to watching keys one by one.
+// moved reads what is left ahead after key, a key it watched, went at
+// gone. A waiter that the delete leaves at the front (as far as the keys it
+// keeps tell), or one with keys ahead it does not keep under a rule that
+// lets one key hold at a time (a Mutex's waiter whose third key ahead went:
+// keys ahead go oldest first, so it is most likely second in line now),
+// moves to the watch of the whole prefix first (toQueue). Any other rereads
+// first (turn.reread; readers behind a writer take their turn so), and
+// moves only if the read leaves it at the front.
+func (st *stream) moved(ctx context.Context, key string, gone int64) error {
+	t := st.t
+	far := t.farN > 0 || t.unlisted
+	if far && t.rule.room == 0 || t.frontWithout(key) {
+		return st.toQueue(ctx, gone)
+	}
+	if err := t.reread(ctx, gone); err != nil {
+		return err
+	}
+	if t.blocked() && t.front() {
+		return st.toQueue(ctx, gone)
+	}
+	return nil
+}
+
+// toQueue reads what is left ahead after a key it watched went at gone,
+// moving to the watch of the whole prefix first: the read comes once that
+// watch is created, at or past the revision it starts from, so that the
+// watch misses nothing the read does not show. (Read first and watch
+// after, and a write between the two, such as the predecessor's release,
+// would need a second read.) When the read leaves the waiter away from the
+// front, turn.watch goes back to watching keys one by one.
 func (st *stream) toQueue(ctx context.Context, gone int64) error {
 	t := st.t
 	st.watchQueue()
@@ -272,15 +294,15 @@ func (st *stream) alsoSeen(ctx context.Context, r keyed) (bool, error) {
 	return true, nil
 }
 
-// waitQueue waits on one watch of the whole prefix, for a waiter that
-// lists every key that blocks it and watches them all (turn.single): a
+// waitQueue waits on one watch of the whole prefix, for a waiter at the
+// front of its queue (turn.front), which lists every key that blocks it: a
 // delete of any of them may give it the turn. etcd sends the events of one
 // revision for one watch in one response, and one watch's events in
 // revision order, resumed in order after a reconnect; so when the response
 // with the last blocking key's delete shows no delete of our own key, our
 // key was there at that revision, and the turn is ours with no further
-// request. It returns nil when the turn came, or when a read (the watch was
-// created past our last read) left the waiter no longer single; an error
+// request. It returns nil when the turn came, or when the waiter is no
+// longer at the front (a reader whose nearest writer went); an error
 // wrapping ErrSessionExpired when our key went; another error when the
 // watch failed.
 //
@@ -293,7 +315,7 @@ func (st *stream) alsoSeen(ctx context.Context, r keyed) (bool, error) {
 func (st *stream) waitQueue(ctx context.Context) error {
 	t := st.t
 	st.watchQueue()
-	for t.blocked() && t.single() {
+	for t.blocked() && t.front() {
 		r, err := st.recvOwn(ctx)
 		switch {
 		case err != nil:
@@ -309,28 +331,26 @@ func (st *stream) waitQueue(ctx context.Context) error {
 		for _, ev := range r.wr.Events {
 			i := slices.IndexFunc(t.ahead, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == string(ev.Kv.Key) })
 			if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && i >= 0 {
+				if i == len(t.ahead)-1 {
+					t.nearestGone()
+				}
 				t.ahead = slices.Delete(t.ahead, i, i+1)
 				t.gone = max(t.gone, ev.Kv.ModRevision)
 			}
 		}
-		switch {
-		case !t.blocked():
-			t.ahead, t.far, t.farN = nil, 0, 0
+		if !t.blocked() {
+			t.ahead = nil
 			h := r.wr.Header
 			t.hdr = &pb.ResponseHeader{ClusterId: h.ClusterId, MemberId: h.MemberId, Revision: t.gone, RaftTerm: h.RaftTerm}
-		case !t.single(): // only the far keys, which it does not list, can give it the turn now: read them
-			if err := t.settle(ctx, t.gone); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
 }
 
-// watchNearest makes the stream watch the nearest keys that block us (see
-// turn.nearest), and only those.
-func (st *stream) watchNearest() {
-	near := st.t.nearest()
+// watchKeys makes the stream watch the keys ahead turn.watched gives, and
+// only those.
+func (st *stream) watchKeys() {
+	near := st.t.watched()
 	for key, w := range st.keys {
 		if !slices.ContainsFunc(near, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key }) {
 			w.cancel()
@@ -345,30 +365,30 @@ func (st *stream) watchNearest() {
 }
 
 // next reads the watches until a watched key ahead is deleted (after our
-// last read), and returns the delete's revision; or until a watch's
-// creation past our last read made us read again (the queue may have moved),
-// and returns 0. A delete of our own key, or of another key of
-// the same acquire (turn.also, checked by one read once all are watched), is
-// an error wrapping ErrSessionExpired.
-func (st *stream) next(ctx context.Context) (int64, error) {
+// last read), and returns the key and the delete's revision; or until a
+// watch's creation past our last read made us read again (the queue may
+// have moved), and returns revision 0. A delete of our own key, or of
+// another key of the same acquire (turn.also, checked by one read once all
+// are watched), is an error wrapping ErrSessionExpired.
+func (st *stream) next(ctx context.Context) (string, int64, error) {
 	t := st.t
 	for {
 		r, err := st.recv(ctx)
 		if err != nil {
-			return 0, err
+			return "", 0, err
 		}
 		if also, err := st.alsoSeen(ctx, r); also || err != nil {
 			if err != nil {
-				return 0, err
+				return "", 0, err
 			}
 			continue
 		}
 		if r.wr.Created && r.wr.Header.Revision > t.hdr.Revision {
-			return 0, t.settle(ctx, r.wr.Header.Revision)
+			return "", 0, t.reread(ctx, r.wr.Header.Revision)
 		}
 		if _, ok := st.keys[r.key]; ok {
 			if rev := t.deleted(r.wr, false); rev > 0 {
-				return rev, nil
+				return r.key, rev, nil
 			}
 		}
 	}
