@@ -1214,7 +1214,10 @@ func benchRWReaders(b *testing.B, l rwLib, n int) {
 				}
 			}()
 		}
-		waitWatches(b, &cnt, l.readerWatches(n), nil, nil) // every reader in its watch
+		// Every reader queued (a reaper's watch of the last round, closing
+		// a wait's stream, may count as one created) and in its watch.
+		pollKeys(b, admin, "bench-rwh/", n+1)
+		waitWatches(b, &cnt, l.readerWatches(n), nil, nil)
 		cnt.take()
 		ev := cnt.events.Load()
 		start := time.Now()

@@ -72,6 +72,29 @@ func enqueueBehind(t *testing.T, ctx context.Context, c *etcdtest.Cluster, admin
 	return holder, enqueue(t, c, name, n, func(int) context.Context { return ctx }, held)
 }
 
+// turnWithNoRPC runs release and requires got (the waiter's acquire) to
+// return nil with no RPC of cnt's client between the two (what: whose).
+func turnWithNoRPC(t *testing.T, cnt *counter, release func() error, got <-chan error, what string) {
+	t.Helper()
+	cnt.take()
+	require.NoError(t, release())
+	require.NoError(t, resultWithin(t, got, testTimeout, what))
+	n, methods := cnt.take()
+	require.Zero(t, n, "%s: RPCs between the release and the acquire's return: %v", what, methods)
+}
+
+// releasedInAnyOrder releases the holders of releases newest first, the
+// waiter (got) still waiting after each but the oldest, whose release must
+// hand it the turn with no RPC (turnWithNoRPC).
+func releasedInAnyOrder(t *testing.T, cnt *counter, releases []func() error, got <-chan error, what string) {
+	t.Helper()
+	for i := len(releases) - 1; i > 0; i-- {
+		require.NoError(t, releases[i]())
+		notYet(t, got, 200*time.Millisecond, what+" with a holder left") // and a read the release may cause is done
+	}
+	turnWithNoRPC(t, cnt, releases[0], got, what+" after the last release")
+}
+
 // Once a waiter's predecessor releases, the waiter owns the lock with no
 // RPC, at every position of the queue: the read a waiter needs when keys
 // it does not watch were listed ahead of it happens when its third key

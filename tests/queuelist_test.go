@@ -179,14 +179,40 @@ func TestNestedKeysAddNoRPCOnTheCriticalPath(t *testing.T) {
 			require.NoError(t, holder.Unlock(ctx))
 			require.NoError(t, resultWithin(t, predHolds, testTimeout, "the predecessor holds"))
 			notYet(t, holds, 300*time.Millisecond, "the waiter holds with its predecessor holding")
-			cnt.take()
-			require.NoError(t, pred.Unlock(ctx))
-			require.NoError(t, resultWithin(t, holds, testTimeout, "the waiter holds"))
-			n, methods := cnt.take()
-			require.Zero(t, n, "RPCs between the predecessor's Unlock and the waiter's Lock return: %v", methods)
+			turnWithNoRPC(t, cnt, func() error { return pred.Unlock(ctx) }, holds, "the waiter after its predecessor's Unlock")
 			require.NoError(t, m.Unlock(ctx))
 		})
 	}
+}
+
+// Keys of nested names older than the holder's: the second waiter's
+// limited list shows the holder, its predecessor and a nested key, with an
+// older key beyond it (it may not be at the front). It must still learn
+// where it stands before its predecessor releases (when the holder goes, at
+// the latest), so that the predecessor's release hands it the turn with no
+// RPC. It used to watch only its predecessor, and read on its delete.
+func TestNestedKeysOlderThanTheHolderAddNoRPCOnTheCriticalPath(t *testing.T) {
+	t.Parallel()
+	c := single(t)
+	admin := c.Client(t)
+	ctx := ctxT(t)
+	const name = "critolder"
+	for i := range 2 { // before the holder: the limited list ends on one, the other beyond it
+		_, err := admin.Put(ctx, fmt.Sprintf("%s/old/%d", name, i), "nested")
+		require.NoError(t, err)
+	}
+	holder := heldMutex(t, ctx, admin, name)
+	pred := etcdsync.NewMutex(session(t, admin), name)
+	predHolds := async(func() error { return pred.Lock(ctx) })
+	waitKeys(t, admin, name+"/", 4)
+	m, cnt := countedMutex(t, c, name)
+	holds := async(func() error { return m.Lock(ctx) })
+	within(t, cnt.created, testTimeout, "the waiter's watch of the prefix (its short list fell short: it listed all)")
+	require.NoError(t, holder.Unlock(ctx))
+	require.NoError(t, resultWithin(t, predHolds, testTimeout, "the predecessor holds"))
+	notYet(t, holds, 300*time.Millisecond, "the waiter holds with its predecessor holding")
+	turnWithNoRPC(t, cnt, func() error { return pred.Unlock(ctx) }, holds, "the waiter after its predecessor's Unlock")
+	require.NoError(t, m.Unlock(ctx))
 }
 
 // A restarted process's key (WithLease) that still waits, with more than

@@ -412,6 +412,34 @@ func TestRWMutexGiveUpsBehindQueuedReadersReachOnlyTheFrontTwo(t *testing.T) {
 	require.Empty(t, keys(t, admin, prefix))
 }
 
+// A writer behind readers that hold together, and release in any order:
+// it must learn where it stands before the last of them releases, so that
+// the last release hands it the lock with no RPC (as the handoff between
+// writers does). Here the readers release newest first: a writer that
+// watches only its third key ahead (the oldest reader, a Mutex's rule:
+// keys ahead go oldest first) hears nothing until the last release, and
+// then reads on the critical path.
+func TestWriterBehindReadersReleasingInAnyOrderTakesItsTurnWithNoRPC(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "rwanyorder"
+	rs := make([]*etcdsync.RWMutex, 3)
+	for i := range rs {
+		rs[i] = etcdsync.NewRWMutex(session(t, admin), name)
+		require.NoError(t, rs[i].RLock(ctx))
+	}
+	cnt := counter{created: make(chan struct{}, 16)}
+	w := etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), name)
+	wgot := async(func() error { return w.Lock(ctx) })
+	awaitCreated(t, cnt.created, 3, testTimeout, "the writer's watches (its own key, the two oldest readers')")
+	var releases []func() error
+	for _, r := range rs {
+		releases = append(releases, func() error { return r.RUnlock(ctx) })
+	}
+	releasedInAnyOrder(t, &cnt, releases, wgot, "the writer")
+	require.NoError(t, w.Unlock(ctx))
+}
+
 // Bad input is an error wrapping a sentinel, and leaves nothing in etcd;
 // cancels at any moment leave no key; a waiter whose key vanishes returns
 // ErrSessionExpired at once.
@@ -531,6 +559,30 @@ func TestExactReaderMovesToOlderWriter(t *testing.T) {
 			})
 		}
 	})
+}
+
+// The first reader behind a writer W2 that gives up while the older writer
+// W1 holds is then the first reader behind W1 (no reader lies between
+// them): it is at the front, and W1's release hands it its turn with no
+// RPC. It used to take W2's going as leaving unknown how many readers lie
+// between W1 and it (they were listed), and reread its key on W1's release.
+func TestReaderBehindAWithdrawnWriterTakesItsTurnWithNoRPC(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "rwwithdrawn"
+	w2ctx, w2cancel := context.WithCancel(ctx)
+	defer w2cancel()
+	w1, _, w2got := writerAndWaiter(t, ctx, w2ctx, admin, name)
+	cnt := counter{created: make(chan struct{}, 64)}
+	r := etcdsync.NewRWMutex(session(t, c.Client(t, cnt.dial()...)), name)
+	rgot := async(func() error { return r.RLock(ctx) })
+	awaitCreated(t, cnt.created, 2, testTimeout, "reader's watches (own key, W2)")
+	w2cancel()
+	require.ErrorIs(t, resultWithin(t, w2got, testTimeout, "W2's cancelled Lock"), context.Canceled)
+	within(t, cnt.created, testTimeout, "reader's watch after W2 went")
+	notYet(t, rgot, 200*time.Millisecond, "reader while W1 holds") // and the reads W2's going causes are done
+	turnWithNoRPC(t, &cnt, func() error { return w1.Unlock(ctx) }, rgot, "reader after W1")
+	require.NoError(t, r.RUnlock(ctx))
 }
 
 // Writers ahead of a waiting reader removed in one revision (a prefix

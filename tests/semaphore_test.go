@@ -11,6 +11,7 @@ import (
 
 	"github.com/etcdsync/etcdsync"
 	"github.com/etcdsync/etcdsync/etcdsynctest"
+	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -439,6 +440,73 @@ func TestSemaphoreTurnBehindALargeAcquireNeedsNoRead(t *testing.T) {
 	require.NoError(t, w.Release(ctx))
 	require.NoError(t, a.Release(ctx))
 	require.NoError(t, b.Release(ctx))
+}
+
+// A request for every permit behind three holders of one, which release
+// newest first: it must learn where it stands before the last release
+// (it watches two of the holders: whichever goes first wakes it), so that
+// the last release hands it the permits with no RPC. Watching only the
+// oldest holder, it heard nothing until the last release, then read.
+func TestSemaphoreLargeAcquireBehindHoldersReleasingInAnyOrderNeedsNoRead(t *testing.T) {
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "semanyorder"
+	hs := make([]*etcdsync.Semaphore, 3)
+	for i := range hs {
+		hs[i] = etcdsync.NewSemaphore(session(t, admin), name, 3)
+		require.NoError(t, hs[i].Acquire(ctx, 1))
+	}
+	cnt := counter{created: make(chan struct{}, 16)}
+	w := etcdsync.NewSemaphore(session(t, c.Client(t, cnt.dial()...)), name, 3)
+	gw := async(func() error { return w.Acquire(ctx, 3) })
+	awaitCreated(t, cnt.created, 3, testTimeout, "w's watches (its own key, the two oldest holders')")
+	var releases []func() error
+	for _, h := range hs {
+		releases = append(releases, func() error { return h.Release(ctx) })
+	}
+	releasedInAnyOrder(t, &cnt, releases, gw, "w")
+	require.NoError(t, w.Release(ctx))
+}
+
+// A server whose --max-txn-ops is below the keys a waiter rereads in one
+// transaction (its own and the keys ahead it keeps, up to 64): the server
+// refuses that read, and the waiter lists the queue instead. It used to
+// retry the refused read for as long as it waited, and never held: here
+// the waiter behind four holders and two waiters (seven gets; the
+// server takes four) as the holders release.
+func TestSemaphoreWaiterUnderASmallMaxTxnOpsHolds(t *testing.T) {
+	t.Parallel()
+	c := etcdtest.Start(t, etcdtest.Options{MaxTxnOps: 4})
+	admin, ctx := c.Client(t), ctxT(t)
+	const name = "semtxnops"
+	var hs []*etcdsync.Semaphore
+	for range 4 {
+		h := etcdsync.NewSemaphore(session(t, admin), name, 4)
+		require.NoError(t, h.Acquire(ctx, 1))
+		hs = append(hs, h)
+	}
+	var got []<-chan error
+	for i := range 3 { // two waiters, then w
+		s := etcdsync.NewSemaphore(session(t, admin), name, 4)
+		hs = append(hs, s)
+		got = append(got, async(func() error { return s.Acquire(ctx, 1) }))
+		waitKeys(t, admin, name+"/", 5+i)
+	}
+	time.Sleep(200 * time.Millisecond) // w in its watches
+	for i, h := range hs[:4] {
+		require.NoError(t, h.Release(ctx))
+		time.Sleep(100 * time.Millisecond)
+		if i == 2 {
+			require.NoError(t, resultWithin(t, got[2], 5*time.Second, "w with three permits free"))
+		}
+	}
+	for i, err := range got[:2] {
+		require.NoError(t, resultWithin(t, err, 5*time.Second, fmt.Sprintf("waiter %d", i)))
+	}
+	for _, h := range hs[4:] {
+		require.NoError(t, h.Release(ctx))
+	}
+	require.Empty(t, keys(t, admin, name+"/"))
 }
 
 // Heterogeneous weights under contention: 6 participants of a Semaphore

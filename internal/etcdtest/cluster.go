@@ -50,6 +50,9 @@ type Options struct {
 	// proxies and Cluster.CutPeers can stall it. The proxies live as long
 	// as the cluster; a restarted member keeps its proxy and ports.
 	PeerProxies bool
+
+	// MaxTxnOps is the members' --max-txn-ops (0: etcd's default, 128).
+	MaxTxnOps uint
 }
 
 // Cluster is a set of embedded etcd members.
@@ -74,6 +77,7 @@ type Member struct {
 	proxy     *relay  // the peer proxy, with Options.PeerProxies
 	initial   string
 	fsync     bool
+	maxTxnOps uint
 	tls       *Certs
 	etcd      *embed.Etcd
 	restarted bool
@@ -116,13 +120,14 @@ func startCluster(dir string, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 		m := &Member{
-			Name:   fmt.Sprintf("m%d", i),
-			dir:    fmt.Sprintf("%s/m%d", dir, i),
-			client: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])},
-			peer:   url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])},
-			ports:  ports,
-			fsync:  opts.Fsync,
-			tls:    opts.TLS,
+			Name:      fmt.Sprintf("m%d", i),
+			dir:       fmt.Sprintf("%s/m%d", dir, i),
+			client:    url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])},
+			peer:      url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])},
+			ports:     ports,
+			fsync:     opts.Fsync,
+			tls:       opts.TLS,
+			maxTxnOps: opts.MaxTxnOps,
 		}
 		if m.tls != nil {
 			m.client.Scheme = "https"
@@ -265,6 +270,9 @@ func (m *Member) start() error {
 	}
 	cfg.TickMs, cfg.ElectionMs = 50, 500
 	cfg.UnsafeNoFsync = !m.fsync
+	if m.maxTxnOps > 0 {
+		cfg.MaxTxnOps = m.maxTxnOps
+	}
 	cfg.BcryptCost = uint(bcrypt.MinCost) // password checks in milliseconds, also under -race (seconds at the default cost)
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.LogLevel = "fatal"

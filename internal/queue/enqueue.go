@@ -33,9 +33,11 @@ type turn struct {
 	farN int
 	// peers is how many keys like ours that do not block us (readers, to
 	// a reader) lie between the nearest key that blocks us and ours, as
-	// the last list showed (unknownPeers when the nearest went since): a
+	// the last list showed (unknownPeers when that is not known): a
 	// waiter with frontKeys of them ahead is not at the front (turn.front).
-	peers int
+	// peersNext is how many lie between the two nearest keys that block
+	// us, which peers takes in when the nearest goes (turn.drop).
+	peers, peersNext int
 	// unlisted: a limited list (Rule.newest) did not reach the oldest key:
 	// older keys may block us too. far and farN then count one such key,
 	// unseen, so that only a read that lists them lets the turn come.
@@ -152,14 +154,17 @@ func (t *turn) queued(ctx context.Context, rs []*pb.ResponseOp, val string) erro
 	return nil
 }
 
-// needs is how many blocking keys a limited list of an enqueue must show
-// to be enough: a waiter's first two (turn.front); a try that wrote nothing
-// needs one (the name is taken).
+// needs is how many blocking keys a limited list must show to be enough:
+// a waiter, one more than the front holds (turn.front), as fewer with
+// older keys unlisted leave it unsure whether it is at the front (the
+// second in line behind keys of nested names would watch its predecessor
+// alone and read on its release); a try that wrote nothing needs one (the
+// name is taken).
 func (t *turn) needs() int {
 	if !t.wrote {
 		return 1
 	}
-	return 2
+	return frontKeys + 1
 }
 
 // list sets the keys ahead from kvs, a list of the keys under the prefix
@@ -174,15 +179,19 @@ func (t *turn) list(kvs []*mvccpb.KeyValue, more bool) error {
 	if err != nil {
 		return err
 	}
-	t.ahead, t.far, t.farN, t.peers, t.unlisted = ahead, 0, 0, 0, t.rule.newest && more
+	t.ahead, t.far, t.farN, t.peers, t.peersNext, t.unlisted = ahead, 0, 0, 0, 0, t.rule.newest && more
 	if t.unlisted && len(ahead) > 0 {
 		t.far, t.farN = 1, 1
 	}
 	if t.rule.peers && len(ahead) > 0 {
-		near := ahead[len(ahead)-1].CreateRevision
+		near, next := ahead[len(ahead)-1].CreateRevision, ahead[max(0, len(ahead)-2)].CreateRevision
 		for _, kv := range kvs {
-			if kv.CreateRevision > near && kv.CreateRevision < t.rev && t.rule.In(t.prefix, kv) {
+			switch {
+			case kv.CreateRevision >= t.rev || !t.rule.In(t.prefix, kv):
+			case kv.CreateRevision > near:
 				t.peers++
+			case kv.CreateRevision > next:
+				t.peersNext++
 			}
 		}
 	}

@@ -10,6 +10,7 @@ package queue
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,6 +36,13 @@ type Rule struct {
 	// so the newest few keys up to ours tell a waiter all it watches:
 	// lists are limited to those (listLimit), not the whole queue.
 	newest bool
+	// waits reports whether kv, a key ahead of ours behind the keys of
+	// run, cannot hold while those stay (turn.wakesFirst); nil when keys
+	// that block us block each other one at a time (a Mutex's, the
+	// writers ahead of a reader), so that they go oldest first. Under the
+	// others, keys ahead may hold together (readers ahead of a writer, a
+	// Semaphore's holders) and go in any order.
+	waits func(prefix string, run []*mvccpb.KeyValue, kv *mvccpb.KeyValue) bool
 }
 
 // Exclusive is the rule of a Mutex or an Election: every direct child of the
@@ -120,7 +128,11 @@ func addWeights(a, b int64) int64 {
 var ReadRule = Rule{dir: "read/", blocks: inDirs("write/"), free: "write/", shared: true, peers: true}
 
 // WriteRule: a writer waits for every reader and writer created before it.
-var WriteRule = Rule{dir: "write/", blocks: inDirs("read/", "write/")}
+// Of the keys ahead, a writer waits behind any, a reader behind a writer.
+var WriteRule = Rule{dir: "write/", blocks: inDirs("read/", "write/"), waits: func(prefix string, run []*mvccpb.KeyValue, kv *mvccpb.KeyValue) bool {
+	writer := func(kv *mvccpb.KeyValue) bool { return inDirs("write/")(prefix, kv) }
+	return writer(kv) || slices.ContainsFunc(run, writer)
+}}
 
 // inDirs returns a blocks rule: the key is a direct child NAME/<dir><id> of
 // one of dirs, id in hex or decimal (etcd's recipes name keys by time).
@@ -141,9 +153,10 @@ func inDirs(dirs ...string) func(prefix string, kv *mvccpb.KeyValue) bool {
 
 // Permits is the rule of a request for n of capacity permits: every direct
 // child of the prefix created before ours blocks with its permits, and
-// capacity-n of them may remain.
+// capacity-n of them may remain. A key ahead waits behind keys whose
+// permits leave it no room.
 func Permits(capacity, n int64) *Rule {
-	return &Rule{
+	r := &Rule{
 		blocks: Exclusive.blocks,
 		room:   capacity - n,
 		weigh: func(kv *mvccpb.KeyValue) (int64, error) {
@@ -157,6 +170,10 @@ func Permits(capacity, n int64) *Rule {
 			return weight, nil
 		},
 	}
+	r.waits = func(_ string, run []*mvccpb.KeyValue, kv *mvccpb.KeyValue) bool {
+		return addWeights(r.weight(run), r.weight([]*mvccpb.KeyValue{kv})) > capacity
+	}
+	return r
 }
 
 // SemaphoreValue parses a semaphore key's value, "<permits>/<capacity>",

@@ -128,9 +128,44 @@ func TestRulesFrontIsTheFirstTwo(t *testing.T) {
 	}
 }
 
+// A reader whose nearest writer goes counts the readers listed between the
+// two nearest writers as its own peers: the first reader behind a writer
+// that gives up is at the front behind the older one when no reader lies
+// between them. Once the next writer goes too, it does not know.
+func TestRulesReaderBehindAWriterThatWent(t *testing.T) {
+	two, three := []string{"write/1a", "write/2b"}, []string{"write/1a", "write/2b", "write/3c"}
+	for _, c := range []struct {
+		name             string
+		ahead            []string
+		peers, peersNext int
+		drop             []int
+		want             bool
+	}{
+		{"no reader between the writers", two, 0, 0, []int{1}, true},
+		{"one reader between them, and one behind", two, 1, 0, []int{1}, true},
+		{"two readers between them", two, 0, 2, []int{1}, false},
+		{"the two nearest went", three, 0, 0, []int{2, 1}, false},
+		{"the next one went, then the nearest", three, 0, 0, []int{1, 1}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tn := &turn{Slot: &Slot{prefix: "n/", rule: &ReadRule}, ahead: queue(c.ahead...), peers: c.peers, peersNext: c.peersNext}
+			for _, i := range c.drop {
+				tn.drop(i)
+			}
+			if got := tn.front(); got != c.want {
+				t.Fatalf("front = %v (peers %d), want %v", got, tn.peers, c.want)
+			}
+		})
+	}
+}
+
 // A waiter away from the front watches a run of keys whose weight exceeds
 // its room, past the nearest two when it can: it wakes when it may have
-// come to the front, and no earlier.
+// come to the front, and no earlier. Where keys ahead hold together and go
+// in any order (readers ahead of a writer, a Semaphore's holders), the run
+// takes in keys behind it until it still blocks without any one of its
+// keys, counting the keys behind it that wait for it: the turn never comes
+// on the first delete it hears.
 func TestRulesKeysWatched(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -142,10 +177,14 @@ func TestRulesKeysWatched(t *testing.T) {
 		{"with one key ahead, that key", &Exclusive, []string{"1a"}, []string{"1a"}},
 		{"a reader among many behind two writers watches the nearest", &ReadRule, []string{"write/1a", "write/2b"}, []string{"write/2b"}},
 		{"a reader behind four writers watches the third", &ReadRule, []string{"write/1a", "write/2b", "write/3c", "write/4d"}, []string{"write/2b"}},
-		{"a semaphore watches a run past the nearest two whose weight exceeds the room", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=1/4", "2b=2/4"}},
+		{"a semaphore watches a run past the nearest two whose weight exceeds the room", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=2/4", "4d=1/4"}, []string{"1a=1/4", "2b=2/4"}},
+		{"past the nearest two that may hold with it, one more", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4", "4d=1/4"}, []string{"1a=1/4", "2b=2/4", "3c=1/4"}},
 		{"behind a full capacity", Permits(4, 1), []string{"1a=1/4", "2b=1/4", "3c=1/4", "4d=1/4", "5e=1/4", "6f=1/4"}, []string{"1a=1/4", "2b=1/4", "3c=1/4", "4d=1/4"}},
 		{"when those past the nearest two leave room, the nearest run", Permits(4, 2), []string{"1a=1/4", "2b=2/4", "3c=1/4"}, []string{"2b=2/4", "3c=1/4"}},
-		{"a large request watches one", Permits(4, 4), []string{"1a=1/4", "2b=1/4", "3c=1/4"}, []string{"1a=1/4"}},
+		{"a large request behind holders watches two", Permits(4, 4), []string{"1a=1/4", "2b=1/4", "3c=1/4"}, []string{"1a=1/4", "2b=1/4"}},
+		{"a large request behind waiters watches one", Permits(4, 4), []string{"1a=4/4", "2b=1/4", "3c=1/4"}, []string{"1a=4/4"}},
+		{"a writer behind three readers watches two", &WriteRule, []string{"read/1a", "read/2b", "read/3c"}, []string{"read/1a", "read/2b"}},
+		{"a writer behind readers that wait for a writer watches that writer", &WriteRule, []string{"read/1a", "write/2b", "read/3c", "read/4d"}, []string{"write/2b"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tn := &turn{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}

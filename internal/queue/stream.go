@@ -331,10 +331,7 @@ func (st *stream) waitQueue(ctx context.Context) error {
 		for _, ev := range r.wr.Events {
 			i := slices.IndexFunc(t.ahead, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == string(ev.Kv.Key) })
 			if ev.Type == mvccpb.DELETE && ev.Kv.ModRevision > t.hdr.Revision && i >= 0 {
-				if i == len(t.ahead)-1 {
-					t.nearestGone()
-				}
-				t.ahead = slices.Delete(t.ahead, i, i+1)
+				t.drop(i)
 				t.gone = max(t.gone, ev.Kv.ModRevision)
 			}
 		}

@@ -15,12 +15,14 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"math"
 	"slices"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -41,8 +43,9 @@ const keepKeys = 4
 // with more kept it lists the queue (a Semaphore of large capacity).
 const recheckKeys = 63
 
-// unknownPeers marks turn.peers unknown: the nearest key that blocked us
-// went, and how many keys like ours lie behind the next one was not read.
+// unknownPeers marks turn.peers or turn.peersNext unknown: keys that
+// blocked us went, and how many keys like ours lie behind the nearest one
+// left was not read.
 const unknownPeers = math.MaxInt
 
 // front reports whether the waiter lists every key that blocks it and is
@@ -77,10 +80,8 @@ func (t *turn) frontWithout(key string) bool {
 		return false
 	}
 	u := *t
-	u.ahead = slices.Delete(slices.Clone(t.ahead), i, i+1)
-	if i == len(t.ahead)-1 {
-		u.nearestGone()
-	}
+	u.ahead = slices.Clone(t.ahead)
+	u.drop(i)
 	return u.blocked() && u.front()
 }
 
@@ -97,7 +98,9 @@ func (t *turn) watched() []*mvccpb.KeyValue {
 	return t.ahead[i:end]
 }
 
-// watchedRun returns the bounds of watched's run in t.ahead.
+// watchedRun returns the bounds of watched's run in t.ahead. Under a rule
+// whose keys ahead may hold together, it takes in keys behind it until
+// wakesFirst holds.
 func (t *turn) watchedRun() (i, end int) {
 	end = max(0, len(t.ahead)-frontKeys)
 	if t.rule.weight(t.ahead[:end]) <= t.rule.room {
@@ -108,7 +111,34 @@ func (t *turn) watchedRun() (i, end int) {
 		i--
 		w = addWeights(w, t.rule.weight(t.ahead[i:i+1]))
 	}
+	for end < len(t.ahead) && !t.wakesFirst(i, end) {
+		end++
+	}
 	return i, end
+}
+
+// wakesFirst reports whether the delete of a key of the run t.ahead[i:end]
+// reaches the waiter before its turn can come, in whatever order the keys
+// ahead go: the run less any one of its keys, with the keys behind it that
+// wait for it (Rule.waits), still weighs more than the room. Else the turn
+// could come on a watched delete (a writer behind three readers that
+// watched the oldest, released last), and be taken with a read.
+func (t *turn) wakesFirst(i, end int) bool {
+	if t.rule.waits == nil {
+		return true
+	}
+	run := t.ahead[i:end]
+	w, heaviest := t.rule.weight(run), int64(0)
+	for j := range run {
+		heaviest = max(heaviest, t.rule.weight(run[j:j+1]))
+	}
+	w -= heaviest
+	for j, kv := range t.ahead[end:] {
+		if t.rule.waits(t.prefix, run, kv) {
+			w = addWeights(w, t.rule.weight(t.ahead[end+j:end+j+1]))
+		}
+	}
+	return w > t.rule.room
 }
 
 // blocked reports whether more weight that blocks us is listed ahead than
@@ -148,13 +178,23 @@ func (t *turn) keepStart() int {
 	return min(i, j)
 }
 
-// nearestGone notes that the nearest key that blocked us went: under a rule
-// whose keys like ours do not block us (a reader), how many of them lie
-// behind the next one is unknown until the queue is listed again.
-func (t *turn) nearestGone() {
-	if t.rule.peers {
-		t.peers = unknownPeers
+// drop removes the key ahead at i, which went. Under a rule whose keys
+// like ours do not block us (a reader): when it was the nearest, peers
+// takes in those listed between it and the next (they only vanish: at
+// most so many), and how many lie before the next is unknown until the
+// queue is listed again; when it was the next, how many lie between the
+// nearest and the one before is unknown.
+func (t *turn) drop(i int) {
+	switch n := len(t.ahead); {
+	case !t.rule.peers:
+	case i == n-1 && t.peersNext != unknownPeers && t.peers != unknownPeers:
+		t.peers, t.peersNext = t.peers+t.peersNext, unknownPeers
+	case i == n-1:
+		t.peers, t.peersNext = unknownPeers, unknownPeers
+	case i == n-2:
+		t.peersNext = unknownPeers
 	}
+	t.ahead = slices.Delete(t.ahead, i, i+1)
 }
 
 // wait blocks until the keys ahead of ours no longer block it (see rule),
@@ -355,7 +395,9 @@ func (t *turn) relist(ctx context.Context, atLeast int64, full bool) error {
 // (and reread's when it keeps the nearest): one transaction of gets of our
 // own key and of the keys it keeps (at most recheckKeys), whatever the
 // queue holds. Keys ahead of ours only vanish, so those of them still there
-// (same create revision) are all that blocks us among those it keeps.
+// (same create revision) are all that blocks us among those it keeps. A
+// server whose --max-txn-ops is below those gets refuses them: the queue
+// is listed instead (relist).
 func (t *turn) recheck(ctx context.Context, atLeast int64) error {
 	var resp *clientv3.TxnResponse
 	err := t.fresh(max(atLeast, t.gone), func(extra ...clientv3.OpOption) (hdr *pb.ResponseHeader, err error) {
@@ -371,6 +413,9 @@ func (t *turn) recheck(ctx context.Context, atLeast int64) error {
 		}
 		return resp.Header, nil
 	})
+	if errors.Is(err, rpctypes.ErrTooManyOps) {
+		return t.relist(ctx, atLeast, true)
+	}
 	if err != nil {
 		return err
 	}
@@ -381,15 +426,12 @@ func (t *turn) recheck(ctx context.Context, atLeast int64) error {
 	if !(t.value == nil && !t.wrote) && !same(0, t.rev) {
 		return ErrOwnKeyGone
 	}
-	left := t.ahead[:0]
-	for i, kv := range t.ahead {
-		if same(1+i, kv.CreateRevision) {
-			left = append(left, kv)
-		} else if i == len(t.ahead)-1 {
-			t.nearestGone()
+	for i := len(t.ahead) - 1; i >= 0; i-- { // nearest first (drop)
+		if !same(1+i, t.ahead[i].CreateRevision) {
+			t.drop(i)
 		}
 	}
-	t.ahead, t.hdr = left, resp.Header
+	t.hdr = resp.Header
 	return nil
 }
 

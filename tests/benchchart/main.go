@@ -146,16 +146,6 @@ func writeTables(w io.Writer, r results) {
 		{"BenchmarkHold10k", "heap-MiB"},
 		{"BenchmarkHold10k", "goroutines/lock"},
 	}
-	var sems []string
-	for name := range r {
-		if strings.HasPrefix(name, "BenchmarkSemaphoreEventsPerRelease/") {
-			sems = append(sems, name)
-		}
-	}
-	sort.Strings(sems)
-	for _, name := range sems {
-		singles = append(singles, struct{ name, unit string }{name, "events/release"})
-	}
 	for _, single := range singles {
 		if v, ok := r.get(single.name, single.unit); ok {
 			fmt.Fprintf(w, "| %s %s | %.4g | |\n", strings.TrimPrefix(single.name, "Benchmark"), single.unit, v)
