@@ -1,7 +1,8 @@
 // Package queue is the protocol every primitive of the package etcdsync
 // shares, in one place for a reviewer (docs/protocol.md walks through it,
-// step by step): names to keys, the enqueue transaction, the wait on the
-// nearest keys, the turn on one watch, the held key and its loss watch, the
+// step by step): names to keys, the enqueue transaction, the wait (the
+// front of a queue on one watch of the prefix and its turn on the event,
+// the others on a few keys ahead), the held key and its loss watch, the
 // fenced release, the sweeper of stray keys, what is learned of a client's
 // servers (a serializable read that came back behind), and the session's
 // lease, keepalive and local deadline.
