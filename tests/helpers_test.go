@@ -24,6 +24,11 @@ import (
 // testTimeout bounds every wait in a test (and in the fault kit).
 const testTimeout = faults.Timeout
 
+// Tests run 16 at a time (8 with -race) unless -parallel says otherwise (see
+// etcdtest.DefaultParallel). The goroutines embedded members leave for the
+// life of the process are not leaks.
+func TestMain(m *testing.M) { etcdtest.Main(m, etcdsynctest.IgnoredGoroutines()...) }
+
 // long skips t unless the long runs are on (go test -tags long).
 func long(t *testing.T) {
 	t.Helper()

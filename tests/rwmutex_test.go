@@ -329,9 +329,13 @@ func testRWMutexHerd(t *testing.T, group int) {
 	// The release reaches the readers it lets in, no other.
 	require.Equal(t, int64(group), cnt.events.Load()-events, "events of the first writer's release")
 	// The first two take their turn on the event; each other one reads its
-	// key once (one transaction).
+	// key once (one transaction), twice when its serializable read came
+	// back from before the delete (etcd sends a write's events before its
+	// revision is visible to reads; a loaded machine widens that window),
+	// then linearizable.
 	n, methods := cnt.take()
-	require.Equal(t, int64(group-2), n, "RPCs of readers after the first writer's release: %v", methods)
+	require.GreaterOrEqual(t, n, int64(group-2), "RPCs of readers after the first writer's release: %v", methods)
+	require.LessOrEqual(t, n, int64(2*(group-2)), "RPCs of readers after the first writer's release: %v", methods)
 	for _, m := range methods {
 		require.Equal(t, "/etcdserverpb.KV/Txn", m)
 	}

@@ -1,7 +1,8 @@
 package queue
 
 // A session's settings (type Options), as the options of etcdsync.NewSession
-// make them: their checks and their defaults.
+// make them: their checks and their defaults; and the pause before a
+// failed request, keepalive or watch is retried (Pause).
 
 import (
 	"context"
@@ -62,4 +63,24 @@ func roundUp(d time.Duration) time.Duration {
 		return d - rest + time.Second
 	}
 	return d
+}
+
+// retryPause is the pause between failed keepalives (bounded by TTL/3),
+// and before a failed request or a broken watch is retried (Pause).
+const retryPause = 500 * time.Millisecond
+
+// Pause waits retryPause, the pause before a failed request or a broken
+// watch is retried, or until ctx ends (returning ctx.Err()).
+func Pause(ctx context.Context) error { return Sleep(ctx, retryPause) }
+
+// Sleep waits d, or until ctx ends (returning ctx.Err()).
+func Sleep(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
 }

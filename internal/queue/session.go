@@ -385,9 +385,6 @@ func (s *Session) reportEnd() {
 	}
 }
 
-// retryPause is the pause between failed keepalives (bounded by TTL/3).
-const retryPause = 500 * time.Millisecond
-
 // Reports receives a session's state changes, as they happen. Its methods
 // must not block.
 type Reports interface {

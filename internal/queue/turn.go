@@ -18,7 +18,6 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -433,20 +432,4 @@ func (t *turn) recheck(ctx context.Context, atLeast int64) error {
 	}
 	t.hdr = resp.Header
 	return nil
-}
-
-// Pause waits retryPause, the pause before a failed request or a broken
-// watch is retried, or until ctx ends (returning ctx.Err()).
-func Pause(ctx context.Context) error { return Sleep(ctx, retryPause) }
-
-// Sleep waits d, or until ctx ends (returning ctx.Err()).
-func Sleep(ctx context.Context, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
 }
