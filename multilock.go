@@ -308,7 +308,8 @@ func (ml *MultiLock) run(ctx context.Context, lock func(context.Context) error, 
 		}
 		return queue.Stated(err, released)
 	}
-	return queue.RunIn(queue.WithHolds(ctx, mh.hs), mh.ctx, nil, after, fn)
+	begin := func(context.CancelCauseFunc) (func(), error) { return mh.hs[0].Session().BeginRun(mh.ctx) }
+	return queue.RunIn(queue.WithHolds(ctx, mh.hs), mh.ctx, begin, after, fn)
 }
 
 // Rev returns the fencing token of name: the create revision of its key in

@@ -63,6 +63,56 @@ func TestRunReleases(t *testing.T) {
 	}
 }
 
+// A session that lost contact while a Run's fn runs, closed once the link
+// is back (as a program that replaces an ended session does, from another
+// goroutine): fn was told at the local deadline, and the revoke, which
+// frees the hold's keys, waits until fn returned, within the slack, so
+// that a fn slow to stop never runs beside the next holder. (A live
+// session's Close ends its Runs as the keys go: TestRunLossCarriesCauseEveryWay.)
+func TestSessionClosedAfterLostContactWaitsForRunsBeforeRevoking(t *testing.T) {
+	t.Parallel()
+	etcdtest.SkipSlowInShort(t)
+	c, admin, _ := singleClient(t)
+	for _, kind := range runKinds(session(t, admin), "close-run") {
+		t.Run(kind.kind, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t)
+			s, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(5*time.Second))
+			r := runKindOf(s, "close-run", kind.kind)
+			started, told, proceed, ran := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan error, 1)
+			var once sync.Once
+			stop := func() { once.Do(func() { close(proceed) }) }
+			t.Cleanup(stop)
+			go func() {
+				ran <- r.run(ctx, func(fctx context.Context) error {
+					close(started)
+					<-fctx.Done()
+					close(told)
+					<-proceed
+					return context.Cause(fctx)
+				})
+			}()
+			within(t, started, testTimeout, "fn's start")
+			link.Blackhole(true)
+			within(t, told, testTimeout, "fn told of the lost contact")
+			require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
+			link.Blackhole(false)
+			closed := make(chan error, 1)
+			go func() { closed <- s.Close() }()
+			select { // a bounded look for a return that must not come: the slack has 5 s
+			case err := <-closed:
+				t.Fatalf("Close returned (%v) while fn runs", err)
+			case <-time.After(time.Second):
+			}
+			require.Len(t, keys(t, admin, r.prefix), r.keys, "the hold's keys while fn runs")
+			stop()
+			require.NoError(t, resultWithin(t, closed, testTimeout, "Close"))
+			require.ErrorIs(t, resultWithin(t, ran, testTimeout, "Run"), etcdsync.ErrLostContact)
+			require.Empty(t, keys(t, admin, r.prefix), "the revoke after fn returned")
+		})
+	}
+}
+
 // When the hold ends while fn runs (its key deleted by someone), fn's
 // context ends at once with the cause, and Run returns it joined with fn's
 // error.

@@ -923,6 +923,41 @@ func TestShardsSilentLinkEndsSlowFnsBeforeOthersStart(t *testing.T) {
 	tr.check()
 }
 
+// A member's link silent until its session's local deadline, then back
+// while its fns, told at the deadline, take 1 s to stop, and its session
+// closed then (as a program that replaces an ended session does, from
+// another goroutine; seed 1795924073491773223 of the robustness run, whose
+// lock worker shared the session): Close waits for the fns before its
+// revoke frees the shards, so nobody starts one of them before they
+// returned.
+func TestShardsSessionClosedWhileFnsStopNeverOverlaps(t *testing.T) {
+	t.Parallel()
+	etcdtest.SkipSlowInShort(t)
+	c, _, _ := singleClient(t)
+	const name, n = "shards-closed-stopping", 9
+	tr := newShardTracker(t, 0)
+	cs, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second))
+	cut := startMemberFn(t, cs, name, "cut", n, tr.fnStopping("cut", func(int) time.Duration { return time.Second }))
+	tr.waitRuns("cut", 1, testTimeout)
+	startMemberFn(t, session(t, c.Client(t)), name, "b", n, tr.fnStopping("b", slowStop))
+	startMemberFn(t, session(t, c.Client(t)), name, "c", n, tr.fnStopping("c", slowStop))
+	tr.waitBalanced(n, []string{"cut", "b", "c"}, testTimeout)
+	link.Blackhole(true)
+	select {
+	case <-cs.Done(): // the local deadline: every fn of the member is told now
+	case <-time.After(testTimeout):
+		t.Fatalf("the cut member's session did not end within %v", testTimeout)
+	}
+	require.ErrorIs(t, cs.Err(), etcdsync.ErrLostContact)
+	require.NotZero(t, tr.counts()["cut"], "no fn of the cut member still stopping when the link came back")
+	link.Blackhole(false)
+	require.NoError(t, cs.Close())
+	require.Zero(t, tr.counts()["cut"], "Close returned with fns of the member still running")
+	require.ErrorIs(t, resultWithin(t, cut.res, testTimeout, "the cut member's Run"), etcdsync.ErrSessionExpired)
+	tr.waitBalanced(n, []string{"b", "c"}, testTimeout)
+	tr.check()
+}
+
 // A member whose lease an admin revokes while a newcomer takes its part
 // from it (tries in flight): its Run returns an error wrapping ErrNotHeld
 // (its member key's delete comes first: 10 of 10 runs here) or

@@ -320,11 +320,16 @@ func (hr *Holder) Run(ctx context.Context, n int64, tag string, acquire, release
 	h.Done() // watch the key: a delete behind our back ends fn's context
 	e := &ctxHold{h: h, n: n, tag: tag, outer: holdIn(ctx)}
 	begin := func(cancel context.CancelCauseFunc) (func(), error) {
-		leave, handedOver := h.addRun(cancel)
-		if handedOver { // between the acquire and now: fn must not run beside the successor
+		uncount, ended := h.session.BeginRun(h.Context())
+		unregister, handedOver := h.addRun(cancel)
+		leave := func() { unregister(); uncount() } // after the release: a Handover and a Close wait for both
+		switch {
+		case ended != nil:
+			return leave, ended
+		case handedOver: // between the acquire and now: fn must not run beside the successor
 			return leave, fmt.Errorf("%w: %s was handed over before fn ran", ErrLockReleased, h.key)
 		}
-		return leave, nil // called after the release: a Handover waits for both
+		return leave, nil
 	}
 	after := func(err error) error {
 		cause, released := e.afterRun(ctx, release)

@@ -55,10 +55,13 @@ type Session struct {
 	watchers sync.WaitGroup // hold watchers, sweepers and waits' streams of this session (enter)
 	// reapers close the streams waits may have left open (goReap), under
 	// reap, which the client's end and Orphan cancel.
-	reapers  reapers
+	reapers  inFlight
 	reap     context.Context
 	stopReap context.CancelFunc
-	reg      registry // the keys its primitives use (registry.go)
+	// runs counts the Runs whose fn may be running under a hold of this
+	// session (BeginRun): Close revokes only once they returned.
+	runs inFlight
+	reg  registry // the keys its primitives use (registry.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -176,7 +179,8 @@ func (s *Session) Orphan() {
 }
 
 // Close ends the session and revokes its lease, which deletes every key the
-// session holds. It blocks for the revoke, bounded by the TTL, also after
+// session holds; after lost contact, once the Runs under its holds returned
+// (waitRuns). It blocks for the revoke, bounded by the TTL, also after
 // lost contact: a cluster whose leader moves re-arms every lease, so the
 // server's own expiry may come much later than the session's deadline, and
 // the client retries the revoke through leader changes. With the client
@@ -201,6 +205,9 @@ func (s *Session) Close() error {
 			// Lost contact with a lock delay: the lease runs out the
 			// delay on the server (WithLockDelay); a revoke would end it.
 		default:
+			if errors.Is(context.Cause(s.ctx), ErrLostContact) {
+				s.waitRuns()
+			}
 			began := time.Now()
 			if s.closeErr = s.revoke(s.ttl); s.closeErr == nil { // etcd answers: the reapers' streams close now
 				ctx, cancel := context.WithTimeout(context.Background(), s.ttl-time.Since(began))
@@ -211,6 +218,37 @@ func (s *Session) Close() error {
 	})
 	s.join()
 	return s.closeErr
+}
+
+// BeginRun is the begin of a Run (RunIn) under holds of s whose context
+// is hctx: it counts the Run in s.runs, which Close waits for before it
+// revokes, until the returned uncount is called (after the release); it
+// refuses the Run (ended: why) when the session or hctx ended already, as
+// a Close may then have revoked without counting it.
+func (s *Session) BeginRun(hctx context.Context) (uncount func(), ended error) {
+	s.runs.add()
+	switch {
+	case s.ctx.Err() != nil:
+		return s.runs.done, s.EndedErr()
+	case hctx.Err() != nil:
+		return s.runs.done, context.Cause(hctx)
+	}
+	return s.runs.done, nil
+}
+
+// waitRuns waits, before Close revokes the lease of a session that ended
+// for lost contact (a release of every key), for the Runs under its holds
+// to return: their fns were told at the local deadline, and have until the
+// server's expiry, the slack later, to stop, which a revoke must not cut
+// short (a program that replaces an ended session closes it at once, also
+// from another goroutine than a Shards' on it). It waits at most until
+// the lease's earliest expiry on the server (the local deadline plus the
+// slack), which frees the keys whatever the fns do. A live session's Close
+// ends the holds at once: their Runs are told as the keys go.
+func (s *Session) waitRuns() {
+	ctx, cancel := context.WithDeadline(context.Background(), s.Deadline().Add(s.slack))
+	defer cancel()
+	s.runs.wait(ctx)
 }
 
 // join waits for the session's goroutines that end with it: its keepalive
@@ -324,20 +362,22 @@ func (s *Session) goReap(f func(ctx context.Context)) {
 	}()
 }
 
-// reapers counts the goroutines closing waits' streams (goReap).
-type reapers struct {
+// inFlight counts what is in flight (the goroutines closing waits'
+// streams, goReap; the Runs under holds, BeginRun), and lets one wait,
+// bounded, for none.
+type inFlight struct {
 	mu   sync.Mutex
 	n    int
 	idle chan struct{} // closed when n comes to 0; nil until waited for
 }
 
-func (r *reapers) add() {
+func (r *inFlight) add() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n++
 }
 
-func (r *reapers) done() {
+func (r *inFlight) done() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.n--; r.n == 0 && r.idle != nil {
@@ -346,8 +386,8 @@ func (r *reapers) done() {
 	}
 }
 
-// wait blocks until no reaper runs, or ctx ends.
-func (r *reapers) wait(ctx context.Context) {
+// wait blocks until nothing counted is in flight, or ctx ends.
+func (r *inFlight) wait(ctx context.Context) {
 	r.mu.Lock()
 	if r.n == 0 {
 		r.mu.Unlock()
