@@ -117,11 +117,12 @@ func (s *Session) Orphan() { s.q.Orphan() }
 // Close ends the session and revokes its lease, which deletes every key the
 // session holds, and ends the Runs under its holds (of every primitive,
 // and Shards' fns) at the same moment: to stop them gracefully, end their
-// contexts and wait for them first. After lost contact, when their fns were
-// told at the local deadline, the revoke waits until those fns returned, at
-// most the slack's rest (until the server could expire the lease anyway),
-// so that a fn slow to stop never runs beside the next holder. It blocks
-// for the revoke, bounded by the TTL, also after
+// contexts and wait for them first. After lost contact (also a Close past
+// the local deadline before the session noticed), when their fns were told
+// at the deadline, the revoke waits until those fns returned, at most the
+// slack's rest (until the server could expire the lease anyway), so that a
+// fn slow to stop never runs beside the next holder. It blocks for the
+// revoke, bounded by the TTL, also after
 // lost contact: each leader change re-arms every lease on the server, so
 // the server's own expiry may come much later than the session's deadline,
 // and the revoke is retried through leader changes. It also waits, within

@@ -108,7 +108,10 @@ func membersName(name string) string { return name + "/members" }
 // cause is Run's error);
 // HoldFrom(ctx) gives the shard's key and fencing token. A shard is
 // released only after its fn returned: a fn slow to stop delays the move,
-// and no two members ever run one shard at once. When fn returns while the
+// and no two members ever run one shard at once (after lost contact, also
+// when the session is closed meanwhile: its revoke waits for the fns, up
+// to the slack; a live session's Close ends them as the keys go, so stop
+// Run first). When fn returns while the
 // shard is still held, it runs again after a pause that doubles, from 100
 // ms to 30 s, while it keeps failing (each error is logged and counted,
 // WithLogger, WithMetrics).

@@ -263,6 +263,21 @@ func TestLockDelayHoldsWhenLostSessionIsClosed(t *testing.T) {
 	require.GreaterOrEqual(t, got, delay-time.Second, "the next holder got the lock %v after the holder was told of its loss (lock delay %v)", got, delay)
 }
 
+// A session with a lock delay closed as its local deadline passes, before
+// its keepalive loop has ended it (a loop running late; Check answers
+// ErrLostContact from the deadline on): contact was lost all the same, so
+// Close does not revoke, and the hold's key stays for the delay.
+func TestLockDelayHoldsWhenSessionIsClosedAsItsDeadlinePasses(t *testing.T) {
+	etcdtest.SkipSlowInShort(t)
+	t.Parallel()
+	c, admin, ctx := singleClient(t)
+	const name = "delay-close-at-deadline"
+	s, closeAtDeadline := lateLoopSession(t, c, etcdsync.WithTTL(2*time.Second), etcdsync.WithLockDelay(6*time.Second))
+	require.NoError(t, etcdsync.NewMutex(s, name).Lock(ctx))
+	require.NoError(t, resultWithin(t, closeAtDeadline(), testTimeout, "Close"))
+	require.Len(t, keys(t, admin, name+"/"), 1, "the hold's key after Close: the lease runs out the delay")
+}
+
 // A holder whose session is revoked by someone else is told within a watch
 // round trip and the next holder takes over at once (the delay lives in the
 // lost holder's lease and a revoke ends it): a Run's fn sees its context end

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"sync"
@@ -21,6 +22,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Run holds while fn runs and releases after it, also when ctx ended in fn
@@ -1210,4 +1214,165 @@ func TestHoldFromIsInnermostRun(t *testing.T) {
 		require.Equal(t, ar, r)
 		return nil
 	}))
+}
+
+// A session closed as its local deadline passes, before its keepalive loop
+// has ended it (Check answers ErrLostContact from the deadline on, and a
+// program that acts on it closes the session; a loop running late): the
+// session ends by the Close, not by lost contact, yet a Run's fn is told
+// only then, past the deadline, and the revoke still waits for it, within
+// the slack, as after lost contact.
+func TestSessionClosedAsItsDeadlinePassesWaitsForRuns(t *testing.T) {
+	t.Parallel()
+	etcdtest.SkipSlowInShort(t)
+	c, admin, ctx := singleClient(t)
+	s, closeAtDeadline := lateLoopSession(t, c, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(5*time.Second))
+	const name = "close-at-deadline"
+	m := etcdsync.NewMutex(s, name)
+	started, told, proceed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	stop := func() { once.Do(func() { close(proceed) }) }
+	t.Cleanup(stop)
+	ran := async(func() error {
+		return m.Run(ctx, func(fctx context.Context) error {
+			close(started)
+			<-fctx.Done()
+			close(told)
+			<-proceed
+			return context.Cause(fctx)
+		})
+	})
+	within(t, started, testTimeout, "fn's start")
+	closed := closeAtDeadline()
+	within(t, told, testTimeout, "fn told of the Close")
+	notYet(t, closed, time.Second, "Close while fn runs, within the slack") // a bounded look for a return that must not come
+	require.Len(t, keys(t, admin, name+"/"), 1, "the hold's key while fn runs")
+	stop()
+	require.NoError(t, resultWithin(t, closed, testTimeout, "Close"))
+	require.Error(t, resultWithin(t, ran, testTimeout, "Run"))
+	require.Empty(t, keys(t, admin, name+"/"), "the revoke after fn returned")
+}
+
+// lateLoopSession is a session on a client of c whose keepalives fail at
+// once when closeAtDeadline is called, which then keeps the keepalive loop
+// late (its logger stalls on a keepalive failure within 900 ms of the
+// local deadline), calls Close in a goroutine once the deadline passed
+// and Check says so, and returns Close's result once Close has ended the
+// session (with ErrSessionClosed: before the loop could) and the loop
+// runs again.
+func lateLoopSession(t *testing.T, c *etcdtest.Cluster, opts ...etcdsync.SessionOption) (*etcdsync.Session, func() <-chan error) {
+	t.Helper()
+	var cut atomic.Bool
+	cli := c.Client(t, grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if cut.Load() && strings.HasSuffix(method, "/LeaseKeepAlive") {
+			return nil, status.Error(codes.Unknown, "test: keepalive cut")
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	}))
+	log := &lateLoopLog{stalled: make(chan struct{}), open: make(chan struct{})}
+	s := session(t, cli, append(opts, etcdsync.WithLogger(slog.New(log)))...)
+	log.s.Store(s)
+	var once sync.Once
+	open := func() { once.Do(func() { close(log.open) }) }
+	t.Cleanup(open) // before the session's Close in the cleanup
+	return s, func() <-chan error {
+		t.Helper()
+		cut.Store(true)
+		within(t, log.stalled, testTimeout, "the keepalive loop stalled in its logger before the deadline")
+		<-time.After(time.Until(s.Deadline())) // a clock event: the deadline itself
+		require.ErrorIs(t, s.Check(), etcdsync.ErrLostContact, "Check past the deadline")
+		require.NoError(t, s.Err(), "the loop, stalled, has not ended the session")
+		closed := async(s.Close)
+		within(t, s.Done(), testTimeout, "the session's end by Close")
+		require.ErrorIs(t, s.Err(), etcdsync.ErrSessionClosed, "Close ended the session before the loop")
+		cut.Store(false)
+		open()
+		return closed
+	}
+}
+
+// lateLoopLog is a slog handler that stalls the session's keepalive loop
+// on its first keepalive failure within 900 ms of the session's local
+// deadline, until open closes: a loop running late (keepalive failures
+// come every 500 ms while the keepalives fail at once).
+type lateLoopLog struct {
+	s       atomic.Pointer[etcdsync.Session]
+	once    sync.Once
+	stalled chan struct{}
+	open    chan struct{}
+}
+
+func (h *lateLoopLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h *lateLoopLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *lateLoopLog) WithGroup(string) slog.Handler            { return h }
+func (h *lateLoopLog) Handle(_ context.Context, r slog.Record) error {
+	s := h.s.Load()
+	if s == nil || !strings.Contains(r.Message, "keepalive stream failed") || time.Until(s.Deadline()) > 900*time.Millisecond {
+		return nil
+	}
+	stall := false
+	h.once.Do(func() { stall = true; close(h.stalled) })
+	if stall {
+		<-h.open
+	}
+	return nil
+}
+
+// Runs that returned before the session lost contact (also by a panic, a
+// Run inside fn entering the hold, a Run refused after the session's end)
+// are not waited for: Close after lost contact revokes at once, not at the
+// end of the slack (none stays counted).
+func TestSessionClosedAfterLostContactWaitsForNoReturnedRun(t *testing.T) {
+	t.Parallel()
+	etcdtest.SkipSlowInShort(t)
+	c, admin, _ := singleClient(t)
+	for _, kind := range runKinds(session(t, admin), "close-none") {
+		t.Run(kind.kind, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t)
+			s, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(5*time.Second))
+			r := runKindOf(s, "close-none", kind.kind)
+			require.NoError(t, r.run(ctx, func(fctx context.Context) error {
+				return r.run(fctx, func(context.Context) error { return nil }) // enters the hold
+			}))
+			require.Panics(t, func() { _ = r.run(ctx, func(context.Context) error { panic("fn") }) })
+			require.Error(t, r.run(ctx, func(context.Context) error { return errors.New("fn") }))
+			link.Blackhole(true)
+			within(t, s.Done(), testTimeout, "the session's end by lost contact")
+			require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
+			require.Error(t, r.run(ctx, func(context.Context) error { t.Error("fn ran on an ended session"); return nil }))
+			link.Blackhole(false)
+			start := time.Now()
+			require.NoError(t, s.Close())
+			require.Less(t, time.Since(start), 2*time.Second, "Close waited for Runs that had returned (slack 5 s)")
+			require.Empty(t, keys(t, admin, r.prefix))
+		})
+	}
+}
+
+// Close called inside a Run's fn after lost contact waits for that fn,
+// its own caller, no longer than the slack's rest (until the server could
+// expire the lease anyway), then revokes: no deadlock.
+func TestSessionClosedInsideFnAfterLostContactWaitsTheSlackAtMost(t *testing.T) {
+	t.Parallel()
+	etcdtest.SkipSlowInShort(t)
+	c, admin, ctx := singleClient(t)
+	const slack = 3 * time.Second
+	s, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(slack))
+	const name = "close-inside-lost"
+	var closedAt, end time.Time
+	err := etcdsync.NewMutex(s, name).Run(ctx, func(fctx context.Context) error {
+		link.Blackhole(true)
+		within(t, fctx.Done(), testTimeout, "fn told of the lost contact")
+		require.ErrorIs(t, context.Cause(fctx), etcdsync.ErrLostContact)
+		link.Blackhole(false)
+		end = s.Deadline().Add(slack)
+		require.NoError(t, resultWithin(t, async(s.Close), slack+testTimeout, "Close inside fn"))
+		closedAt = time.Now()
+		return nil
+	})
+	require.ErrorIs(t, err, etcdsync.ErrLostContact)
+	require.False(t, closedAt.Before(end), "Close inside fn returned before the slack's end: it did not wait for fn")
+	require.Less(t, closedAt.Sub(end), 2*time.Second, "Close inside fn waited past the slack's end")
+	require.Empty(t, keys(t, admin, name+"/"))
 }

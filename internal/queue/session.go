@@ -195,17 +195,22 @@ func (s *Session) Orphan() {
 // not an error.
 func (s *Session) Close() error {
 	s.closeOnce.Do(func() {
+		// Closed past the local deadline before the keepalive loop ended
+		// the session (a loop running late; Check answers ErrLostContact
+		// from the deadline on): contact was lost all the same.
+		late := s.ctx.Err() == nil && !time.Now().Before(s.Deadline())
 		s.end(ErrSessionClosed)
 		<-s.loop
 		s.watchers.Wait()
+		lost := late || errors.Is(context.Cause(s.ctx), ErrLostContact)
 		switch {
 		case s.client.Ctx().Err() != nil:
 			s.closeErr = fmt.Errorf("etcdsync: revoke lease 0x%x: client closed; the lease is left to expire", int64(s.id))
-		case errors.Is(context.Cause(s.ctx), ErrSessionExpired) && !time.Now().Before(s.Deadline()) && s.delay > 0:
+		case (late || errors.Is(context.Cause(s.ctx), ErrSessionExpired)) && !time.Now().Before(s.Deadline()) && s.delay > 0:
 			// Lost contact with a lock delay: the lease runs out the
 			// delay on the server (WithLockDelay); a revoke would end it.
 		default:
-			if errors.Is(context.Cause(s.ctx), ErrLostContact) {
+			if lost {
 				s.waitRuns()
 			}
 			began := time.Now()
