@@ -817,7 +817,7 @@ func BenchmarkEventsPerRelease(b *testing.B) {
 }
 
 // Throughput: 64 goroutines lock and unlock distinct names, against raw
-// put+delete pairs.
+// put+delete pairs, etcd's Mutex, and etcd's Mutex with a fenced release.
 func BenchmarkThroughput64(b *testing.B) {
 	const workers = 64
 	run := func(b *testing.B, op func(i int) error) {
@@ -869,6 +869,30 @@ func BenchmarkThroughput64(b *testing.B) {
 			})
 		})
 	}
+	// etcd's Mutex released as ours is, only while the key is still this
+	// hold's: the part of the gap that is the fence's.
+	b.Run("concurrency-fenced", func(b *testing.B) {
+		_, _, admin := benchEtcd(b)
+		ctx := context.Background()
+		ms := make([]*concurrency.Mutex, workers)
+		for i := range ms {
+			ms[i] = concurrency.NewMutex(theirSession(b, admin), fmt.Sprintf("tp/%d", i))
+		}
+		run(b, func(i int) error {
+			m := ms[i]
+			if err := m.Lock(ctx); err != nil {
+				return err
+			}
+			// Uncontended, the Lock's header is the create's: its revision
+			// is the key's create revision.
+			resp, err := admin.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(m.Key()), "=", m.Header().Revision)).
+				Then(clientv3.OpDelete(m.Key())).Commit()
+			if err == nil && !resp.Succeeded {
+				err = fmt.Errorf("%s: not released", m.Key())
+			}
+			return err
+		})
+	})
 }
 
 // Client allocations per operation (etcd in a child process, so that only
