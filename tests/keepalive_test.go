@@ -74,8 +74,8 @@ func TestLateAdoptionKeepsLease(t *testing.T) {
 // before the server deletes its key, and within TTL + 1 s of the cut. On a
 // 3-member cluster the session reaches only the slow member. The TTL is 4 s:
 // a beat's acknowledgement then has TTL/2 = 2 s to spare beyond the delay
-// (with 2 s, its 1 s spare was used up once in a -race run of the whole
-// suite on two cores, by the forwarding of a follower to the leader).
+// (with 2 s, its 1 s spare was used up on three members in -race runs of
+// the whole suite on two cores).
 func TestSlowLinkIsNotLost(t *testing.T) {
 	etcdtest.SkipSlowInShort(t)
 	t.Parallel() // slow and independent (own etcd): see TestFaults
