@@ -76,45 +76,20 @@ func TestRunReleases(t *testing.T) {
 func TestSessionClosedAfterLostContactWaitsForRunsBeforeRevoking(t *testing.T) {
 	t.Parallel()
 	etcdtest.SkipSlowInShort(t)
-	c, admin, _ := singleClient(t)
-	for _, kind := range runKinds(session(t, admin), "close-run") {
-		t.Run(kind.kind, func(t *testing.T) {
-			t.Parallel()
-			ctx := ctxT(t)
-			s, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(5*time.Second))
-			r := runKindOf(s, "close-run", kind.kind)
-			started, told, proceed, ran := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan error, 1)
-			var once sync.Once
-			stop := func() { once.Do(func() { close(proceed) }) }
-			t.Cleanup(stop)
-			go func() {
-				ran <- r.run(ctx, func(fctx context.Context) error {
-					close(started)
-					<-fctx.Done()
-					close(told)
-					<-proceed
-					return context.Cause(fctx)
-				})
-			}()
-			within(t, started, testTimeout, "fn's start")
-			link.Blackhole(true)
-			within(t, told, testTimeout, "fn told of the lost contact")
-			require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
-			link.Blackhole(false)
-			closed := make(chan error, 1)
-			go func() { closed <- s.Close() }()
-			select { // a bounded look for a return that must not come: the slack has 5 s
-			case err := <-closed:
-				t.Fatalf("Close returned (%v) while fn runs", err)
-			case <-time.After(time.Second):
-			}
-			require.Len(t, keys(t, admin, r.prefix), r.keys, "the hold's keys while fn runs")
-			stop()
-			require.NoError(t, resultWithin(t, closed, testTimeout, "Close"))
-			require.ErrorIs(t, resultWithin(t, ran, testTimeout, "Run"), etcdsync.ErrLostContact)
-			require.Empty(t, keys(t, admin, r.prefix), "the revoke after fn returned")
-		})
-	}
+	eachKindOnALink(t, "close-run", func(t *testing.T, ctx context.Context, admin *clientv3.Client, s *etcdsync.Session, link *etcdtest.Proxy, r runKind) {
+		told, stop, ran := runSlowToStop(t, func(fn func(context.Context) error) error { return r.run(ctx, fn) })
+		link.Blackhole(true)
+		within(t, told, testTimeout, "fn told of the lost contact")
+		require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
+		link.Blackhole(false)
+		closed := async(s.Close)
+		notYet(t, closed, time.Second, "Close while fn runs, within the slack (5 s)") // a bounded look for a return that must not come
+		require.Len(t, keys(t, admin, r.prefix), r.keys, "the hold's keys while fn runs")
+		stop()
+		require.NoError(t, resultWithin(t, closed, testTimeout, "Close"))
+		require.ErrorIs(t, resultWithin(t, ran, testTimeout, "Run"), etcdsync.ErrLostContact)
+		require.Empty(t, keys(t, admin, r.prefix), "the revoke after fn returned")
+	})
 }
 
 // When the hold ends while fn runs (its key deleted by someone), fn's
@@ -1229,20 +1204,7 @@ func TestSessionClosedAsItsDeadlinePassesWaitsForRuns(t *testing.T) {
 	s, closeAtDeadline := lateLoopSession(t, c, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(5*time.Second))
 	const name = "close-at-deadline"
 	m := etcdsync.NewMutex(s, name)
-	started, told, proceed := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	stop := func() { once.Do(func() { close(proceed) }) }
-	t.Cleanup(stop)
-	ran := async(func() error {
-		return m.Run(ctx, func(fctx context.Context) error {
-			close(started)
-			<-fctx.Done()
-			close(told)
-			<-proceed
-			return context.Cause(fctx)
-		})
-	})
-	within(t, started, testTimeout, "fn's start")
+	told, stop, ran := runSlowToStop(t, func(fn func(context.Context) error) error { return m.Run(ctx, fn) })
 	closed := closeAtDeadline()
 	within(t, told, testTimeout, "fn told of the Close")
 	notYet(t, closed, time.Second, "Close while fn runs, within the slack") // a bounded look for a return that must not come
@@ -1318,6 +1280,44 @@ func (h *lateLoopLog) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// runSlowToStop starts run with a fn that, once its context ends (told
+// closes), returns only when stop is called (t's cleanup calls it too):
+// a fn slow to stop. It returns once fn has started, with run's result
+// to come on ran.
+func runSlowToStop(t *testing.T, run func(fn func(context.Context) error) error) (told <-chan struct{}, stop func(), ran <-chan error) {
+	t.Helper()
+	started, toldc, proceed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	stop = func() { once.Do(func() { close(proceed) }) }
+	t.Cleanup(stop)
+	ran = async(func() error {
+		return run(func(fctx context.Context) error {
+			close(started)
+			<-fctx.Done()
+			close(toldc)
+			<-proceed
+			return context.Cause(fctx)
+		})
+	})
+	within(t, started, testTimeout, "fn's start")
+	return toldc, stop, ran
+}
+
+// eachKindOnALink runs f for each kind of runKinds on name, in parallel,
+// each on a session of its own (TTL 2 s, slack 5 s) of a single member
+// reached through link, which f may cut; admin reads the keys.
+func eachKindOnALink(t *testing.T, name string, f func(t *testing.T, ctx context.Context, admin *clientv3.Client, s *etcdsync.Session, link *etcdtest.Proxy, r runKind)) {
+	t.Helper()
+	c, admin, _ := singleClient(t)
+	for _, kind := range runKinds(session(t, admin), name) {
+		t.Run(kind.kind, func(t *testing.T) {
+			t.Parallel()
+			s, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(5*time.Second))
+			f(t, ctxT(t), admin, s, link, runKindOf(s, name, kind.kind))
+		})
+	}
+}
+
 // Runs that returned before the session lost contact (also by a panic, a
 // Run inside fn entering the hold, a Run refused after the session's end)
 // are not waited for: Close after lost contact revokes at once, not at the
@@ -1325,29 +1325,22 @@ func (h *lateLoopLog) Handle(_ context.Context, r slog.Record) error {
 func TestSessionClosedAfterLostContactWaitsForNoReturnedRun(t *testing.T) {
 	t.Parallel()
 	etcdtest.SkipSlowInShort(t)
-	c, admin, _ := singleClient(t)
-	for _, kind := range runKinds(session(t, admin), "close-none") {
-		t.Run(kind.kind, func(t *testing.T) {
-			t.Parallel()
-			ctx := ctxT(t)
-			s, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second), etcdsync.WithSlack(5*time.Second))
-			r := runKindOf(s, "close-none", kind.kind)
-			require.NoError(t, r.run(ctx, func(fctx context.Context) error {
-				return r.run(fctx, func(context.Context) error { return nil }) // enters the hold
-			}))
-			require.Panics(t, func() { _ = r.run(ctx, func(context.Context) error { panic("fn") }) })
-			require.Error(t, r.run(ctx, func(context.Context) error { return errors.New("fn") }))
-			link.Blackhole(true)
-			within(t, s.Done(), testTimeout, "the session's end by lost contact")
-			require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
-			require.Error(t, r.run(ctx, func(context.Context) error { t.Error("fn ran on an ended session"); return nil }))
-			link.Blackhole(false)
-			start := time.Now()
-			require.NoError(t, s.Close())
-			require.Less(t, time.Since(start), 2*time.Second, "Close waited for Runs that had returned (slack 5 s)")
-			require.Empty(t, keys(t, admin, r.prefix))
-		})
-	}
+	eachKindOnALink(t, "close-none", func(t *testing.T, ctx context.Context, admin *clientv3.Client, s *etcdsync.Session, link *etcdtest.Proxy, r runKind) {
+		require.NoError(t, r.run(ctx, func(fctx context.Context) error {
+			return r.run(fctx, func(context.Context) error { return nil }) // enters the hold
+		}))
+		require.Panics(t, func() { _ = r.run(ctx, func(context.Context) error { panic("fn") }) })
+		require.Error(t, r.run(ctx, func(context.Context) error { return errors.New("fn") }))
+		link.Blackhole(true)
+		within(t, s.Done(), testTimeout, "the session's end by lost contact")
+		require.ErrorIs(t, s.Err(), etcdsync.ErrLostContact)
+		require.Error(t, r.run(ctx, func(context.Context) error { t.Error("fn ran on an ended session"); return nil }))
+		link.Blackhole(false)
+		start := time.Now()
+		require.NoError(t, s.Close())
+		require.Less(t, time.Since(start), 2*time.Second, "Close waited for Runs that had returned (slack 5 s)")
+		require.Empty(t, keys(t, admin, r.prefix))
+	})
 }
 
 // Close called inside a Run's fn after lost contact waits for that fn,

@@ -768,6 +768,23 @@ func proxiedSession(t *testing.T, c *etcdtest.Cluster, member int, opts ...etcds
 	return session(t, cli, opts...), p
 }
 
+// cutMemberAmongThree starts three members of name's n shards on a single
+// member: "cut", on a session (TTL 2 s) through link, whose fns take
+// cutStop to stop, then "b" and "c", whose fns are slow to stop
+// (slowStop); it returns once the three are balanced.
+func cutMemberAmongThree(t *testing.T, name string, n int, cutStop func(int) time.Duration) (*shardTracker, *etcdsync.Session, *etcdtest.Proxy, *shardMember) {
+	t.Helper()
+	c, _, _ := singleClient(t)
+	tr := newShardTracker(t, 0)
+	cs, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second))
+	cut := startMemberFn(t, cs, name, "cut", n, tr.fnStopping("cut", cutStop))
+	tr.waitRuns("cut", 1, testTimeout)
+	startMemberFn(t, session(t, c.Client(t)), name, "b", n, tr.fnStopping("b", slowStop))
+	startMemberFn(t, session(t, c.Client(t)), name, "c", n, tr.fnStopping("c", slowStop))
+	tr.waitBalanced(n, []string{"cut", "b", "c"}, testTimeout)
+	return tr, cs, link, cut
+}
+
 // Churn with fns that take 200 to 400 ms to stop: three members start at
 // once, a fourth leaves as soon as it runs its first shard (its other
 // tries in flight), a fifth leaves as it joins, two join while the oldest
@@ -907,15 +924,8 @@ func TestShardsPausedLinkShorterThanTTLKeepsShards(t *testing.T) {
 func TestShardsSilentLinkEndsSlowFnsBeforeOthersStart(t *testing.T) {
 	t.Parallel()
 	etcdtest.SkipSlowInShort(t)
-	c, _, _ := singleClient(t)
-	const name, n = "shards-silent-slow", 9
-	tr := newShardTracker(t, 0)
-	cs, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second))
-	cut := startMemberFn(t, cs, name, "cut", n, tr.fnStopping("cut", slowStop))
-	tr.waitRuns("cut", 1, testTimeout)
-	startMemberFn(t, session(t, c.Client(t)), name, "b", n, tr.fnStopping("b", slowStop))
-	startMemberFn(t, session(t, c.Client(t)), name, "c", n, tr.fnStopping("c", slowStop))
-	tr.waitBalanced(n, []string{"cut", "b", "c"}, testTimeout)
+	const n = 9
+	tr, _, link, cut := cutMemberAmongThree(t, "shards-silent-slow", n, slowStop)
 	link.Blackhole(true)
 	require.ErrorIs(t, resultWithin(t, cut.res, testTimeout, "the cut member's Run"), etcdsync.ErrSessionExpired)
 	require.Zero(t, tr.counts()["cut"], "fns of the cut member still running after its Run returned")
@@ -933,15 +943,8 @@ func TestShardsSilentLinkEndsSlowFnsBeforeOthersStart(t *testing.T) {
 func TestShardsSessionClosedWhileFnsStopNeverOverlaps(t *testing.T) {
 	t.Parallel()
 	etcdtest.SkipSlowInShort(t)
-	c, _, _ := singleClient(t)
-	const name, n = "shards-closed-stopping", 9
-	tr := newShardTracker(t, 0)
-	cs, link := proxiedSession(t, c, 0, etcdsync.WithTTL(2*time.Second))
-	cut := startMemberFn(t, cs, name, "cut", n, tr.fnStopping("cut", func(int) time.Duration { return time.Second }))
-	tr.waitRuns("cut", 1, testTimeout)
-	startMemberFn(t, session(t, c.Client(t)), name, "b", n, tr.fnStopping("b", slowStop))
-	startMemberFn(t, session(t, c.Client(t)), name, "c", n, tr.fnStopping("c", slowStop))
-	tr.waitBalanced(n, []string{"cut", "b", "c"}, testTimeout)
+	const n = 9
+	tr, cs, link, cut := cutMemberAmongThree(t, "shards-closed-stopping", n, func(int) time.Duration { return time.Second })
 	link.Blackhole(true)
 	select {
 	case <-cs.Done(): // the local deadline: every fn of the member is told now

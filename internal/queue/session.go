@@ -3,7 +3,8 @@ package queue
 // The session (type Session): a lease granted (or adopted) for a process
 // (start.go), its life and its end (Close revokes, Orphan leaves the lease
 // to expire), the holds it ends with it, the goroutines it owns and joins
-// (watchers, waits' streams and their reapers), and what it reports (type
+// (watchers, waits' streams and their reapers; counted in inflight.go, as
+// the Runs under its holds Close waits for), and what it reports (type
 // Reports, at the end). Its keepalive and local deadline are in
 // keepalive.go; the keys its primitives use, and its sweepers, in its
 // registry (registry.go). The package etcdsync's Session is this one's
@@ -365,48 +366,6 @@ func (s *Session) goReap(f func(ctx context.Context)) {
 		defer s.reapers.done()
 		f(s.reap)
 	}()
-}
-
-// inFlight counts what is in flight (the goroutines closing waits'
-// streams, goReap; the Runs under holds, BeginRun), and lets one wait,
-// bounded, for none.
-type inFlight struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed when n comes to 0; nil until waited for
-}
-
-func (r *inFlight) add() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.n++
-}
-
-func (r *inFlight) done() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n--; r.n == 0 && r.idle != nil {
-		close(r.idle)
-		r.idle = nil
-	}
-}
-
-// wait blocks until nothing counted is in flight, or ctx ends.
-func (r *inFlight) wait(ctx context.Context) {
-	r.mu.Lock()
-	if r.n == 0 {
-		r.mu.Unlock()
-		return
-	}
-	if r.idle == nil {
-		r.idle = make(chan struct{})
-	}
-	idle := r.idle
-	r.mu.Unlock()
-	select {
-	case <-idle:
-	case <-ctx.Done():
-	}
 }
 
 // Bound returns ctx ended also by the session's end, and its cancel.
