@@ -91,12 +91,12 @@ func TestConcurrentUnlocksOneCommitsTheOtherReturns(t *testing.T) {
 			m := etcdsync.NewMutex(session(t, c.Client(t, sc.Dial(), g.Dial())), "two-unlocks")
 			require.NoError(t, m.Lock(ctx))
 			key := m.Key()
-			t.Cleanup(func() { close(g.Open) })
+			t.Cleanup(g.Release)
 			inFirst, goFirst := make(chan struct{}), make(chan struct{})
 			if firstHeld { // the first (bounded by the hold's end directly) waits at the gate; the second commits
 				sc.Arm(faults.TxnMethod,
-					func(c faults.Call) error { g.Armed.Store(true); close(inFirst); return c.Invoke() },
-					func(c faults.Call) error { g.Armed.Store(false); return c.Invoke() },
+					func(c faults.Call) error { g.Hold(); close(inFirst); return c.Invoke() },
+					func(c faults.Call) error { g.Pass(); return c.Invoke() },
 				)
 			} else { // the second (bounded by the hold's context) waits at the gate; the first commits
 				sc.Arm(faults.TxnMethod,
@@ -106,10 +106,10 @@ func TestConcurrentUnlocksOneCommitsTheOtherReturns(t *testing.T) {
 						case <-goFirst:
 						case <-ctx.Done():
 						}
-						g.Armed.Store(false)
+						g.Pass()
 						return c.Invoke()
 					},
-					func(c faults.Call) error { g.Armed.Store(true); return c.Invoke() },
+					func(c faults.Call) error { g.Hold(); return c.Invoke() },
 				)
 			}
 			first := async(func() error { return m.Unlock(ctx) })
@@ -195,8 +195,8 @@ func unlockHeldBack(t *testing.T, name string, ctxs ...context.Context) (*client
 	m := etcdsync.NewMutex(s, name)
 	require.NoError(t, m.Lock(ctxT(t)))
 	key := m.Key()
-	g.Armed.Store(true)
-	t.Cleanup(func() { close(g.Open) })
+	g.Hold()
+	t.Cleanup(g.Release)
 	errc := make(chan error, len(ctxs))
 	for _, ctx := range ctxs {
 		go func() { errc <- m.Unlock(ctx) }()

@@ -521,8 +521,8 @@ func TestReleaseEndsWithTheSessionWhileItsLoggerIsSlow(t *testing.T) {
 			bound := time.Second
 			switch end {
 			case "closed":
-				g.Armed.Store(true)
-				t.Cleanup(func() { close(g.Open) })
+				g.Hold()
+				t.Cleanup(g.Release)
 				unlocked = async(func() error { return m.Unlock(context.Background()) })
 				within(t, g.Held, testTimeout, "the Unlock's transaction held")
 				closed = async(s.Close)

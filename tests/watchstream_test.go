@@ -22,7 +22,6 @@ import (
 	"github.com/etcdsync/etcdsync/internal/etcdtest"
 	"github.com/etcdsync/etcdsync/internal/etcdtest/faults"
 	"github.com/stretchr/testify/require"
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/namespace"
 	"google.golang.org/grpc"
@@ -388,146 +387,23 @@ func TestWaitsOnOneClientSeeSameRevisionDeletesAcrossNames(t *testing.T) {
 	waitNoKeys(t, admin, "a28ss/")
 }
 
-// movedReads tells when a waiter that moved to the watch of its queue's
-// prefix (stream.toQueue: it watched its own key and a key ahead, and that
-// key went) has made the read that follows the move, returned after the
-// prefix watch's creation and answered at or past the revision the watch
-// was created at: a transaction whose first get is of its own key
-// (turn.recheck), or a list of the queue up to its key (turn.relist: a
-// range whose max create revision is its key's). A read still to come when
-// a test deletes keys would show the deletes (it goes to a member that has
-// them), however far its watch lags behind.
-type movedReads struct {
-	mu    sync.Mutex
-	keyAt map[int64]string // create revision -> key (mine)
-	moved map[string]int64 // own key -> revision its prefix watch was created at
-	read  map[string]bool  // own key -> read after the move
-}
-
-// mine makes the keys under prefix known by their create revisions.
-func (m *movedReads) mine(t *testing.T, cli *clientv3.Client, prefix string) {
-	resp, err := cli.Get(ctxT(t), prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	require.NoError(t, err)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, kv := range resp.Kvs {
-		m.keyAt[kv.CreateRevision] = string(kv.Key)
-	}
-}
-
-func (m *movedReads) dial() []grpc.DialOption {
-	m.keyAt, m.moved, m.read = map[int64]string{}, map[string]int64{}, map[string]bool{}
-	return []grpc.DialOption{
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			err := invoker(ctx, method, req, reply, cc, opts...)
-			if err != nil {
-				return err
-			}
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			var key string
-			var hdr *pb.ResponseHeader
-			switch req := req.(type) {
-			case *pb.TxnRequest:
-				if len(req.Success) > 0 && req.Success[0].GetRequestRange() != nil {
-					key, hdr = string(req.Success[0].GetRequestRange().Key), reply.(*pb.TxnResponse).Header
-				}
-			case *pb.RangeRequest:
-				key, hdr = m.keyAt[req.MaxCreateRevision], reply.(*pb.RangeResponse).Header
-			}
-			if at, ok := m.moved[key]; ok && hdr.Revision >= at {
-				m.read[key] = true
-			}
-			return nil
-		}),
-		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			s, err := streamer(ctx, desc, cc, method, opts...)
-			if err != nil || method != "/etcdserverpb.Watch/Watch" {
-				return s, err
-			}
-			return &movingStream{ClientStream: s, m: m}, nil
-		}),
-	}
-}
-
-// movingStream is one wait's Watch stream: its owner is the key of its
-// first watch when that is of one key (a waiter behind the front watching
-// its own key); creating, whether each watch asked for and not yet created
-// is of a prefix, in order.
-type movingStream struct {
-	grpc.ClientStream
-	m        *movedReads
-	mu       sync.Mutex
-	owner    string
-	asked    bool
-	creating []bool
-}
-
-func (s *movingStream) SendMsg(msg any) error {
-	if cr := msg.(*pb.WatchRequest).GetCreateRequest(); cr != nil {
-		s.mu.Lock()
-		if !s.asked && len(cr.RangeEnd) == 0 {
-			s.owner = string(cr.Key)
-		}
-		s.asked = true
-		s.creating = append(s.creating, len(cr.RangeEnd) > 0)
-		s.mu.Unlock()
-	}
-	return s.ClientStream.SendMsg(msg)
-}
-
-func (s *movingStream) RecvMsg(msg any) error {
-	err := s.ClientStream.RecvMsg(msg)
-	if wr := msg.(*pb.WatchResponse); err == nil && wr.Created {
-		s.mu.Lock()
-		prefix := len(s.creating) > 0 && s.creating[0]
-		if len(s.creating) > 0 {
-			s.creating = s.creating[1:]
-		}
-		if prefix && s.owner != "" {
-			s.m.mu.Lock()
-			s.m.moved[s.owner], s.m.read[s.owner] = wr.Header.Revision, false
-			s.m.mu.Unlock()
-		}
-		s.mu.Unlock()
-	}
-	return err
-}
-
-// await waits, at most testTimeout, until the waiters of keys have moved to
-// their prefix's watch and made the read after it.
-func (m *movedReads) await(t *testing.T, keys ...string) {
-	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for _, key := range keys {
-		for {
-			m.mu.Lock()
-			done := m.read[key]
-			m.mu.Unlock()
-			if done {
-				break
-			}
-			require.True(t, time.Now().Before(deadline), "the waiter of %s did not move to its prefix's watch and read", key)
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-}
-
 // Waits of one client on a follower cut off from its peers: one
 // transaction (on the quorum) deletes, on two names at one revision, the
 // holder's key and the first waiter's. Nothing moves while the follower
 // lags; once it heals, each first waiter returns ErrSessionExpired, each
-// second waiter holds (its Done open), the rest wait. Before each cut the
-// waiters that moved to the front have made their read: made after the
-// deletes, it would see them on the member the client reads from.
+// second waiter holds (its Done open), the rest wait. The waiters' reads
+// are held back while the follower lags: a waiter that moved up to the
+// front at the last round's deletes reads once (on the quorum member),
+// and that read, made after this round's deletes, would rightly show them.
 func TestWaitsOnLaggingFollowerSeeSameRevisionDeletesAcrossNames(t *testing.T) {
 	t.Parallel()
 	c, f, u := faults.PeerRig(t)
 	ctx := ctxT(t)
 	fi, ui := slices.Index(c.Members(), f), slices.Index(c.Members(), u)
 	admin := etcdtest.NewClient(t, []string{u.Endpoint()})
-	var moves movedReads
-	cli := faults.RoutedClient(t, c, fi, ui, moves.dial()...) // watches on f, the rest on u
+	reads := faults.NewUnaryGate()
+	t.Cleanup(reads.Release)
+	cli := faults.RoutedClient(t, c, fi, ui, reads.Dial()) // watches on f, the rest on u
 	names := []string{"a28lag/x", "a28lag/y"}
 	const perName = 9
 	queues := make(map[string][]*lockWaiter)
@@ -542,17 +418,13 @@ func TestWaitsOnLaggingFollowerSeeSameRevisionDeletesAcrossNames(t *testing.T) {
 	}
 	for _, name := range names {
 		require.NoError(t, resultWithin(t, queues[name][0].res, testTimeout, "first Lock"))
-		moves.mine(t, admin, name+"/")
 	}
 	for round := 0; round < 3; round++ {
-		if round > 0 { // the first two waiters of each queue were behind the front before the last round
-			for _, name := range names {
-				moves.await(t, queues[name][1].key, queues[name][2].key)
-			}
-		}
 		resp, err := admin.Get(ctx, "a28lag-rev")
 		require.NoError(t, err)
 		faults.CaughtUp(t, f, resp.Header.Revision) // every waiter watches from here
+		reads.Hold()
+		reads.Drained(t)
 		require.NoError(t, c.CutPeers(f))
 		var ops []clientv3.Op
 		for _, name := range names {
@@ -568,6 +440,7 @@ func TestWaitsOnLaggingFollowerSeeSameRevisionDeletesAcrossNames(t *testing.T) {
 		}
 		notYet(t, queues[names[0]][2].res, 300*time.Millisecond, fmt.Sprintf("round %d: second waiter while its member lags", round))
 		require.NoError(t, c.HealPeers(f))
+		reads.Release()
 		for _, name := range names {
 			q := queues[name]
 			require.ErrorIs(t, resultWithin(t, q[1].res, 10*time.Second, "first waiter"), etcdsync.ErrSessionExpired, "round %d %s", round, name)

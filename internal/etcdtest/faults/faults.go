@@ -16,6 +16,7 @@ package faults
 import (
 	"context"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -390,42 +391,109 @@ func (s *breakingStream) RecvMsg(m any) error {
 	return nil
 }
 
-// DeleteGate holds back, while Armed, the Txns whose success branch deletes
-// (an Unlock, a Resign): each blocks until Open is closed or its context
-// ends, and is reported on Held first (dropped when Held is full).
-type DeleteGate struct {
-	Armed atomic.Bool
+// Gate holds back the unary calls it picks while it holds (from Hold to
+// Pass or Release): each blocks until Release (and, should the gate hold
+// again by then, the next) or its context's end, and is reported on Held
+// first (dropped when Held is full).
+type Gate struct {
 	Held  chan struct{}
-	Open  chan struct{}
+	picks func(req any) bool
+	mu    sync.Mutex
+	holds bool
+	open  chan struct{} // closed by Release
+	going int           // calls picked and let go, not returned yet
 }
 
-// NewDeleteGate returns an unarmed gate, Held with room for 8 reports.
-func NewDeleteGate() *DeleteGate {
-	return &DeleteGate{Held: make(chan struct{}, 8), Open: make(chan struct{})}
+// NewDeleteGate returns a gate of the Txns whose success branch deletes
+// (an Unlock, a Resign), passing them until Hold, Held with room for 8
+// reports.
+func NewDeleteGate() *Gate {
+	return newGate(func(req any) bool {
+		tr, ok := req.(*pb.TxnRequest)
+		return ok && slices.ContainsFunc(tr.Success, func(op *pb.RequestOp) bool { return op.GetRequestDeleteRange() != nil })
+	})
+}
+
+// NewUnaryGate returns a gate of every unary call (reads, writes, lease
+// grants and revokes; not the streams' watches and keepalives), passing
+// them until Hold, Held with room for 8 reports.
+func NewUnaryGate() *Gate { return newGate(func(any) bool { return true }) }
+
+func newGate(picks func(req any) bool) *Gate {
+	return &Gate{Held: make(chan struct{}, 8), picks: picks, open: make(chan struct{})}
+}
+
+// Hold makes the calls picked from now on wait.
+func (g *Gate) Hold() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.holds = true
+}
+
+// Drained blocks until no call the gate let go is in flight, polling; it
+// fails t after Timeout. After Hold, no call it picks reaches the server
+// later until Release.
+func (g *Gate) Drained(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(Timeout)
+	for {
+		g.mu.Lock()
+		going := g.going
+		g.mu.Unlock()
+		if going == 0 {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "%d calls let through the gate still in flight", going)
+		time.Sleep(5 * time.Millisecond) // polling the calls in flight
+	}
+}
+
+// Pass lets the calls from now on pass; those held wait on.
+func (g *Gate) Pass() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.holds = false
+}
+
+// Release lets the held calls go, and the calls from now on pass.
+func (g *Gate) Release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.holds = false
+	close(g.open)
+	g.open = make(chan struct{})
 }
 
 // Dial returns the interceptor to dial the client with.
-func (g *DeleteGate) Dial() grpc.DialOption {
+func (g *Gate) Dial() grpc.DialOption {
 	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if tr, ok := req.(*pb.TxnRequest); ok && g.Armed.Load() {
-			del := false
-			for _, op := range tr.Success {
-				if op.GetRequestDeleteRange() != nil {
-					del = true
-				}
-			}
-			if del {
+		if !g.picks(req) {
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		g.mu.Lock()
+		for held := false; g.holds; held = true {
+			open := g.open
+			g.mu.Unlock()
+			if !held {
 				select {
 				case g.Held <- struct{}{}:
 				default:
 				}
-				select {
-				case <-g.Open:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
 			}
+			select {
+			case <-open:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			g.mu.Lock()
 		}
+		g.going++
+		g.mu.Unlock()
+		defer func() {
+			g.mu.Lock()
+			g.going--
+			g.mu.Unlock()
+		}()
 		return invoker(ctx, method, req, reply, cc, opts...)
 	})
 }
