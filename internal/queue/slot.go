@@ -3,8 +3,9 @@ package queue
 // A contender's place (type Slot): its session, the name's prefix NAME/,
 // its key NAME/<lease-hex> (or NAME/<dir>/<lease-hex> under a rule with a
 // directory), and the rule (rule.go) that says whom it waits for; the
-// lists of the keys under the prefix. Only direct children of the prefix
-// take part in a queue. How it gets its turn is in acquire.go.
+// lists of the keys under the prefix; its acquire and the withdrawal of a
+// key it may have written. Only direct children of the prefix take part in
+// a queue. How it gets its turn is in acquire.go.
 
 import (
 	"context"
@@ -165,4 +166,75 @@ func (sl *Slot) resume(rev int64) (*Hold, error) {
 // error wrapping ErrInvalidArgument.
 func (sl *Slot) blocking(kvs []*mvccpb.KeyValue, rev int64) ([]*mvccpb.KeyValue, error) {
 	return sl.rule.blocking(sl.prefix, kvs, rev)
+}
+
+// Withdraw deletes the key this call may have written: the one at rev, or
+// (rev 0: the create's outcome is unknown) the key with our lease created
+// after the session began that a read finds, at its create revision; never a
+// hold that a restarted process resumes (WithLease), and, however late the
+// server applies it, never a later hold. When it fails the session sweeps
+// the key (see Session.sweep). It runs under a short bounded context of its
+// own, as it cleans up after calls whose context may have ended.
+func (sl *Slot) Withdraw(rev int64) error {
+	ctx, cancel := sl.session.graced()
+	defer cancel()
+	return sl.withdrawIn(ctx, rev)
+}
+
+// withdrawIn is Withdraw bounded by ctx: the keys of one acquire share one
+// grace (enter), so that its cleanup takes CreateGrace however many names.
+func (sl *Slot) withdrawIn(ctx context.Context, rev int64) error {
+	err := sl.deleteAt(ctx, rev)
+	if err != nil {
+		sl.session.reg.disown(sl.key, rev) // before the key's claim is freed: the sweeper acts
+		sl.session.reg.sweep(sl.key)
+		return fmt.Errorf("etcdsync: key %s left for the session to remove once etcd answers: %w", sl.key, err)
+	}
+	return nil
+}
+
+// deleteAt deletes our key at create revision rev; with rev 0, the key with
+// our lease created after the session began, if any.
+func (sl *Slot) deleteAt(ctx context.Context, rev int64) error {
+	if rev == 0 {
+		resp, err := sl.session.client.Get(ctx, sl.key)
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) == 0 || !sl.session.made(resp.Kvs[0]) {
+			return nil
+		}
+		rev = resp.Kvs[0].CreateRevision
+	}
+	return DeleteAtRev(ctx, sl.session.client, sl.key, rev)
+}
+
+// acquire takes the slot's key for one hold: it reserves the key in the
+// session, enqueues, and (in waitTurn mode) waits for its turn. ctx bounds it
+// all; the session's end also ends it. A ctx that has ended sends nothing. On
+// error no key of this call is left behind: the cleanup runs under a short
+// bounded context of its own, and a key it cannot remove, or a create whose
+// outcome stays unknown, is swept by the session, however late the server
+// applies it. Past ctx's end it blocks at most createGrace for the create and
+// as long again for the cleanup. The reservation is freed. In tryTurn mode a held
+// name gives an error wrapping ErrLocked. A hold is returned only while the
+// session lives. Under a shared rule, a live hold of the key in the session
+// is joined (counted) without touching etcd.
+func (sl *Slot) acquire(ctx context.Context, val string, m Mode) (*Hold, []byte, error) {
+	hs, value, err := acquireSlots(ctx, []*Slot{sl}, val, m)
+	if err != nil {
+		return nil, nil, err
+	}
+	return hs[0], value, nil
+}
+
+// why wraps err with what ended the call: the caller's context, or the session.
+func (sl *Slot) why(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("etcdsync: acquire %s: %w", sl.Name(), ctx.Err())
+	case sl.session.ctx.Err() != nil:
+		return sl.session.EndedErr()
+	}
+	return err
 }
