@@ -7,11 +7,13 @@
 // servers (a serializable read that came back behind), and the session's
 // lease, keepalive and local deadline.
 //
-//   - slot.go: a contender's place (Slot); rule.go: the blocking rules
+//   - slot.go: a contender's key on a name (Slot), its acquire and the
+//     withdrawal of a key it may have written; rule.go: the blocking rules
 //     (Rule); acquire.go: the acquire step (acquireSlots), with its cleanup.
-//   - enqueue.go: the enqueue transaction and a key's turn (turn); turn.go:
-//     the wait on deletes; stream.go: the wait's watches on a gRPC stream
-//     of its own (stream), and their closing (reap).
+//   - enqueue.go: the enqueue transaction; place.go: a key's place in its
+//     queue (place: the keys ahead, the front, the keys watched); turn.go:
+//     the wait for its turn on deletes (turn); stream.go: the wait's watches
+//     on a gRPC stream of its own (stream), and their closing (reap).
 //   - hold.go: the held key (Hold: Done, loss watch); fence.go: its guard,
 //     Do and fenced release; holder.go: a primitive value's state between
 //     calls (Holder).

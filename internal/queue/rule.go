@@ -30,14 +30,14 @@ type Rule struct {
 	shared bool                                     // holds of one session share the key (counted)
 	// peers: keys under dir do not block each other (readers), so a
 	// waiter counts those between the nearest key that blocks it and its
-	// own (turn.peers), and is at the front only behind one blocking key.
+	// own (place.peers), and is at the front only behind one blocking key.
 	peers bool
 	// newest: every direct child blocks with weight 1 and none may remain,
 	// so the newest few keys up to ours tell a waiter all it watches:
 	// lists are limited to those (listLimit), not the whole queue.
 	newest bool
 	// waits reports whether kv, a key ahead of ours behind the keys of
-	// run, cannot hold while those stay (turn.wakesFirst); nil when keys
+	// run, cannot hold while those stay (place.wakesFirst); nil when keys
 	// that block us block each other one at a time (a Mutex's, the
 	// writers ahead of a reader), so that they go oldest first. Under the
 	// others, keys ahead may hold together (readers ahead of a writer, a
@@ -123,7 +123,7 @@ func addWeights(a, b int64) int64 {
 // is shared by the session's read holds; TryRLock writes at once when no
 // writer key exists. Readers do not block each other, so only the first
 // two behind a writer, when that writer is all that blocks them, watch the
-// whole prefix (turn.front); the others watch their nearest writer, and
+// whole prefix (place.front); the others watch their nearest writer, and
 // read once when it goes.
 var ReadRule = Rule{dir: "read/", blocks: inDirs("write/"), free: "write/", shared: true, peers: true}
 

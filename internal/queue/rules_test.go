@@ -120,7 +120,7 @@ func TestRulesFrontIsTheFirstTwo(t *testing.T) {
 		{"a semaphore's third waiter", Permits(4, 1), []string{"1a=1/4", "2b=1/4", "3c=1/4", "4d=1/4", "5e=1/4", "6f=1/4"}, 0, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tn := &turn{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...), peers: c.peers, farN: c.farN}
+			tn := &place{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...), peers: c.peers, farN: c.farN}
 			if got := tn.front(); got != c.want {
 				t.Fatalf("front = %v, want %v", got, c.want)
 			}
@@ -148,7 +148,7 @@ func TestRulesReaderBehindAWriterThatWent(t *testing.T) {
 		{"the next one went, then the nearest", three, 0, 0, []int{1, 1}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tn := &turn{Slot: &Slot{prefix: "n/", rule: &ReadRule}, ahead: queue(c.ahead...), peers: c.peers, peersNext: c.peersNext}
+			tn := &place{Slot: &Slot{prefix: "n/", rule: &ReadRule}, ahead: queue(c.ahead...), peers: c.peers, peersNext: c.peersNext}
 			for _, i := range c.drop {
 				tn.drop(i)
 			}
@@ -187,7 +187,7 @@ func TestRulesKeysWatched(t *testing.T) {
 		{"a writer behind readers that wait for a writer watches that writer", &WriteRule, []string{"read/1a", "write/2b", "read/3c", "read/4d"}, []string{"write/2b"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tn := &turn{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
+			tn := &place{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
 			if got, want := keyNames(tn.watched()), keyNames(queue(c.want...)); !slices.Equal(got, want) {
 				t.Fatalf("watched = %v, want %v", got, want)
 			}
@@ -221,7 +221,7 @@ func TestRulesWaiterKeepsOnlyNearest(t *testing.T) {
 		{"room left over the far keys", Permits(4, 1), []string{"1a=1/4", "2b=1/4"}, []string{"1a=1/4", "2b=1/4"}, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tn := &turn{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
+			tn := &place{Slot: &Slot{prefix: "n/", rule: c.r}, ahead: queue(c.ahead...)}
 			tn.keepNearest()
 			if got, want := keyNames(tn.ahead), keyNames(queue(c.kept...)); !slices.Equal(got, want) {
 				t.Fatalf("kept %v, want %v", got, want)

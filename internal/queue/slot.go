@@ -1,11 +1,11 @@
 package queue
 
-// A contender's place (type Slot): its session, the name's prefix NAME/,
-// its key NAME/<lease-hex> (or NAME/<dir>/<lease-hex> under a rule with a
-// directory), and the rule (rule.go) that says whom it waits for; the
-// lists of the keys under the prefix; its acquire and the withdrawal of a
-// key it may have written. Only direct children of the prefix take part in
-// a queue. How it gets its turn is in acquire.go.
+// A contender's key on a name (type Slot): its session, the name's prefix
+// NAME/, its key NAME/<lease-hex> (or NAME/<dir>/<lease-hex> under a rule
+// with a directory), and the rule (rule.go) that says whom it waits for;
+// the lists of the keys under the prefix; its acquire and the withdrawal of
+// a key it may have written. Only direct children of the prefix take part
+// in a queue. How it gets its turn is in acquire.go.
 
 import (
 	"context"
@@ -120,7 +120,7 @@ func (sl *Slot) listOp() clientv3.Op {
 // listOpts lists the keys under the prefix in create-revision order, with
 // their values only when the rule weighs them; unless full, under a rule
 // that needs only the newest keys (Rule.newest), the newest listLimit of
-// them, newest first (see turn.list), so that a reply does not grow with
+// them, newest first (see place.list), so that a reply does not grow with
 // the queue.
 func (sl *Slot) listOpts(full bool) []clientv3.OpOption {
 	if sl.rule.newest && !full {

@@ -4,7 +4,7 @@ package queue
 // gRPC stream of the wait's own (waitContext): one of the whole prefix while
 // the waiter is at the front of its queue (waitQueue: the turn on a
 // delete's event alone), else one of its own key and one of each key ahead
-// it watches (turn.watched, next); responses matched to watches by the
+// it watches (place.watched, next); responses matched to watches by the
 // channel they came on, never by watch IDs.
 
 import (
@@ -35,7 +35,7 @@ type watchOf struct {
 }
 
 // stream is a waiter's watches: one of the whole prefix (queue), or one of
-// its own key and one of each key ahead it watches (turn.watched); all through the client's Watcher, from the
+// its own key and one of each key ahead it watches (place.watched); all through the client's Watcher, from the
 // serving member's current revision, on one gRPC stream of the wait's own
 // (see waitContext). A response is matched to its key by the channel it
 // came on, never by a watch ID; the wait reads the channels itself (no
@@ -295,7 +295,7 @@ func (st *stream) alsoSeen(ctx context.Context, r keyed) (bool, error) {
 }
 
 // waitQueue waits on one watch of the whole prefix, for a waiter at the
-// front of its queue (turn.front), which lists every key that blocks it: a
+// front of its queue (place.front), which lists every key that blocks it: a
 // delete of any of them may give it the turn. etcd sends the events of one
 // revision for one watch in one response, and one watch's events in
 // revision order, resumed in order after a reconnect; so when the response
@@ -344,7 +344,7 @@ func (st *stream) waitQueue(ctx context.Context) error {
 	return nil
 }
 
-// watchKeys makes the stream watch the keys ahead turn.watched gives, and
+// watchKeys makes the stream watch the keys ahead place.watched gives, and
 // only those.
 func (st *stream) watchKeys() {
 	near := st.t.watched()

@@ -1,13 +1,13 @@
 package queue
 
 // The wait on deletes (turn.wait, turn.watch): older keys can only vanish,
-// never appear. The first waiters of a queue (turn.front: at most two behind
+// never appear. The first waiters of a queue (place.front: at most two behind
 // the keys that hold) list every key that blocks them and watch the whole
 // prefix on one watch (stream.waitQueue): the event of the last one's delete
 // gives the turn with no further RPC, as the same response would show its
 // own key's delete at that revision, and an earlier one would have come
 // before it. Any other waiter watches its own key and a few keys ahead
-// (turn.watched), chosen so that a delete reaches it only when it may have
+// (place.watched), chosen so that a delete reaches it only when it may have
 // come to the front or to its turn; it then reads (turn.settle): the keys
 // it keeps and its own, one bounded request, when it keeps all that blocks
 // it, else the queue. When its own key goes first it returns
@@ -16,8 +16,7 @@ package queue
 import (
 	"context"
 	"errors"
-	"math"
-	"slices"
+	"fmt"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -25,175 +24,81 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// frontKeys bounds the front of a queue (turn.front): a waiter is there
-// while the blocking weight ahead of it exceeds its room by at most
-// frontKeys (a Mutex's first two waiters, a one-permit Semaphore's first
-// two), or, under a rule whose keys do not block each other (readers),
-// while one key blocks it and fewer than frontKeys keys like its own lie
-// between that key and its own (the first two readers behind a writer).
-const frontKeys = 2
-
-// keepKeys is how many of the nearest keys ahead a waiter keeps at least
-// (turn.keepNearest), so that a reader behind a few writers, or a Mutex's
-// waiter, rereads only those when a key it watches goes.
-const keepKeys = 4
-
 // recheckKeys bounds the keys a waiter rereads one by one (turn.recheck);
 // with more kept it lists the queue (a Semaphore of large capacity).
 const recheckKeys = 63
 
-// unknownPeers marks turn.peers or turn.peersNext unknown: keys that
-// blocked us went, and how many keys like ours lie behind the nearest one
-// left was not read.
-const unknownPeers = math.MaxInt
+// turn is one acquire's wait for a key's turn: the key's place in its
+// queue, our key's value if it existed, and the header of the last read.
+type turn struct {
+	place
+	value []byte // our key's value when it already existed (non-nil), else nil
+	hdr   *pb.ResponseHeader
+	wrote bool // this call may have written the key
+	// also are the keys of the same acquire on other names (a MultiLock's),
+	// whose deletes end our wait too (stream.check).
+	also []string
+	// gone is the latest delete of a key listed ahead seen since: one
+	// stream delivers the deletes of different watches out of revision
+	// order (a watch's events wait until the server has sent its creation),
+	// and the turn comes no earlier than the latest.
+	gone int64
+}
 
-// front reports whether the waiter lists every key that blocks it and is
-// at the front of its queue (see frontKeys), or one delete of a key it
-// lists would give it the turn (a Semaphore's waiter behind a large
-// acquire): it then watches the whole prefix on one watch
-// (stream.waitQueue).
-func (t *turn) front() bool {
-	if t.farN > 0 {
-		return false
+// queued fills t from an enqueue's responses for its slot (rs: the get of
+// our key, empty after a put, and the list): our key as it already was, if
+// the response has it (it must have our lease and, under a rule that weighs
+// keys, the value val asks for), and the keys ahead of it (t.rev: our key's
+// create revision if it is new). When a limited list leaves it unsure
+// whether anything blocks us (only keys that do not block, or keys newer
+// than our existing key, were listed), it lists them all (one more RPC,
+// bounded by ctx).
+func (t *turn) queued(ctx context.Context, rs []*pb.ResponseOp, val string) error {
+	var own *mvccpb.KeyValue
+	if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // none after a put
+		own = kvs[0]
+		if lease := t.session.Lease(); clientv3.LeaseID(own.Lease) != lease {
+			return fmt.Errorf("%w: key %s exists with lease %x, not this session's %x", ErrInvalidArgument, t.key, own.Lease, int64(lease))
+		}
+		if t.rule.weigh != nil && string(own.Value) != val { // a restarted process's key, resumed
+			return fmt.Errorf("%w: key %s exists with %q, and this call asks for %q: acquire it as it is, then release it", ErrInvalidArgument, t.key, own.Value, val)
+		}
+		t.rev, t.value = own.CreateRevision, append([]byte{}, own.Value...)
 	}
-	w := t.rule.weight(t.ahead)
-	if t.rule.peers {
-		return t.peers < frontKeys && w <= addWeights(t.rule.room, 1)
+	rr := rs[1].GetResponseRange()
+	if err := t.list(rr.Kvs, rr.More); err != nil {
+		return err
 	}
-	if w <= addWeights(t.rule.room, frontKeys) {
-		return true
-	}
-	for i := range t.ahead {
-		if w-t.rule.weight(t.ahead[i:i+1]) <= t.rule.room {
-			return true
+	if t.unlisted && (own != nil || len(t.ahead) < t.needs()) {
+		if err := t.relist(ctx, t.hdr.Revision, true); err != nil {
+			return err
 		}
 	}
-	return false
+	if own != nil {
+		t.wrote = t.mine(own) // after t.ahead: a waiting key is ours to withdraw
+	}
+	return nil
 }
 
-// frontWithout reports whether the waiter would be blocked and at the
-// front once key, a key ahead it keeps, is gone.
-func (t *turn) frontWithout(key string) bool {
-	i := slices.IndexFunc(t.ahead, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == key })
-	if i < 0 {
-		return false
+// needs is how many blocking keys a limited list must show to be enough:
+// a waiter, one more than the front holds (place.front), as fewer with
+// older keys unlisted leave it unsure whether it is at the front (the
+// second in line behind keys of nested names would watch its predecessor
+// alone and read on its release); a try that wrote nothing needs one (the
+// name is taken).
+func (t *turn) needs() int {
+	if !t.wrote {
+		return 1
 	}
-	u := *t
-	u.ahead = slices.Clone(t.ahead)
-	u.drop(i)
-	return u.blocked() && u.front()
+	return frontKeys + 1
 }
 
-// watched returns the keys ahead a waiter that is not at the front watches
-// besides its own: a run of them whose weight exceeds the room, so that the
-// turn cannot come before one of them goes, taken past the nearest
-// frontKeys keys when the keys behind those weigh enough, so that the
-// waiter wakes when it may have come to the front (a Mutex's waiter watches
-// the third key ahead of it), else the nearest such run (a reader among
-// many behind one writer watches that writer). A key ahead that goes
-// without waking the waiter leaves it blocked by the run.
-func (t *turn) watched() []*mvccpb.KeyValue {
-	i, end := t.watchedRun()
-	return t.ahead[i:end]
-}
-
-// watchedRun returns the bounds of watched's run in t.ahead. Under a rule
-// whose keys ahead may hold together, it takes in keys behind it until
-// wakesFirst holds.
-func (t *turn) watchedRun() (i, end int) {
-	end = max(0, len(t.ahead)-frontKeys)
-	if t.rule.weight(t.ahead[:end]) <= t.rule.room {
-		end = len(t.ahead)
-	}
-	i, w := end, int64(0)
-	for i > 0 && w <= t.rule.room {
-		i--
-		w = addWeights(w, t.rule.weight(t.ahead[i:i+1]))
-	}
-	for end < len(t.ahead) && !t.wakesFirst(i, end) {
-		end++
-	}
-	return i, end
-}
-
-// wakesFirst reports whether the delete of a key of the run t.ahead[i:end]
-// reaches the waiter before its turn can come, in whatever order the keys
-// ahead go: the run less any one of its keys, with the keys behind it that
-// wait for it (Rule.waits), still weighs more than the room. Else the turn
-// could come on a watched delete (a writer behind three readers that
-// watched the oldest, released last), and be taken with a read.
-func (t *turn) wakesFirst(i, end int) bool {
-	if t.rule.waits == nil {
-		return true
-	}
-	run := t.ahead[i:end]
-	w, heaviest := t.rule.weight(run), int64(0)
-	for j := range run {
-		heaviest = max(heaviest, t.rule.weight(run[j:j+1]))
-	}
-	w -= heaviest
-	for j, kv := range t.ahead[end:] {
-		if t.rule.waits(t.prefix, run, kv) {
-			w = addWeights(w, t.rule.weight(t.ahead[end+j:end+j+1]))
-		}
-	}
-	return w > t.rule.room
-}
-
-// blocked reports whether more weight that blocks us is listed ahead than
-// the rule leaves room for.
-func (t *turn) blocked() bool { return addWeights(t.rule.weight(t.ahead), t.far) > t.rule.room }
-
-// keepNearest keeps of the keys listed ahead, as small copies, all of them
-// at the front, else those from keepStart on; the weight and number of the
-// others go into far and farN, so that a waiter's memory does not grow
-// with the queue ahead of it.
-func (t *turn) keepNearest() {
-	start := 0
-	if !t.front() {
-		start = t.keepStart()
-	}
-	t.far = addWeights(t.far, t.rule.weight(t.ahead[:start]))
-	t.farN += start
-	kept := make([]*mvccpb.KeyValue, len(t.ahead)-start)
-	for i, kv := range t.ahead[start:] {
-		kept[i] = &mvccpb.KeyValue{Key: kv.Key, CreateRevision: kv.CreateRevision, Value: kv.Value}
-	}
-	t.ahead = kept
-}
-
-// keepStart returns the index in t.ahead from which a waiter away from the
-// front keeps the keys ahead: the start of its watched run, or earlier, so
-// that it keeps at least keepKeys keys and the nearest keys whose weight
-// exceeds its room plus twice frontKeys (the front and a run past it). A
-// waiter that moves up then rereads those keys, not the queue.
-func (t *turn) keepStart() int {
-	i, _ := t.watchedRun()
-	j, w := len(t.ahead), int64(0)
-	for j > 0 && (len(t.ahead)-j < keepKeys || w <= addWeights(t.rule.room, 2*frontKeys)) {
-		j--
-		w = addWeights(w, t.rule.weight(t.ahead[j:j+1]))
-	}
-	return min(i, j)
-}
-
-// drop removes the key ahead at i, which went. Under a rule whose keys
-// like ours do not block us (a reader): when it was the nearest, peers
-// takes in those listed between it and the next (they only vanish: at
-// most so many), and how many lie before the next is unknown until the
-// queue is listed again; when it was the next, how many lie between the
-// nearest and the one before is unknown.
-func (t *turn) drop(i int) {
-	switch n := len(t.ahead); {
-	case !t.rule.peers:
-	case i == n-1 && t.peersNext != unknownPeers && t.peers != unknownPeers:
-		t.peers, t.peersNext = t.peers+t.peersNext, unknownPeers
-	case i == n-1:
-		t.peers, t.peersNext = unknownPeers, unknownPeers
-	case i == n-2:
-		t.peersNext = unknownPeers
-	}
-	t.ahead = slices.Delete(t.ahead, i, i+1)
+// mine reports whether a key of ours that existed before this call is this
+// call's to withdraw if it fails: one this session made (a create applied
+// late), or a restarted process's key (WithLease) that still waits; never a
+// restarted process's hold.
+func (t *turn) mine(kv *mvccpb.KeyValue) bool {
+	return t.session.made(kv) || t.blocked()
 }
 
 // wait blocks until the keys ahead of ours no longer block it (see rule),
@@ -227,11 +132,11 @@ func (t *turn) wait(ctx context.Context) (*pb.ResponseHeader, error) {
 // turn came (nothing blocks us), an error wrapping ErrSessionExpired when
 // our key went, or another error when a watch failed.
 //
-// A waiter at the front (turn.front: the first waiters of a queue, which
+// A waiter at the front (place.front: the first waiters of a queue, which
 // list every key that blocks them) watches the whole prefix on one watch
 // and takes its turn on the event of the last blocking key's delete
 // (stream.waitQueue). Any other waiter watches its own key and the run of
-// keys ahead that turn.watched gives (a Mutex's waiter: the third key
+// keys ahead that place.watched gives (a Mutex's waiter: the third key
 // ahead); when one of them goes it reads (stream.moved), off the critical
 // path, until it is at the front or its turn came. All watches start at
 // the serving member's current revision (start 0), so the server puts them
