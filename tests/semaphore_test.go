@@ -406,9 +406,9 @@ func TestSemaphoreTryWeightsSaturate(t *testing.T) {
 
 // A Semaphore of capacity 3: A(1) and B(1) hold, C asks for 3 and waits, W
 // asks for 1 behind C. W keeps B and C of the keys ahead and counts A as
-// far (turn.keepNearest). When C gives up, W may hold beside A and B
+// far (place.keepNearest). When C gives up, W may hold beside A and B
 // (1+1+1 <= 3): C's delete alone gives W its turn, so W watches the prefix
-// (turn.single) and takes the turn on that event with no RPC.
+// (place.front) and takes the turn on that event with no RPC.
 func TestSemaphoreTurnBehindALargeAcquireNeedsNoRead(t *testing.T) {
 	t.Parallel()
 	c, admin, ctx := singleClient(t)

@@ -29,8 +29,8 @@ func CheckName(name string) error {
 	return nil
 }
 
-// Slot is one contender's place: the session, the name's prefix, the key,
-// and the rule that says whom it waits for.
+// Slot is one contender's key on a name: the session, the name's prefix,
+// the key, and the rule that says whom it waits for.
 type Slot struct {
 	session *Session
 	prefix  string // NAME/
@@ -71,7 +71,7 @@ func (sl *Slot) Unreserve() { sl.session.reg.releaseKey(sl.key) }
 // It does not block.
 func (sl *Slot) Sweep() { sl.session.reg.sweep(sl.key) }
 
-// NewSlot returns the place of a value of kind on name for session s, its
+// NewSlot returns the slot of a value of kind on name for session s, its
 // key placed and blocked under rule r. It does not touch etcd.
 func NewSlot(s *Session, name, kind string, r *Rule) (Slot, error) {
 	if s == nil {

@@ -11,7 +11,9 @@ package queue
 // come to the front or to its turn; it then reads (turn.settle): the keys
 // it keeps and its own, one bounded request, when it keeps all that blocks
 // it, else the queue. When its own key goes first it returns
-// ErrSessionExpired. The watches themselves are in stream.go.
+// ErrSessionExpired. The watches themselves are in stream.go. A turn is
+// made from the enqueue's reply (turn.queued), with its place in the queue
+// (place.go).
 
 import (
 	"context"
