@@ -3,7 +3,7 @@ package etcdsync
 // The barrier: one key, NAME itself (the key etcd's recipe Barrier uses),
 // that blocks every Wait while it exists. Hold creates it (HoldFor binds it
 // to a session's lease), Release deletes it, Wait reads it once and watches
-// for its delete (queue.WatchGone, internal/queue/hold.go).
+// for its delete (queue.WatchGone, internal/queue/watchgone.go).
 
 import (
 	"context"

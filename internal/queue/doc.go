@@ -14,9 +14,10 @@
 //     queue (place: the keys ahead, the front, the keys watched); turn.go:
 //     the wait for its turn on deletes (turn); stream.go: the wait's watches
 //     on a gRPC stream of its own (stream), and their closing (reap).
-//   - hold.go: the held key (Hold: Done, loss watch); fence.go: its guard,
-//     Do and fenced release; holder.go: a primitive value's state between
-//     calls (Holder).
+//   - hold.go: the held key (Hold: Done, loss watch, guard, Do and fenced
+//     release); watchgone.go: the watch of a key until it is gone; fence.go:
+//     the release of several holds in one transaction; holder.go: a
+//     primitive value's state between calls (Holder).
 //   - registry.go: the session's key claims and its sweepers (registry).
 //   - session.go: the lease's life and end, and the goroutines the session
 //     owns (Session), and what it reports (Reports); start.go: the grant or

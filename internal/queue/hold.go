@@ -1,18 +1,22 @@
 package queue
 
 // A held key (type Hold): the state a primitive value has while it holds
-// (Done, Err and the causes of loss), the watch that learns of its loss,
-// and the Runs under it (run.go). Its guarded writes and fenced release are
-// in fence.go; the holder that keeps it between calls in holder.go.
+// (Done, Err and the causes of loss), the watch that learns of its loss
+// (watchgone.go), the Runs under it (run.go), and its fenced writes: the
+// guard (a comparison true only while the hold is current), Do and Put
+// under it, and the release, which deletes a held key only while it is the
+// hold's incarnation (its create revision), so that a retried or late
+// release never deletes a newer hold (several at once: fence.go). The
+// holder that keeps it between calls is in holder.go.
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -43,11 +47,10 @@ type holdExtra struct {
 	wrote   int64      // the key's mod revision after our last put (writing); 0: its create
 
 	// under Hold.mu:
-	last    *pb.ResponseHeader      // of the last write through the hold (Proclaim)
-	ctx     context.Context         // ends with the hold; nil until asked for
-	end     context.CancelCauseFunc // ends ctx
-	runs    map[*running]struct{}   // the Runs under the hold (run.go); nil until one starts
-	handing bool                    // a Handover has begun: no Run starts its work
+	last *pb.ResponseHeader      // of the last write through the hold (Proclaim)
+	ctx  context.Context         // ends with the hold; nil until asked for
+	end  context.CancelCauseFunc // ends ctx
+	runs runSet                  // the Runs under the hold (run.go)
 
 	release context.CancelFunc // cancels the release in flight (Unhold), if any, when the hold ends
 
@@ -269,45 +272,6 @@ func (h *Hold) watchKey(hctx context.Context) {
 	}
 }
 
-// WatchGone blocks until the incarnation of key created at rev is gone
-// (deleted, or deleted and created again), watching from revision from (the
-// key was there at from-1), and returns the revision at which it was seen
-// gone. It keeps one watch; when the watch fails (compaction, a member
-// restart, a lost leader) it reads the key once (linearizable) and watches
-// again from that read, so it survives them. It returns ctx's error when ctx
-// ends, and an error when the client is closed.
-func WatchGone(ctx context.Context, cli *clientv3.Client, key string, rev, from int64) (int64, error) {
-	for {
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for wr := range cli.Watch(wctx, key, clientv3.WithRev(from), clientv3.WithFilterPut()) {
-			if wr.Canceled {
-				break
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					cancel()
-					return ev.Kv.ModRevision, nil
-				}
-			}
-			from = max(from, wr.Header.Revision+1)
-		}
-		cancel()
-		if err := Pause(ctx); err != nil {
-			return 0, err
-		}
-		resp, err := cli.Get(ctx, key)
-		switch {
-		case err != nil && cli.Ctx().Err() != nil:
-			return 0, fmt.Errorf("etcdsync: watch %s: client closed: %w", key, err)
-		case err != nil:
-		case len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev:
-			return resp.Header.Revision, nil
-		default:
-			from = resp.Header.Revision + 1
-		}
-	}
-}
-
 // cancelOnEnd makes the hold's end call cancel, a release's in flight, and
 // reports true; cancelOnEnd(nil) undoes it. It is called at once when the
 // hold has ended already. It reports false, changing nothing, when another
@@ -328,40 +292,150 @@ func (h *Hold) cancelOnEnd(cancel context.CancelFunc) bool {
 	return true
 }
 
-// addRun registers a Run under h, whose work stop cancels; the returned
-// function, called once the Run has released, unregisters it. When a
-// Handover has begun on h (stopRuns), it reports handedOver: the Run must
-// not start its work.
+// addRun registers a Run under h, whose work stop cancels (see runSet.add).
 func (h *Hold) addRun(stop context.CancelCauseFunc) (leave func(), handedOver bool) {
-	r := &running{stop: stop, over: make(chan struct{})}
-	h.mu.Lock()
-	x := h.extraLocked()
-	if x.runs == nil {
-		x.runs = make(map[*running]struct{})
-	}
-	x.runs[r] = struct{}{}
-	handedOver = x.handing
-	h.mu.Unlock()
-	return func() {
-		h.mu.Lock()
-		delete(x.runs, r)
-		h.mu.Unlock()
-		close(r.over)
-	}, handedOver
+	return h.extra().runs.add(stop)
 }
 
 // StopRuns begins a Handover of h: no Run registered from now on starts its
 // work, and the work of every Run under h is cancelled with cause. It
 // returns channels that close as each Run has released.
 func (h *Hold) StopRuns(cause error) []chan struct{} {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	x := h.extraLocked()
-	x.handing = true
-	var over []chan struct{}
-	for r := range x.runs {
-		r.stop(cause)
-		over = append(over, r.over)
+	return h.extra().runs.stop(cause)
+}
+
+// Guard is the comparison that holds while h is the current hold; with no
+// hold it is a valid comparison that is always false.
+func (h *Hold) Guard(prefix string) clientv3.Cmp {
+	if !h.Live() {
+		return clientv3.Compare(clientv3.CreateRevision(prefix), "<", 0)
 	}
-	return over
+	return clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.rev)
+}
+
+// do runs ops in one transaction only while h is current. When the hold is
+// gone it ends h and returns an error wrapping ErrNotHeld.
+func (h *Hold) do(ctx context.Context, ops ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	if !h.Live() {
+		return nil, fmt.Errorf("%w: no current hold", ErrNotHeld)
+	}
+	// The Else range keeps the transaction linearizable: one of compares and
+	// serializable reads alone is served by any member, which may lag.
+	resp, err := h.session.client.Txn(ctx).If(h.Guard(h.prefix)).Then(ops...).Else(clientv3.OpGet(h.key, clientv3.WithCountOnly())).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("etcdsync: guarded transaction on %s: %w", h.key, err)
+	}
+	if !resp.Succeeded {
+		h.Lost(resp.Header.Revision)
+		return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+	}
+	return resp, nil
+}
+
+// Put sets the key's value while h is current, and only over the value of
+// our last put (or the create): a put of ours that the server applies late,
+// after a newer one, finds the key changed and writes nothing. When the key
+// has changed since our last put (such a late put of ours landed first, or
+// someone else's), the newer put writes over it. Puts run one at a time.
+// When the hold is gone it ends h and returns an error wrapping ErrNotHeld.
+func (h *Hold) Put(ctx context.Context, val string) (*pb.ResponseHeader, error) {
+	x := h.extra()
+	x.writing.Lock()
+	defer x.writing.Unlock()
+	if x.wrote == 0 {
+		x.wrote = h.rev
+	}
+	for range putTries {
+		if !h.Live() {
+			return nil, fmt.Errorf("%w: no current hold", ErrNotHeld)
+		}
+		resp, err := h.session.client.Txn(ctx).
+			If(h.Guard(h.prefix), clientv3.Compare(clientv3.ModRevision(h.key), "=", x.wrote)).
+			Then(clientv3.OpPut(h.key, val, clientv3.WithLease(h.session.Lease()))).
+			Else(clientv3.OpGet(h.key)).
+			Commit()
+		if err != nil {
+			return nil, fmt.Errorf("etcdsync: set the value of %s: %w", h.key, err)
+		}
+		if resp.Succeeded {
+			x.wrote = resp.Header.Revision
+			return resp.Header, nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 || kvs[0].CreateRevision != h.rev {
+			h.Lost(resp.Header.Revision)
+			return nil, fmt.Errorf("%w: %s at revision %d is gone", ErrNotHeld, h.key, h.rev)
+		}
+		x.wrote = kvs[0].ModRevision
+	}
+	return nil, fmt.Errorf("etcdsync: set the value of %s: it changed under each of %d tries", h.key, putTries)
+}
+
+// putTries bounds how often put writes over a value it did not expect.
+const putTries = 4
+
+// Unhold deletes the key at the held revision only (a retried release never
+// deletes a newer hold). It is bounded by ctx and by the hold itself: when
+// the hold ends meanwhile (the session ended, or reached its local deadline;
+// the key was deleted) it returns at once. On an RPC error the hold stays, so
+// it can be retried; when there was nothing to delete the hold ends and the
+// error wraps ErrLockReleased. The hold ends once the delete has committed.
+func (h *Hold) Unhold(ctx context.Context) error {
+	if err := h.unholdable(ctx); err != nil {
+		return err
+	}
+	// The session's end cancels the request at once (Bound), whatever the
+	// session's loop is doing; the hold's own end, through finish.
+	ctx, cancel := h.session.Bound(ctx)
+	defer cancel()
+	if h.cancelOnEnd(cancel) {
+		defer h.cancelOnEnd(nil)
+	} else { // another release of h is in flight: the hold's context bounds this one
+		defer context.AfterFunc(h.Context(), cancel)()
+	}
+	h.releasing.Add(1)
+	resp, err := h.session.client.Txn(ctx).If(h.Guard(h.prefix)).Then(clientv3.OpDelete(h.key)).Commit()
+	if err != nil {
+		return h.released(err, false, 0)
+	}
+	return h.released(nil, resp.Succeeded, resp.Header.Revision)
+}
+
+// unholdable is nil when h can be released under ctx, else why not: the
+// hold has ended, or ctx has (nothing is sent: the hold stays as it was).
+func (h *Hold) unholdable(ctx context.Context) error {
+	switch {
+	case !h.Live():
+		return fmt.Errorf("%w: not held", ErrLockReleased)
+	case ctx.Err() != nil:
+		return fmt.Errorf("etcdsync: release %s: %w", h.key, ctx.Err())
+	}
+	return nil
+}
+
+// released ends a release of h that Unhold sent (h.releasing counted it):
+// err is the RPC's error, else deleted says whether the key was still h's
+// at revision rev. It returns the release's error for the caller.
+func (h *Hold) released(err error, deleted bool, rev int64) error {
+	switch {
+	case err != nil:
+		// The delete may have committed; a Done watch that saw it while
+		// it was in flight has reported a release. From now on a loss is
+		// someone else's doing.
+		h.releasing.Add(-1)
+		switch {
+		case h.Live():
+			return fmt.Errorf("etcdsync: release %s: %w", h.key, err)
+		case !errors.Is(h.Err(), ErrLockReleased):
+			return fmt.Errorf("%w: %s: the hold ended while releasing: %w", ErrLockReleased, h.key, h.Err())
+		}
+		return nil
+	case deleted:
+		h.stop(ErrLockReleased)
+		return nil
+	}
+	h.releasing.Add(-1)
+	h.Lost(rev)
+	h.stop(nil)
+	return fmt.Errorf("%w: %s at revision %d was already gone", ErrLockReleased, h.key, h.rev)
 }

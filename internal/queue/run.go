@@ -3,12 +3,14 @@ package queue
 // How every Run calls fn under its hold (RunIn); what Run's context carries
 // (type ctxHold): the holds of the Runs it is inside, innermost first, so
 // that a Run inside fn (given fn's context) enters the hold that is already
-// there (Holder.Run, Holder.reenter), and HoldFrom finds them; and how Run
-// states a hold's cause once.
+// there (Holder.Run, Holder.reenter), and HoldFrom finds them; how Run
+// states a hold's cause once; and the Runs under a hold as a Handover sees
+// them (type runSet).
 
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 )
 
@@ -76,6 +78,48 @@ func Stated(err, cause error) error {
 		return err
 	}
 	return errors.Join(err, cause)
+}
+
+// runSet is the Runs under a hold, as a Handover sees them.
+type runSet struct {
+	mu      sync.Mutex
+	runs    map[*running]struct{} // nil until one starts
+	handing bool                  // a Handover has begun: no Run starts its work
+}
+
+// add registers a Run whose work stop cancels; the returned function,
+// called once the Run has released, unregisters it. When a Handover has
+// begun (stop), it reports handedOver: the Run must not start its work.
+func (rs *runSet) add(stop context.CancelCauseFunc) (leave func(), handedOver bool) {
+	r := &running{stop: stop, over: make(chan struct{})}
+	rs.mu.Lock()
+	if rs.runs == nil {
+		rs.runs = make(map[*running]struct{})
+	}
+	rs.runs[r] = struct{}{}
+	handedOver = rs.handing
+	rs.mu.Unlock()
+	return func() {
+		rs.mu.Lock()
+		delete(rs.runs, r)
+		rs.mu.Unlock()
+		close(r.over)
+	}, handedOver
+}
+
+// stop begins a Handover: no Run added from now on starts its work, and the
+// work of every Run in the set is cancelled with cause. It returns channels
+// that close as each Run has released.
+func (rs *runSet) stop(cause error) []chan struct{} {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.handing = true
+	var over []chan struct{}
+	for r := range rs.runs {
+		r.stop(cause)
+		over = append(over, r.over)
+	}
+	return over
 }
 
 // running is a Run under a hold, as a Handover sees it: how to stop its
