@@ -1,6 +1,6 @@
 package queue
 
-// A session's keepalive (Session.keepAlive): one KeepAliveOnce per beat
+// A session's keepalive (type keepalive, run): one KeepAliveOnce per beat
 // through the client's Lease, paced from the beats' send times with more
 // than one in flight, and the local deadline each acknowledged beat moves:
 // never later than the server's expiry, as a beat's deadline counts from
@@ -17,6 +17,22 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// keepalive is a session's keepalive loop (run) and the local deadline it
+// moves (see Session).
+type keepalive struct {
+	check chan struct{} // asks the loop for a beat now
+	loop  chan struct{} // closed when the loop has returned
+
+	mu       sync.Mutex
+	deadline time.Time     // the local deadline
+	moved    chan struct{} // closed when deadline next moves or the loop ends (nextMove); nil until asked for
+	ended    bool          // the loop ended: nextMove answers Closed
+}
+
+func newKeepalive(deadline time.Time) *keepalive {
+	return &keepalive{check: make(chan struct{}, 1), loop: make(chan struct{}), deadline: deadline}
+}
+
 // keepAlive refreshes the lease until the session ends: each beat is one
 // KeepAliveOnce through the client's Lease (so a wrapper, a namespace, an
 // in-process client or a proxy sees it), run in a goroutine of its own and
@@ -27,13 +43,15 @@ import (
 // time plus the TTL the server granted, less the slack and the lock delay
 // (WithSlack, WithLockDelay);
 // a beat knows its own send time, so
-// replies may come in any order. The first beat goes at first. keepAlive
-// owns the beats' goroutines (joined on return) and the end of the session
-// by lost contact or a lease that vanished.
-func (s *Session) keepAlive(first time.Time) {
-	defer close(s.loop)
+// replies may come in any order. The first beat goes at first. run owns
+// the beats' goroutines (joined on return) and the end of s by lost
+// contact or a lease that vanished; once s has ended it ends s's holds,
+// stops its watch of its parent context and reports the end, and then
+// closes k.loop.
+func (k *keepalive) run(s *Session, first time.Time) {
+	defer close(k.loop)
 	defer s.reportEnd()
-	defer s.stopMoving()
+	defer k.end()
 	defer s.finishHolds()
 	defer s.unlink()
 	pace := s.ttl / 3
@@ -46,7 +64,7 @@ func (s *Session) keepAlive(first time.Time) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		deadline := s.Deadline()
+		deadline := k.at()
 		if late := time.Since(deadline); late >= 0 {
 			if s.rep != nil {
 				s.rep.ActedLate(s, late)
@@ -59,7 +77,7 @@ func (s *Session) keepAlive(first time.Time) {
 		select {
 		case <-s.ctx.Done():
 			return
-		case <-s.check:
+		case <-k.check:
 			next = time.Now() // a hold lost its key: is the lease gone?
 			continue
 		case r := <-replies:
@@ -76,7 +94,7 @@ func (s *Session) keepAlive(first time.Time) {
 				if s.rep != nil {
 					s.rep.KeepaliveAcked(s, time.Since(r.sent))
 				}
-				s.extend(r.sent.Add(time.Duration(r.ttl)*time.Second - s.beyond()))
+				k.extend(r.sent.Add(time.Duration(r.ttl)*time.Second - s.beyond()))
 			}
 			continue
 		case <-timer.C:
@@ -90,7 +108,7 @@ func (s *Session) keepAlive(first time.Time) {
 		beats.Add(1)
 		go func() {
 			defer beats.Done()
-			r := s.beat(bctx)
+			r := beat(bctx, s)
 			select {
 			case replies <- r:
 			case <-bctx.Done():
@@ -100,9 +118,9 @@ func (s *Session) keepAlive(first time.Time) {
 	}
 }
 
-// beat sends one keepalive and waits for its reply, bounded by ctx and the
-// TTL (a later reply could not extend the deadline).
-func (s *Session) beat(ctx context.Context) reply {
+// beat sends one keepalive of s's lease and waits for its reply, bounded by
+// ctx and the TTL (a later reply could not extend the deadline).
+func beat(ctx context.Context, s *Session) reply {
 	ctx, cancel := context.WithTimeout(ctx, s.ttl)
 	defer cancel()
 	sent := time.Now()
@@ -121,27 +139,28 @@ func earliest(a, b time.Time) time.Time {
 }
 
 // extend moves the local deadline to d if that is later.
-func (s *Session) extend(d time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if d.After(s.deadline) {
-		s.deadline = d
-		s.stopMovingLocked()
+func (k *keepalive) extend(d time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if d.After(k.deadline) {
+		k.deadline = d
+		k.stopMovingLocked()
 	}
 }
 
-// stopMoving closes the channel DeadlineMoved handed out, if any: the
-// session has ended.
-func (s *Session) stopMoving() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.stopMovingLocked()
+// end closes the channel nextMove handed out, if any, and makes nextMove
+// answer Closed from now on: the loop, and the session, have ended.
+func (k *keepalive) end() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.ended = true
+	k.stopMovingLocked()
 }
 
-func (s *Session) stopMovingLocked() {
-	if s.moved != nil {
-		close(s.moved)
-		s.moved = nil
+func (k *keepalive) stopMovingLocked() {
+	if k.moved != nil {
+		close(k.moved)
+		k.moved = nil
 	}
 }
 
@@ -153,35 +172,23 @@ type reply struct {
 	err  error
 }
 
-// Deadline returns the session's local deadline: the send time of the last
-// acknowledged keepalive plus the TTL. The server cannot expire the lease
-// before it.
-func (s *Session) Deadline() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.deadline
+// at returns the local deadline.
+func (k *keepalive) at() time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.deadline
 }
 
-// DeadlineMoved returns a channel that is closed when the local deadline
-// (see Deadline) next moves, after an acknowledged keepalive, or when the
-// session ends; after the end the channel is closed already. It does not
-// block. Take the channel before reading Deadline, so that no move is
-// missed: a program that hands the deadline on (to a child process, a
-// device, a worker with a hard stop) loops
-//
-//	for s.Err() == nil {
-//		moved := s.DeadlineMoved()
-//		handOn(s.Deadline())
-//		<-moved
-//	}
-func (s *Session) DeadlineMoved() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ctx.Err() != nil {
+// nextMove returns a channel that is closed when the local deadline next
+// moves, or when the loop ends; once it has ended, one closed already.
+func (k *keepalive) nextMove() <-chan struct{} {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.ended {
 		return Closed
 	}
-	if s.moved == nil {
-		s.moved = make(chan struct{})
+	if k.moved == nil {
+		k.moved = make(chan struct{})
 	}
-	return s.moved
+	return k.moved
 }

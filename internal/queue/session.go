@@ -6,7 +6,7 @@ package queue
 // (watchers, waits' streams and their reapers; counted in inflight.go, as
 // the Runs under its holds Close waits for), and what it reports (type
 // Reports, at the end). Its keepalive and local deadline are in
-// keepalive.go; the keys its primitives use, and its sweepers, in its
+// keepalive.go (type keepalive); the keys its primitives use, and its sweepers, in its
 // registry (registry.go). The package etcdsync's Session is this one's
 // public face (its NewSession resolves the options, options.go, and calls
 // Start).
@@ -46,13 +46,10 @@ type Session struct {
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	unlink func() bool   // stops watching the parent context
-	loop   chan struct{} // closed when the keepalive loop has returned
-	check  chan struct{} // asks the keepalive loop for a beat now
+	unlink func() bool // stops watching the parent context
+	ka     *keepalive  // the keepalive loop and the local deadline (keepalive.go)
 
-	mu       sync.Mutex
-	deadline time.Time      // local deadline, see above
-	moved    chan struct{}  // closed when deadline next moves or the session ends (DeadlineMoved); nil until asked for
+	mu       sync.Mutex     // end and enter: no watcher counted once Close or Orphan waits
 	watchers sync.WaitGroup // hold watchers, sweepers and waits' streams of this session (enter)
 	// reapers close the streams waits may have left open (goReap), under
 	// reap, which the client's end and Orphan cancel.
@@ -90,23 +87,23 @@ func Start(client *clientv3.Client, o Options) (*Session, error) {
 		caps:   capsOf(client),
 		ctx:    ctx,
 		cancel: cancel,
-		loop:   make(chan struct{}),
-		check:  make(chan struct{}, 1),
 	}
 	s.reap, s.stopReap = context.WithCancel(client.Ctx())
 	s.reg = registry{s: s, keys: make(map[string]keyUse), swept: make(map[string][]int64)}
-	s.rep, s.slack, s.delay = o.Rep, o.Slack, o.Delay
-	first, err := s.start(o)
+	s.rep, s.delay = o.Rep, o.Delay
+	l, err := start(ctx, client, o)
 	if err != nil {
 		stop()
 		cancel(err)
 		s.stopReap()
 		return nil, err
 	}
+	s.id, s.ttl, s.slack, s.startRev = l.id, l.ttl, l.slack, l.startRev
+	s.ka = newKeepalive(l.deadline)
 	if s.rep != nil {
 		s.rep.SessionBegan(s)
 	}
-	go s.keepAlive(first)
+	go s.ka.run(s, l.first)
 	return s, nil
 }
 
@@ -166,6 +163,30 @@ func (s *Session) Check() error {
 	return nil
 }
 
+// Deadline returns the session's local deadline: the send time of the last
+// acknowledged keepalive plus the TTL. The server cannot expire the lease
+// before it.
+func (s *Session) Deadline() time.Time { return s.ka.at() }
+
+// DeadlineMoved returns a channel that is closed when the local deadline
+// (see Deadline) next moves, after an acknowledged keepalive, or when the
+// session ends; after the end the channel is closed already. It does not
+// block. Take the channel before reading Deadline, so that no move is
+// missed: a program that hands the deadline on (to a child process, a
+// device, a worker with a hard stop) loops
+//
+//	for s.Err() == nil {
+//		moved := s.DeadlineMoved()
+//		handOn(s.Deadline())
+//		<-moved
+//	}
+func (s *Session) DeadlineMoved() <-chan struct{} {
+	if s.ctx.Err() != nil {
+		return Closed
+	}
+	return s.ka.nextMove()
+}
+
 // Orphan ends the session without revoking its lease: its keys stay until
 // the lease expires on the server (for a hand-over to a process that adopts
 // the lease with WithLease). It does not block on etcd: it waits for the
@@ -201,7 +222,7 @@ func (s *Session) Close() error {
 		// from the deadline on): contact was lost all the same.
 		late := s.ctx.Err() == nil && !time.Now().Before(s.Deadline())
 		s.end(ErrSessionClosed)
-		<-s.loop
+		<-s.ka.loop
 		s.watchers.Wait()
 		lost := late || errors.Is(context.Cause(s.ctx), ErrLostContact)
 		switch {
@@ -261,7 +282,7 @@ func (s *Session) waitRuns() {
 // loop, its watchers and waits (enter). Its reapers (goReap) end with their
 // streams, Orphan or the client.
 func (s *Session) join() {
-	<-s.loop
+	<-s.ka.loop
 	s.watchers.Wait()
 }
 
@@ -290,7 +311,7 @@ func (s *Session) EndedErr() error {
 // session within a round trip of a hold noticing its key deleted.
 func (s *Session) checkLease() {
 	select {
-	case s.check <- struct{}{}:
+	case s.ka.check <- struct{}{}:
 	default:
 	}
 }
