@@ -23,7 +23,8 @@
 //     owns (Session), and what it reports (Reports); start.go: the grant or
 //     adoption; keepalive.go: the keepalive and local deadline; options.go:
 //     its settings (Options).
-//   - run.go: what a Run's context carries (ctxHold); caps.go: what is
+//   - run.go: what a Run's context carries (ctxHold), and the Runs under a
+//     hold as a Handover sees them (runSet); caps.go: what is
 //     learned of a client's servers; errors.go: the sentinels.
 //
 // Arrows run one way: the package etcdsync imports this one, never the

@@ -46,11 +46,12 @@ type holdExtra struct {
 	writing sync.Mutex // one write of the key's value (put) at a time
 	wrote   int64      // the key's mod revision after our last put (writing); 0: its create
 
+	runs runSet // the Runs under the hold (run.go), under a lock of their own
+
 	// under Hold.mu:
 	last *pb.ResponseHeader      // of the last write through the hold (Proclaim)
 	ctx  context.Context         // ends with the hold; nil until asked for
 	end  context.CancelCauseFunc // ends ctx
-	runs runSet                  // the Runs under the hold (run.go)
 
 	release context.CancelFunc // cancels the release in flight (Unhold), if any, when the hold ends
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
@@ -15,7 +16,7 @@ import (
 // client (nothing here sends a request), and the session's cancel.
 func heldKey() (*Hold, context.CancelCauseFunc) {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	s := &Session{ctx: ctx, cancel: cancel}
+	s := &Session{ctx: ctx, cancel: cancel, ka: newKeepalive(time.Time{})}
 	s.reg = registry{s: s, keys: map[string]keyUse{}, swept: map[string][]int64{}}
 	sl := &Slot{session: s, prefix: "n/", key: "n/1", kind: "mutex", rule: &Exclusive}
 	s.reg.keys[sl.key] = keyUse{}

@@ -33,7 +33,7 @@ func newKeepalive(deadline time.Time) *keepalive {
 	return &keepalive{check: make(chan struct{}, 1), loop: make(chan struct{}), deadline: deadline}
 }
 
-// keepAlive refreshes the lease until the session ends: each beat is one
+// run refreshes the lease of s until s ends: each beat is one
 // KeepAliveOnce through the client's Lease (so a wrapper, a namespace, an
 // in-process client or a proxy sees it), run in a goroutine of its own and
 // bounded by the TTL. Beats are paced from their send times, every TTL/3

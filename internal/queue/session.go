@@ -6,8 +6,8 @@ package queue
 // (watchers, waits' streams and their reapers; counted in inflight.go, as
 // the Runs under its holds Close waits for), and what it reports (type
 // Reports, at the end). Its keepalive and local deadline are in
-// keepalive.go (type keepalive); the keys its primitives use, and its sweepers, in its
-// registry (registry.go). The package etcdsync's Session is this one's
+// keepalive.go (type keepalive); the keys its primitives use, and its
+// sweepers, in its registry (registry.go). The package etcdsync's Session is this one's
 // public face (its NewSession resolves the options, options.go, and calls
 // Start).
 
