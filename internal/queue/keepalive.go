@@ -41,9 +41,8 @@ func newKeepalive(deadline time.Time) *keepalive {
 // the server acknowledges a beat within the TTL of its sending the session
 // lives. Each acknowledgement moves the local deadline to its beat's send
 // time plus the TTL the server granted, less the slack and the lock delay
-// (WithSlack, WithLockDelay);
-// a beat knows its own send time, so
-// replies may come in any order. The first beat goes at first. run owns
+// (WithSlack, WithLockDelay); a beat knows its own send time, so replies
+// may come in any order. The first beat goes at first. run owns
 // the beats' goroutines (joined on return) and the end of s by lost
 // contact or a lease that vanished; once s has ended it ends s's holds,
 // stops its watch of its parent context and reports the end, and then
